@@ -1,0 +1,107 @@
+"""The per-step packed batch: one frozen description of everything a forward needs.
+
+A step packs the rows of several requests into one forward. Request i contributes one
+contiguous run of rows (a *segment*), described by the descriptor
+``int32[packed_start, chunk_len, absolute_start, table_index]``:
+
+- rows ``packed_start .. packed_start + chunk_len`` of the packed arrays belong to it;
+- row ``packed_start + r`` sits at absolute position ``absolute_start + r`` of the request;
+- its history (positions ``0 .. absolute_start + chunk_len``) lives in the pages listed in
+  ``page_tables[table_index, :table_lengths[table_index]]``; position ``p`` is slot
+  ``p & 15`` of page ``page_tables[table_index, p >> 4]``.
+
+Segments tile the packed rows in order with no gap. ``final_rows`` are the packed rows
+whose logits are wanted (the last row of each segment that samples, plus any rows asked
+for prompt logprobs). The arrays are built once per step by ``build_packed_batch`` and
+validated by ``validate_packed_batch`` before any backend sees them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+PAGE_SIZE = 16
+PAGE_SHIFT = 4
+
+
+@dataclass(frozen=True)
+class SegmentSpec:
+    """One request's slice in a step, before packing (the scheduler's output)."""
+
+    request_id: str
+    token_ids: Sequence[int]  # the slice's tokens, len == chunk_len
+    absolute_start: int  # position of the first token of the slice
+    pages: Sequence[int]  # the request's page table (logical page -> physical page)
+    logits_rows: Sequence[int]  # offsets within the slice whose logits are wanted
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    token_ids: np.ndarray  # int32 [T]
+    positions: np.ndarray  # int32 [T]
+    segments: np.ndarray  # int32 [S, 4]: packed_start, chunk_len, absolute_start, table_index
+    page_tables: np.ndarray  # int32 [S, P]; entries past table_lengths are 0 and never read
+    table_lengths: np.ndarray  # int32 [S]
+    final_rows: np.ndarray  # int32 [R], ascending packed row indices
+    request_ids: tuple[str, ...]  # per segment
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def num_segments(self) -> int:
+        return int(self.segments.shape[0])
+
+    @property
+    def max_chunk(self) -> int:
+        return int(self.segments[:, 1].max()) if self.num_segments else 0
+
+    @property
+    def max_end(self) -> int:
+        """Longest absolute slice end: it sizes the attention score capacity."""
+        if not self.num_segments:
+            return 0
+        return int((self.segments[:, 1] + self.segments[:, 2]).max())
+
+    def slot_mapping(self) -> np.ndarray:
+        """Flat pool slot (physical_page * 16 + slot) of every packed row, int64 [T]."""
+        seg_of_row = np.repeat(np.arange(self.num_segments), self.segments[:, 1])
+        tables = self.page_tables[self.segments[seg_of_row, 3]]
+        pos = self.positions.astype(np.int64)
+        page = tables[np.arange(self.num_rows), pos >> PAGE_SHIFT].astype(np.int64)
+        return page * PAGE_SIZE + (pos & (PAGE_SIZE - 1))
+
+
+def build_packed_batch(specs: Sequence[SegmentSpec]) -> PackedBatch:
+    """Pack scheduler slices into one batch with a single linear pass over the slices."""
+    n_rows = sum(len(s.token_ids) for s in specs)
+    width = max((len(s.pages) for s in specs), default=0)
+    token_ids = np.empty(n_rows, dtype=np.int32)
+    positions = np.empty(n_rows, dtype=np.int32)
+    segments = np.empty((len(specs), 4), dtype=np.int32)
+    tables = np.zeros((len(specs), max(width, 1)), dtype=np.int32)
+    lengths = np.empty(len(specs), dtype=np.int32)
+    finals: list[int] = []
+    start = 0
+    for i, s in enumerate(specs):
+        n = len(s.token_ids)
+        token_ids[start : start + n] = s.token_ids
+        positions[start : start + n] = np.arange(s.absolute_start, s.absolute_start + n)
+        segments[i] = (start, n, s.absolute_start, i)
+        tables[i, : len(s.pages)] = s.pages
+        lengths[i] = len(s.pages)
+        finals.extend(start + r for r in sorted(s.logits_rows))
+        start += n
+    return PackedBatch(
+        token_ids=token_ids,
+        positions=positions,
+        segments=segments,
+        page_tables=tables,
+        table_lengths=lengths,
+        final_rows=np.asarray(finals, dtype=np.int32),
+        request_ids=tuple(s.request_id for s in specs),
+    )
