@@ -1,0 +1,127 @@
+"""Load a Llama-architecture GGUF: metadata -> ModelConfig, tensors -> f32 ModelWeights.
+
+Dequantization uses the ``gguf`` package (Q4_1, Q8_0, F16 and F32 are accepted; anything
+else is refused with the tensor's name). llama.cpp stores Q and K rows permuted for its
+interleaved RoPE; we undo that so every checkpoint reaches the transformer in HF order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crucible.errors import ModelLoadError
+from crucible.model.config import ModelConfig
+from crucible.model.weights import LayerWeights, ModelWeights, unpermute_llama_qk
+
+SUPPORTED_TYPES = ("F32", "F16", "Q8_0", "Q4_1")
+
+
+def open_gguf(path: Path) -> Any:
+    """Open a GGUF with a clear error for missing, truncated or non-GGUF files."""
+    import gguf
+
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no such file")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError/IndexError/struct errors
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+
+def field_value(reader: Any, key: str, default: Any = None, *, source: Path | None = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        if default is None and source is not None:
+            raise ModelLoadError(f"{source}: GGUF metadata key {key!r} is missing")
+        return default
+    return f.contents()
+
+
+def config_from_gguf(reader: Any, path: Path) -> ModelConfig:
+    arch = field_value(reader, "general.architecture", source=path)
+    if arch != "llama":
+        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
+    p = "llama."
+    hidden = int(field_value(reader, p + "embedding_length", source=path))
+    n_heads = int(field_value(reader, p + "attention.head_count", source=path))
+    n_kv = int(field_value(reader, p + "attention.head_count_kv", n_heads))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab_default = len(tokens.data) if tokens is not None else None
+    vocab = field_value(reader, p + "vocab_size", vocab_default, source=path)
+    names = {t.name for t in reader.tensors}
+    cfg = ModelConfig(
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        n_layers=int(field_value(reader, p + "block_count", source=path)),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=int(field_value(reader, p + "rope.dimension_count", hidden // max(n_heads, 1))),
+        ffn_size=int(field_value(reader, p + "feed_forward_length", source=path)),
+        max_context=int(field_value(reader, p + "context_length", source=path)),
+        rope_theta=float(field_value(reader, p + "rope.freq_base", 10000.0)),
+        rms_eps=float(field_value(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_embeddings="output.weight" not in names,
+    )
+    cfg.validate(str(path))
+    return cfg
+
+
+def _dequantize(t: Any, path: Path) -> np.ndarray:
+    import gguf
+
+    kind = t.tensor_type.name
+    if kind not in SUPPORTED_TYPES:
+        raise ModelLoadError(f"{path}: tensor {t.name} has type {kind}; supported: "
+                             + ", ".join(SUPPORTED_TYPES))
+    try:
+        out = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: tensor {t.name} cannot be dequantized: {exc}") from exc
+    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists ne0 first
+    if out.size != int(np.prod(shape)):
+        raise ModelLoadError(f"{path}: tensor {t.name} holds {out.size} values, shape says {shape}")
+    return np.ascontiguousarray(out.reshape(shape), dtype=np.float32)
+
+
+def load_gguf(path: Path) -> tuple[ModelConfig, ModelWeights, str]:
+    """Return (config, f32 weights, fingerprint) for a GGUF file."""
+    reader = open_gguf(path)
+    cfg = config_from_gguf(reader, path)
+    tensors = {t.name: t for t in reader.tensors}
+    digest = hashlib.sha256(cfg.to_json().encode())
+
+    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        t = tensors.get(name)
+        if t is None:
+            raise ModelLoadError(f"{path}: tensor {name} is missing")
+        arr = _dequantize(t, path)
+        if arr.shape != shape:
+            raise ModelLoadError(f"{path}: tensor {name} has shape {arr.shape}, expected {shape}")
+        digest.update(name.encode())
+        digest.update(np.asarray(t.data).tobytes())
+        return arr
+
+    d, hd, f = cfg.hidden_size, cfg.head_dim, cfg.ffn_size
+    embed = get("token_embd.weight", (cfg.vocab_size, d))
+    layers = []
+    for i in range(cfg.n_layers):
+        b = f"blk.{i}."
+        layers.append(LayerWeights(
+            attn_norm=get(b + "attn_norm.weight", (d,)),
+            wq=unpermute_llama_qk(get(b + "attn_q.weight", (cfg.n_heads * hd, d)), cfg.n_heads),
+            wk=unpermute_llama_qk(get(b + "attn_k.weight", (cfg.n_kv_heads * hd, d)), cfg.n_kv_heads),
+            wv=get(b + "attn_v.weight", (cfg.n_kv_heads * hd, d)),
+            wo=get(b + "attn_output.weight", (d, cfg.n_heads * hd)),
+            ffn_norm=get(b + "ffn_norm.weight", (d,)),
+            w_gate=get(b + "ffn_gate.weight", (f, d)),
+            w_up=get(b + "ffn_up.weight", (f, d)),
+            w_down=get(b + "ffn_down.weight", (d, f)),
+        ))
+    final_norm = get("output_norm.weight", (d,))
+    lm_head = None if cfg.tie_embeddings else get("output.weight", (cfg.vocab_size, d))
+    weights = ModelWeights(embed=embed, layers=tuple(layers), final_norm=final_norm, lm_head=lm_head)
+    return cfg, weights, digest.hexdigest()

@@ -1,0 +1,79 @@
+"""Host weights in one canonical form (f32, HF orientation) plus int8 quantization.
+
+Every loader produces ``ModelWeights``: f32 arrays with linear weights shaped
+[out_features, in_features] and Q/K rows in the HF ("rotate-half") RoPE order. Backends
+turn them into their own layout once at start-up.
+
+int8 mode: symmetric per-output-channel scales, ``scale = max|w_row| / 127``,
+``q = clip(round(w / scale), -127, 127)``. A row of zeros gets scale 1 (q is all zero).
+Activations stay f32; a backend computes ``(sum_k x_k * q_k) * scale`` in f32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    attn_norm: np.ndarray  # [D]
+    wq: np.ndarray  # [H*hd, D]
+    wk: np.ndarray  # [KV*hd, D]
+    wv: np.ndarray  # [KV*hd, D]
+    wo: np.ndarray  # [D, H*hd]
+    ffn_norm: np.ndarray  # [D]
+    w_gate: np.ndarray  # [F, D]
+    w_up: np.ndarray  # [F, D]
+    w_down: np.ndarray  # [D, F]
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    embed: np.ndarray  # [V, D]
+    layers: tuple[LayerWeights, ...]
+    final_norm: np.ndarray  # [D]
+    lm_head: np.ndarray | None = None  # [V, D]; None when tied to the embedding
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def head(self) -> np.ndarray:
+        return self.embed if self.lm_head is None else self.lm_head
+
+
+@dataclass(frozen=True)
+class QuantizedLinear:
+    """int8 codes [out, in] and their f32 per-output-channel scales [out]."""
+
+    q: np.ndarray
+    scale: np.ndarray
+
+    def dequantize(self) -> np.ndarray:
+        return self.q.astype(np.float32) * self.scale[:, None]
+
+
+def quantize_int8(w: np.ndarray) -> QuantizedLinear:
+    w = np.asarray(w, dtype=np.float32)
+    amax = np.abs(w).max(axis=1)
+    scale = np.where(amax > 0, amax / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return QuantizedLinear(q=q, scale=scale)
+
+
+def unpermute_llama_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's GGUF Q/K row order (interleaved RoPE pairs) -> HF rotate-half order.
+
+    GGUF rows of a head are ordered (pair i, member m) for RoPE pairs (2i, 2i+1); HF orders
+    them (member m, pair i) so that pairs are (i, i + hd/2).
+    """
+    rows, cols = w.shape
+    hd = rows // n_heads
+    return w.reshape(n_heads, hd // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def permute_llama_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """HF rotate-half order -> llama.cpp's GGUF order (the inverse of ``unpermute_llama_qk``)."""
+    rows, cols = w.shape
+    hd = rows // n_heads
+    return w.reshape(n_heads, 2, hd // 2, cols).swapaxes(1, 2).reshape(rows, cols)
