@@ -1,0 +1,68 @@
+"""Streaming detokenization: token ids in, only the new text out, never half a character.
+
+Byte-level BPE tokens are byte strings, and one character (an emoji, a CJK ideograph) is
+often split across two or three tokens. Decoding token by token would print replacement
+characters; decoding the whole prefix each step is quadratic. Instead we keep the raw bytes
+of each token and push them through an incremental UTF-8 decoder, which returns every
+complete character at once and holds an incomplete tail until the next token (or
+``flush()``) arrives. Bytes that can never form a character become U+FFFD, as in
+``Tokenizer.decode``.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable
+from typing import Protocol
+
+
+class TokenBytes(Protocol):
+    """What the detokenizer needs from a tokenizer."""
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def is_special(self, token_id: int) -> bool: ...
+
+
+class IncrementalDetokenizer:
+    """Feed ids one at a time (or in runs); get back the text they complete.
+
+    ``skip_special_tokens`` defaults to True because a stream shown to a user should not
+    carry control tokens such as ``<|im_end|>``; pass False to see them verbatim.
+    The concatenation of every ``add``/``add_many`` result and ``flush()`` equals
+    ``tokenizer.decode(all_ids, skip_special_tokens)`` for byte-level vocabularies.
+    """
+
+    __slots__ = ("_tok", "_skip_special", "_decoder", "num_tokens", "_pending")
+
+    def __init__(self, tokenizer: TokenBytes, skip_special_tokens: bool = True) -> None:
+        self._tok = tokenizer
+        self._skip_special = skip_special_tokens
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.num_tokens = 0
+        self._pending = 0  # bytes held back inside the decoder (an incomplete character)
+
+    def add(self, token_id: int) -> str:
+        """The text completed by ``token_id`` ('' while a character is still partial)."""
+        self.num_tokens += 1
+        if self._skip_special and self._tok.is_special(token_id):
+            return ""
+        data = self._tok.token_bytes(token_id)
+        text = self._decoder.decode(data, final=False)
+        self._pending = len(self._decoder.getstate()[0])
+        return text
+
+    def add_many(self, token_ids: Iterable[int]) -> str:
+        return "".join(self.add(t) for t in token_ids)
+
+    @property
+    def has_pending(self) -> bool:
+        """True while bytes of an unfinished character are held back."""
+        return self._pending > 0
+
+    def flush(self) -> str:
+        """End of stream: emit what is held back (an unfinished character becomes U+FFFD)."""
+        text = self._decoder.decode(b"", final=True)
+        self._decoder.reset()
+        self._pending = 0
+        return text
