@@ -1,0 +1,190 @@
+"""LLMEngine: the step loop. schedule -> build batch -> validate -> forward -> sample -> update.
+
+The engine owns the requests, the page allocator and the scheduler; the runner only turns a
+validated PackedBatch into logits. One ``step()`` is one packed forward. Output comes back
+as ``RequestDelta`` increments (new tokens/text since the last step), which the offline API
+accumulates and the async engine streams.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from crucible.engine.batch import build_packed_batch
+from crucible.engine.pages import PageAllocator, pages_for
+from crucible.engine.request import Request, RequestStatus
+from crucible.engine.rng import derive_seed
+from crucible.engine.sampling import SamplingParams, log_softmax, sample_row, top_logprobs
+from crucible.engine.scheduler import ScheduledSlice, Scheduler, SchedulerConfig
+from crucible.engine.validate import validate_packed_batch
+from crucible.errors import RequestError
+
+Logprobs = dict[int, float]
+
+
+@dataclass(frozen=True)
+class RequestDelta:
+    """What one request gained in one step (or its end)."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    new_text: str
+    new_logprobs: tuple[Logprobs, ...] | None  # one per new token when logprobs were asked
+    prompt_logprobs: tuple[Logprobs | None, ...] | None  # once, in the first delta after prefill
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort"
+
+
+class LLMEngine:
+    def __init__(self, runner: Any, tokenizer: Any = None,
+                 config: SchedulerConfig | None = None, *, seed: int = 0) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = config or SchedulerConfig()
+        self.allocator = PageAllocator(runner.num_pages)
+        self.scheduler = Scheduler(self.config, self.allocator)
+        self.max_context = runner.config.max_context
+        self.vocab_size = runner.config.vocab_size
+        self.eos_ids: tuple[int, ...] = tuple(getattr(tokenizer, "stop_token_ids", ()) or ())
+        self.requests: dict[str, Request] = {}  # unfinished requests only
+        self._seed_base = seed
+        self._counter = itertools.count()  # arrivals: request ids and derived seeds
+        self.num_steps = 0
+        self.num_rows = 0
+        self.num_generated = 0
+
+    # -- requests -------------------------------------------------------------------------
+    def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise RequestError if this request can never be served as given."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise RequestError("the prompt is empty; at least one token is needed")
+        if n > self.max_context:
+            raise RequestError(f"the prompt has {n} tokens, more than the model's context of "
+                               f"{self.max_context} tokens")
+        bad = [t for t in prompt_token_ids if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary "
+                               f"[0, {self.vocab_size})")
+        # The last sampled token is never fed back, so a request computes at most this many.
+        need = pages_for(min(n + params.max_tokens - 1, self.max_context))
+        if need > self.allocator.num_pages:
+            raise RequestError(f"the request needs {need} pages, the pool has only "
+                               f"{self.allocator.num_pages}; lower max_tokens or the prompt")
+
+    def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        params = params or SamplingParams()
+        self.check_request(prompt_token_ids, params)
+        arrival = next(self._counter)
+        rid = request_id if request_id is not None else f"req-{arrival}"
+        if rid in self.requests:
+            raise RequestError(f"request id {rid!r} is already in use")
+        seed = params.seed if params.seed is not None else derive_seed(self._seed_base, arrival)
+        req = Request(rid, [int(t) for t in prompt_token_ids], params, seed=seed,
+                      arrival=arrival, eos_ids=self.eos_ids, tokenizer=self.tokenizer)
+        self.scheduler.add(req)  # QueueFullError propagates: refused at once
+        self.requests[rid] = req
+        return rid
+
+    def abort(self, request_id: str) -> bool:
+        """End a request now; its pages are free before the next step. False if unknown."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.finish(req, "abort")
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- the step ------------------------------------------------------------------------
+    def step(self) -> list[RequestDelta]:
+        plan = self.scheduler.schedule()
+        if not plan.slices:
+            return []
+        batch = build_packed_batch([s.segment() for s in plan.slices])
+        validate_packed_batch(batch, num_pages=self.allocator.num_pages,
+                              vocab_size=self.vocab_size,
+                              max_pages_per_table=pages_for(self.max_context))
+        logits = self.runner.forward(batch)
+        if logits.shape != (batch.final_rows.shape[0], self.vocab_size):
+            raise RuntimeError(f"runner returned logits of shape {logits.shape}, expected "
+                               f"{(batch.final_rows.shape[0], self.vocab_size)}")
+        self.num_steps += 1
+        self.num_rows += batch.num_rows
+        deltas = []
+        row = 0
+        for sl in plan.slices:
+            n = len(sl.logits_rows)
+            delta = self._update(sl, logits[row : row + n])
+            row += n
+            if delta is not None:
+                deltas.append(delta)
+        return deltas
+
+    def _update(self, sl: ScheduledSlice, logits: np.ndarray) -> RequestDelta | None:
+        req = sl.request
+        req.num_computed_tokens += sl.length
+        for i, r in enumerate(sl.prompt_rows):
+            p = sl.start + r  # row p predicts prompt token p + 1
+            lp = log_softmax(logits[i])
+            req.prompt_logprobs.append(top_logprobs(lp, req.params.prompt_logprobs,
+                                                    req.token_ids[p + 1]))
+        if not sl.sample:
+            return None
+        res = sample_row(logits[-1], req.params, prompt=req.prompt_token_ids,
+                         output=req.output_token_ids, seed=req.seed, stop_ids=req.stop_ids)
+        req.token_ids.append(res.token_id)
+        self.num_generated += 1
+        if req.logprobs is not None:
+            req.logprobs.append(res.logprobs)
+        reason = self._stop_reason(req, res.token_id)
+        if reason is not None:
+            self.scheduler.finish(req, reason)
+            del self.requests[req.request_id]
+        return self._delta(req)
+
+    def _stop_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
+        past_min = req.num_output_tokens >= p.min_tokens
+        if token in req.stop_ids:
+            req.output_text.finish()  # the stop token's own text is never shown
+            return "stop"
+        if req.output_text.add(token, check_stop=past_min):
+            return "stop"
+        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_context:
+            req.output_text.finish()
+            return "length"
+        return None
+
+    def _delta(self, req: Request) -> RequestDelta:
+        done = req.status is RequestStatus.FINISHED
+        new_ids = tuple(req.token_ids[req.num_prompt_tokens + req.num_tokens_emitted :])
+        req.num_tokens_emitted += len(new_ids)
+        new_lp = None
+        if req.logprobs is not None:
+            new_lp = tuple(req.logprobs[req.num_logprobs_emitted :])
+            req.num_logprobs_emitted = len(req.logprobs)
+        prompt_lp = None
+        if req.prompt_logprobs is not None and not req.prompt_logprobs_emitted:
+            prompt_lp = tuple(req.prompt_logprobs)
+            req.prompt_logprobs_emitted = True
+        return RequestDelta(req.request_id, new_ids, req.output_text.take_delta(done), new_lp,
+                            prompt_lp, done, req.finish_reason)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "pages_total": self.allocator.num_pages,
+            "pages_free": self.allocator.num_free,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "steps": self.num_steps,
+            "preemptions": self.scheduler.num_preemptions,
+            "rows_computed": self.num_rows,
+            "tokens_generated": self.num_generated,
+        }

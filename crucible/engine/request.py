@@ -1,0 +1,147 @@
+"""Per-request state: owned and mutated only by the scheduler/engine (slotted, not frozen).
+
+A request is its token list (prompt, then generated tokens) plus ``num_computed_tokens``,
+the number of leading tokens whose K/V sit in its pages. There is no prefill/decode phase:
+``num_tokens - num_computed_tokens`` rows remain to compute; when that is 1 the request is
+decoding. Preemption drops the pages and sets ``num_computed_tokens`` back to 0; the token
+list (and so the next draw counter ``len(output)``) is kept, so recomputation is exact.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from crucible.engine.pages import PageTable
+from crucible.engine.sampling import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued: new, or preempted and waiting to be recomputed
+    RUNNING = "running"  # admitted: holds pages, gets rows every step it fits
+    FINISHED = "finished"
+
+
+class OutputText:
+    """Generated text with stop-string handling on top of an incremental detokenizer.
+
+    The text never includes a stop token's text or a stop string (nor anything after it).
+    While streaming, the last ``max(len(stop)) - 1`` characters are held back, because they
+    could be the start of a stop string that the next token completes.
+    """
+
+    __slots__ = ("_detok", "_stop", "_holdback", "text", "num_emitted")
+
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
+        self._detok = tokenizer.detokenizer() if tokenizer is not None else None
+        self._stop = stop
+        self._holdback = max((len(s) for s in stop), default=1) - 1
+        self.text = ""
+        self.num_emitted = 0
+
+    def add(self, token_id: int, check_stop: bool = True) -> bool:
+        """Append a generated (non-stop) token's text; True if a stop string appeared.
+
+        ``check_stop`` is False before ``min_tokens``: stop strings do not count yet.
+        """
+        if self._detok is None:
+            return False
+        old = len(self.text)
+        self.text += self._detok.add(token_id)
+        return check_stop and self._check_stop(old)
+
+    def finish(self) -> None:
+        """End of the stream for a reason other than a stop string: flush held bytes."""
+        if self._detok is not None:
+            old = len(self.text)
+            self.text += self._detok.flush()
+            self._check_stop(old)
+
+    def _check_stop(self, old_len: int) -> bool:
+        if not self._stop:
+            return False
+        # A stop string can only end inside the new characters, so start just before them.
+        begin = max(0, old_len - self._holdback)
+        hits = [i for i in (self.text.find(s, begin) for s in self._stop) if i >= 0]
+        if not hits:
+            return False
+        self.text = self.text[: min(hits)]
+        return True
+
+    def take_delta(self, finished: bool) -> str:
+        """Text not yet handed out, minus the held-back tail unless the request finished."""
+        end = len(self.text) if finished else max(self.num_emitted, len(self.text) - self._holdback)
+        delta = self.text[self.num_emitted : end]
+        self.num_emitted = end
+        return delta
+
+
+class Request:
+    __slots__ = (
+        "request_id", "params", "seed", "arrival", "num_prompt_tokens", "token_ids",
+        "num_computed_tokens", "page_table", "status", "finish_reason", "stop_ids",
+        "logprobs", "prompt_logprobs", "num_preemptions", "output_text",
+        "num_tokens_emitted", "num_logprobs_emitted", "prompt_logprobs_emitted",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 *, seed: int, arrival: int, eos_ids: tuple[int, ...], tokenizer: Any) -> None:
+        self.request_id = request_id
+        self.params = params
+        self.seed = seed
+        self.arrival = arrival
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.page_table = PageTable()
+        self.status = RequestStatus.WAITING
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort"
+        # Tokens that end generation (and are masked before min_tokens).
+        self.stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else frozenset(eos_ids))
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        # Entry i is the distribution of prompt token i given tokens < i; entry 0 is None.
+        self.prompt_logprobs: list[dict[int, float] | None] | None = (
+            [None] if params.prompt_logprobs is not None else None)
+        self.num_preemptions = 0
+        self.output_text = OutputText(tokenizer, params.stop)
+        # Streaming cursors: what has already been handed to the client.
+        self.num_tokens_emitted = 0
+        self.num_logprobs_emitted = 0
+        self.prompt_logprobs_emitted = False
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_remaining(self) -> int:
+        """Rows still to compute before the next token can be sampled."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def wants_prompt_logprobs_up_to(self) -> int:
+        """Prompt rows (positions) whose logits are still needed for prompt logprobs."""
+        if self.prompt_logprobs is None:
+            return 0
+        # Row p predicts prompt token p + 1; rows 0 .. num_prompt - 2 are needed.
+        return self.num_prompt_tokens - 1 if len(self.prompt_logprobs) < self.num_prompt_tokens else 0
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, pages={len(self.page_table)})")

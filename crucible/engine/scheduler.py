@@ -1,0 +1,187 @@
+"""Token-budget scheduler: decides which rows each step computes. It never touches an array.
+
+One step = one packed forward. Policy (vLLM v1-like: no prefill or decode phase, only
+``num_computed_tokens`` against each request's token list):
+  1. decodes first: every running request with exactly one row left gets one row;
+     if its next position needs a page and none is free, the most recently admitted
+     running request is preempted (pages freed, request put back at the head of the
+     waiting queue, recomputed later from prompt + generated tokens);
+  2. running requests still prefilling get slices, in admission order, bounded by the
+     remaining budget, the chunk cap and the pages still free (never preempting);
+  3. waiting requests are admitted in FIFO order while budget and ``max_running`` allow and
+     pages exist for their whole next slice; the first that does not fit stops admission.
+If nothing could be scheduled while requests run (every running prefill is blocked on
+pages), the most recent one is preempted and the step retried, so the engine never stalls:
+any single request fits the pool alone (checked when it is added).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from crucible.engine.batch import SegmentSpec
+from crucible.engine.pages import PageAllocator, pages_for, PAGE_SIZE
+from crucible.engine.request import Request, RequestStatus
+from crucible.errors import ConfigError, QueueFullError
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    token_budget: int = 1024  # rows per step
+    chunk_cap: int | None = None  # longest slice of one request per step; None: off
+    max_queue: int = 64  # waiting requests; beyond it add() refuses at once
+    max_running: int = 256  # admitted requests holding pages
+
+    def __post_init__(self) -> None:
+        if self.token_budget < 1:
+            raise ConfigError(f"token_budget must be >= 1, got {self.token_budget}")
+        if self.chunk_cap is not None and self.chunk_cap < 1:
+            raise ConfigError(f"chunk_cap must be >= 1 or None, got {self.chunk_cap}")
+        if self.max_queue < 1:
+            raise ConfigError(f"max_queue must be >= 1, got {self.max_queue}")
+        if self.max_running < 1:
+            raise ConfigError(f"max_running must be >= 1, got {self.max_running}")
+
+
+@dataclass(frozen=True)
+class ScheduledSlice:
+    request: Request
+    start: int  # absolute position of the first row
+    length: int  # rows
+    prompt_rows: tuple[int, ...]  # offsets whose logits feed prompt logprobs
+    sample: bool  # the slice ends at the last known token: its last row samples
+
+    @property
+    def logits_rows(self) -> tuple[int, ...]:
+        return self.prompt_rows + ((self.length - 1,) if self.sample else ())
+
+    def segment(self) -> SegmentSpec:
+        r = self.request
+        return SegmentSpec(
+            request_id=r.request_id,
+            token_ids=r.token_ids[self.start : self.start + self.length],
+            absolute_start=self.start,
+            pages=tuple(r.page_table.pages),
+            logits_rows=self.logits_rows,
+        )
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    slices: tuple[ScheduledSlice, ...]
+    preempted: tuple[str, ...]  # request ids preempted while planning this step
+
+    @property
+    def num_rows(self) -> int:
+        return sum(s.length for s in self.slices)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, allocator: PageAllocator) -> None:
+        self.config = config
+        self.allocator = allocator
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order: the last is preempted first
+        self.num_preemptions = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, request: Request) -> None:
+        if len(self.waiting) >= self.config.max_queue:
+            raise QueueFullError(
+                f"waiting queue is full ({self.config.max_queue} requests); retry later")
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def finish(self, request: Request, reason: str) -> None:
+        """End a request (stop, length, abort): its pages go back before the next step."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        request.page_table.release(self.allocator)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+
+    def _preempt(self, victim: Request) -> None:
+        self.running.remove(victim)
+        victim.page_table.release(self.allocator)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.WAITING
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)  # resumes before anything newer
+
+    def _slice(self, req: Request, n: int) -> ScheduledSlice:
+        start = req.num_computed_tokens
+        first = 0
+        last = req.wants_prompt_logprobs_up_to()  # rows < last still need prompt logprobs
+        if last:
+            first = len(req.prompt_logprobs) - 1  # row p yields entry p + 1
+        prompt_rows = tuple(p - start for p in range(max(start, first), min(start + n, last)))
+        return ScheduledSlice(req, start, n, prompt_rows, start + n == req.num_tokens)
+
+    def _cap(self, n: int, budget: int) -> int:
+        cap = self.config.chunk_cap
+        return min(n, budget, cap) if cap is not None else min(n, budget)
+
+    def schedule(self) -> StepPlan:
+        preempted: list[str] = []
+        while True:
+            slices = self._plan_once(preempted)
+            if slices or not self.running:
+                return StepPlan(tuple(slices), tuple(preempted))
+            # Every running request is a prefill blocked on pages: make room.
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+
+    def _plan_once(self, preempted: list[str]) -> list[ScheduledSlice]:
+        budget = self.config.token_budget
+        slices: list[ScheduledSlice] = []
+        alloc = self.allocator
+        # 1. Decodes. Victims come from the tail of `running`, which this loop has not
+        #    reached yet, so no already-scheduled request is ever preempted.
+        for req in list(self.running):
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING or req.num_remaining != 1:
+                continue
+            while not req.page_table.grow(alloc, req.num_computed_tokens + 1):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            if req.status is RequestStatus.RUNNING:
+                slices.append(self._slice(req, 1))
+                budget -= 1
+        # 2. Running prefills: as much as budget, cap and free pages allow.
+        for req in self.running:
+            if budget == 0:
+                break
+            if req.num_remaining <= 1:
+                continue
+            room = (len(req.page_table) + alloc.num_free) * PAGE_SIZE - req.num_computed_tokens
+            n = min(self._cap(req.num_remaining, budget), room)
+            if n <= 0:
+                continue
+            req.page_table.grow(alloc, req.num_computed_tokens + n)
+            slices.append(self._slice(req, n))
+            budget -= n
+        # 3. Admission, FIFO, only with pages for the whole next slice.
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            req = self.waiting[0]
+            n = self._cap(req.num_remaining, budget)
+            if not alloc.can_allocate(pages_for(n)):
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            req.page_table.grow(alloc, n)
+            slices.append(self._slice(req, n))
+            budget -= n
+        return slices

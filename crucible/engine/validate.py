@@ -1,0 +1,128 @@
+"""Host validation of a PackedBatch before any backend call.
+
+A kernel trusts its metadata: a bad start, length or page id would read or write another
+request's K/V (or out of the pool) silently. So every batch is checked here, in int64 so
+that no check itself overflows, and the first problem raises BatchValidationError naming
+the segment/row and the offending values. Checked: array types, dtypes and shapes; segments
+tiling the packed rows in order; positions matching the descriptors; table indices and
+lengths; each slice's absolute end within its page table; page ids within the pool; no
+page twice in one table; no page written by a segment present in any other table; final
+rows in range and strictly ascending; token ids within the vocabulary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from crucible.engine.batch import PAGE_SHIFT, PAGE_SIZE, PackedBatch
+from crucible.errors import BatchValidationError
+
+_INT32_MAX = 2**31 - 1
+
+
+def _fail(msg: str) -> None:
+    raise BatchValidationError(f"invalid packed batch: {msg}")
+
+
+def _check_array(name: str, a: object, ndim: int) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        _fail(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != np.int32:
+        _fail(f"{name} must be int32, got {a.dtype}")
+    if a.ndim != ndim:
+        _fail(f"{name} must be {ndim}-D, got shape {a.shape}")
+    return a.astype(np.int64)
+
+
+def validate_packed_batch(batch: PackedBatch, *, num_pages: int, vocab_size: int,
+                          max_pages_per_table: int | None = None) -> None:
+    """Raise BatchValidationError unless ``batch`` is safe to hand to a backend."""
+    tokens = _check_array("token_ids", batch.token_ids, 1)
+    positions = _check_array("positions", batch.positions, 1)
+    segs = _check_array("segments", batch.segments, 2)
+    tables = _check_array("page_tables", batch.page_tables, 2)
+    lengths = _check_array("table_lengths", batch.table_lengths, 1)
+    finals = _check_array("final_rows", batch.final_rows, 1)
+    n_rows = tokens.shape[0]
+    if positions.shape[0] != n_rows:
+        _fail(f"positions has {positions.shape[0]} rows, token_ids has {n_rows}")
+    if n_rows == 0:
+        _fail("batch has no rows")
+    if segs.shape[1] != 4:
+        _fail(f"segments must be [S, 4], got shape {segs.shape}")
+    n_segs = segs.shape[0]
+    if len(batch.request_ids) != n_segs:
+        _fail(f"{len(batch.request_ids)} request ids for {n_segs} segments")
+    if lengths.shape[0] != tables.shape[0]:
+        _fail(f"{lengths.shape[0]} table lengths for {tables.shape[0]} page tables")
+
+    # Segments: non-negative, non-empty, tiling rows 0..T in order with no gap or overlap.
+    expected_start = 0
+    for i, (start, length, abs_start, t) in enumerate(segs.tolist()):
+        rid = batch.request_ids[i]
+        if start < 0 or length < 0 or abs_start < 0:
+            _fail(f"segment {i} ({rid}) has a negative field: start={start}, "
+                  f"chunk_len={length}, absolute_start={abs_start}")
+        if length == 0:
+            _fail(f"segment {i} ({rid}) is empty (chunk_len=0)")
+        if start + length > _INT32_MAX or abs_start + length > _INT32_MAX:
+            _fail(f"segment {i} ({rid}) overflows int32: start={start}, chunk_len={length}, "
+                  f"absolute_start={abs_start}")
+        if start != expected_start:
+            _fail(f"segment {i} ({rid}) starts at row {start}, expected {expected_start} "
+                  f"(segments must tile the rows in order)")
+        expected_start = start + length
+        if not 0 <= t < tables.shape[0]:
+            _fail(f"segment {i} ({rid}) table_index {t} out of range [0, {tables.shape[0]})")
+        n_table = lengths[t]
+        if not 0 <= n_table <= tables.shape[1]:
+            _fail(f"table {t} length {n_table} outside [0, {tables.shape[1]}]")
+        if max_pages_per_table is not None and n_table > max_pages_per_table:
+            _fail(f"table {t} has {n_table} pages, more than the limit {max_pages_per_table}")
+        if abs_start + length > n_table * PAGE_SIZE:
+            _fail(f"segment {i} ({rid}) ends at position {abs_start + length}, past its page "
+                  f"table of {n_table} pages ({n_table * PAGE_SIZE} positions)")
+    if expected_start != n_rows:
+        _fail(f"segments cover {expected_start} rows, the batch has {n_rows}")
+    if len(set(segs[:, 3].tolist())) != n_segs:
+        _fail("two segments share one page table")
+
+    # Positions: row packed_start + r sits at absolute_start + r.
+    seg_of_row = np.repeat(np.arange(n_segs), segs[:, 1])
+    want = segs[seg_of_row, 2] + (np.arange(n_rows) - segs[seg_of_row, 0])
+    bad = np.flatnonzero(positions != want)
+    if bad.size:
+        r = int(bad[0])
+        _fail(f"row {r} has position {positions[r]}, its segment descriptor says {want[r]}")
+
+    # Page ids and ownership over the valid part of every table.
+    for t in range(tables.shape[0]):
+        row = tables[t, : lengths[t]]
+        out = np.flatnonzero((row < 0) | (row >= num_pages))
+        if out.size:
+            _fail(f"table {t} entry {int(out[0])} is page {row[out[0]]}, outside the pool "
+                  f"[0, {num_pages})")
+        if np.unique(row).size != row.size:
+            dup = [p for p in row.tolist() if (row == p).sum() > 1][0]
+            _fail(f"page {dup} appears twice in table {t}")
+    counts: dict[int, int] = {}
+    for t in range(tables.shape[0]):
+        for p in tables[t, : lengths[t]].tolist():
+            counts[p] = counts.get(p, 0) + 1
+    for i, (_, length, abs_start, t) in enumerate(segs.tolist()):
+        written = tables[t, abs_start >> PAGE_SHIFT : ((abs_start + length - 1) >> PAGE_SHIFT) + 1]
+        for p in written.tolist():
+            if counts[p] > 1:
+                _fail(f"segment {i} ({batch.request_ids[i]}) writes page {p}, which another "
+                      f"page table also holds (a request never writes a page others can read)")
+
+    # Final rows: in range, strictly ascending (so no duplicates).
+    if finals.size:
+        if finals.min() < 0 or finals.max() >= n_rows:
+            _fail(f"final_rows {finals.tolist()} out of range [0, {n_rows})")
+        if np.any(np.diff(finals) <= 0):
+            _fail(f"final_rows {finals.tolist()} are not strictly ascending")
+    bad = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
+    if bad.size:
+        r = int(bad[0])
+        _fail(f"row {r} token id {tokens[r]} outside the vocabulary [0, {vocab_size})")
