@@ -34,7 +34,7 @@ TINY_MERGES: tuple[tuple[str, str], ...] = (
     ("ĠĠ", "ĠĠ"),    # 264 "ĠĠĠĠ"
     ("in", "g"),     # 265 "ing"
     ("r", "e"),      # 266 "re"
-    ("s", "t"),      # 267 "st"
+    ("2", "0"),      # 267 "20": never applies, since digits are split first (a check)
     ("Ċ", "Ċ"),      # 268 "ĊĊ"
 )
 TINY_SPECIALS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
