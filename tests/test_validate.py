@@ -1,0 +1,106 @@
+"""Host validation: a valid batch passes; each malformed variant is rejected with a clear error."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.engine.validate import validate_packed_batch
+from crucible.errors import BatchValidationError
+
+NUM_PAGES, VOCAB = 16, 100
+
+
+def good():
+    # a: prefill of 20 tokens over pages [3, 5]; b: decode at position 40 over [0, 1, 2];
+    # c: chunk 8..12 of a prompt over [7] with prompt-logprob rows.
+    return build_packed_batch([
+        SegmentSpec("a", list(range(20)), 0, [3, 5], [19]),
+        SegmentSpec("b", [7], 40, [0, 1, 2], [0]),
+        SegmentSpec("c", [1, 2, 3, 4], 8, [7], [0, 1, 3]),
+    ])
+
+
+def check(batch, **kw):
+    validate_packed_batch(batch, num_pages=kw.pop("num_pages", NUM_PAGES),
+                          vocab_size=VOCAB, **kw)
+
+
+def with_array(name, fn):
+    b = good()
+    a = getattr(b, name).copy()
+    a = fn(a)
+    return replace(b, **{name: a})
+
+
+def test_good_batch_passes():
+    check(good())
+    check(good(), max_pages_per_table=3)
+
+
+def test_shared_read_only_page_is_allowed():
+    # Page 9 is in both tables but written by neither (a prefix-cache hit): fine.
+    b = build_packed_batch([SegmentSpec("a", [1], 16, [9, 4], [0]),
+                            SegmentSpec("b", [2, 3], 20, [9, 6], [1])])
+    check(b)
+
+
+def set_item(index, value):
+    def fn(a):
+        a[index] = value
+        return a
+    return fn
+
+
+CASES = [
+    ("token_ids as list", lambda: replace(good(), token_ids=good().token_ids.tolist()), "numpy array"),
+    ("token_ids int64", lambda: with_array("token_ids", lambda a: a.astype(np.int64)), "int32"),
+    ("positions float", lambda: with_array("positions", lambda a: a.astype(np.float32)), "int32"),
+    ("segments 1-D", lambda: with_array("segments", lambda a: a.reshape(-1)), "2-D"),
+    ("segments 3 columns", lambda: with_array("segments", lambda a: a[:, :3].copy()), r"\[S, 4\]"),
+    ("positions short", lambda: with_array("positions", lambda a: a[:-1].copy()), "rows"),
+    ("empty batch", lambda: build_packed_batch([]), "no rows"),
+    ("negative packed_start", lambda: with_array("segments", set_item((0, 0), -1)), "negative"),
+    ("negative chunk_len", lambda: with_array("segments", set_item((1, 1), -1)), "negative"),
+    ("negative absolute_start", lambda: with_array("segments", set_item((1, 2), -5)), "negative"),
+    ("zero chunk_len", lambda: with_array("segments", set_item((1, 1), 0)), "empty"),
+    ("overflowing start+len", lambda: with_array("segments", set_item((2, 2), 2**31 - 2)), "overflow"),
+    ("gap between segments", lambda: with_array("segments", set_item((2, 0), 22)), "tile"),
+    ("overlapping segments", lambda: with_array("segments", set_item((1, 0), 19)), "tile"),
+    ("segments short of rows", lambda: with_array("segments", set_item((2, 1), 3)), "cover"),
+    ("position off by one", lambda: with_array("positions", set_item(5, 6)), "row 5 has position"),
+    ("absolute end past table", lambda: with_array("segments", set_item((0, 2), 13)), "past its page table"),
+    ("table length too short", lambda: with_array("table_lengths", set_item(1, 2)), "past its page table"),
+    ("table length too long", lambda: with_array("table_lengths", set_item(2, 9)), "outside"),
+    ("table index out of range", lambda: with_array("segments", set_item((0, 3), 3)), "table_index"),
+    ("two segments one table", lambda: with_array("segments", set_item((2, 3), 0)), "share"),
+    ("page id too large", lambda: with_array("page_tables", set_item((1, 2), NUM_PAGES)), "outside the pool"),
+    ("negative page id", lambda: with_array("page_tables", set_item((0, 0), -1)), "outside the pool"),
+    ("page twice in a table", lambda: with_array("page_tables", set_item((1, 1), 0)), "twice"),
+    ("written page in another table", lambda: with_array("page_tables", set_item((2, 0), 5)), "writes page 5"),
+    ("final row out of range", lambda: with_array("final_rows", set_item(-1, 25)), "out of range"),
+    ("negative final row", lambda: with_array("final_rows", set_item(0, -1)), "out of range"),
+    ("duplicate final rows", lambda: with_array("final_rows", set_item(2, 20)), "ascending"),
+    ("unsorted final rows", lambda: with_array("final_rows", lambda a: a[::-1].copy()), "ascending"),
+    ("token id too large", lambda: with_array("token_ids", set_item(3, VOCAB)), "vocabulary"),
+    ("negative token id", lambda: with_array("token_ids", set_item(0, -2)), "vocabulary"),
+    ("request ids mismatch", lambda: replace(good(), request_ids=("a", "b")), "request ids"),
+    ("table_lengths mismatch", lambda: with_array("table_lengths", lambda a: a[:2].copy()), "table lengths"),
+]
+
+
+@pytest.mark.parametrize("name,make,match", CASES, ids=[c[0] for c in CASES])
+def test_malformed_batch_rejected(name, make, match):
+    with pytest.raises(BatchValidationError, match=match):
+        check(make())
+
+
+def test_too_many_pages_for_limit():
+    with pytest.raises(BatchValidationError, match="more than the limit"):
+        check(good(), max_pages_per_table=2)
+
+
+def test_pool_smaller_than_page_ids():
+    with pytest.raises(BatchValidationError, match="outside the pool"):
+        check(good(), num_pages=7)
