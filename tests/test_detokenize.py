@@ -1,0 +1,76 @@
+"""Streaming detokenization with the tiny tokenizer, where token id b is exactly byte b.
+
+That layout lets a test feed any byte sequence as ids, so the expectations come straight
+from UTF-8 itself: a character appears once its last byte arrives, never earlier, and what
+can never become a character is U+FFFD (as Python's own UTF-8 decoder reports it).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crucible.model.detokenize import IncrementalDetokenizer
+from crucible.model.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Tokenizer:
+    return Tokenizer.tiny_for_tests()
+
+
+def feed(detok: IncrementalDetokenizer, ids: list[int]) -> list[str]:
+    return [detok.add(i) for i in ids]
+
+
+def test_two_byte_character_waits_for_its_second_byte(tiny: Tokenizer) -> None:
+    detok = tiny.detokenizer()
+    assert detok.add(0xC3) == "" and detok.has_pending
+    assert detok.add(0xA9) == "é" and not detok.has_pending
+    assert detok.num_tokens == 2
+
+
+def test_emoji_byte_by_byte(tiny: Tokenizer) -> None:
+    data = "a😀b".encode()  # 61 F0 9F 98 80 62
+    assert feed(tiny.detokenizer(), list(data)) == ["a", "", "", "", "😀", "b"]
+
+
+def test_merged_tokens_and_specials(tiny: Tokenizer) -> None:
+    ids = tiny.encode("<|im_start|> the string<|im_end|>")
+    assert feed(tiny.detokenizer(), ids)[1] == " the"  # 258 is one token for four bytes
+    assert "".join(feed(tiny.detokenizer(), ids)) == " the string"
+    shown = tiny.detokenizer(skip_special_tokens=False)
+    assert "".join(feed(shown, ids)) == "<|im_start|> the string<|im_end|>"
+
+
+def test_flush_reports_an_unfinished_character(tiny: Tokenizer) -> None:
+    detok = tiny.detokenizer()
+    assert feed(detok, [0x68, 0x69, 0xE6, 0x97]) == ["h", "i", "", ""]  # first 2 of 日
+    assert detok.flush() == "\ufffd"
+    assert detok.flush() == "" and not detok.has_pending
+    assert detok.add(0x41) == "A"  # usable after a flush
+
+
+def test_invalid_bytes_do_not_stall_the_stream(tiny: Tokenizer) -> None:
+    # 0xFF can never start a character; the stream shows U+FFFD and carries on.
+    assert feed(tiny.detokenizer(), [0xFF, 0x41, 0xC3, 0x41]) == ["\ufffd", "A", "", "\ufffdA"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(exclude_categories=("Cs",))))
+def test_stream_of_encoded_text(tiny: Tokenizer, text: str) -> None:
+    detok = tiny.detokenizer()
+    pieces = feed(detok, tiny.encode(text)) + [detok.flush()]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces if "\ufffd" not in text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=64))
+def test_stream_of_arbitrary_bytes(tiny: Tokenizer, data: bytes) -> None:
+    detok = tiny.detokenizer()
+    streamed = "".join(feed(detok, list(data))) + detok.flush()
+    assert streamed == data.decode("utf-8", errors="replace")
+    # The one-shot decode agrees with the stream, invalid bytes included.
+    assert tiny.decode(list(data)) == streamed
