@@ -22,6 +22,9 @@ from crucible.engine.batch import PackedBatch
 from crucible.model.config import ModelConfig
 from crucible.model.weights import ModelWeights, quantize_int8
 
+LAYER_TILE = 16
+LM_HEAD_TILE = 4
+
 
 @dataclass(frozen=True)
 class NumpyMeta:
@@ -92,7 +95,8 @@ class NumpyBackend:
 
     def linear(self, x: np.ndarray, weight: str) -> np.ndarray:
         w, scale = self._linear[weight]
-        y = gemm_rows(w, x)
+        # The LM head only sees final rows (often one): a narrow tile keeps decode cheap.
+        y = gemm_rows(w, x, LM_HEAD_TILE if weight == "lm_head" else LAYER_TILE)
         return y if scale is None else y * scale
 
     def rope_and_store(self, qkv: np.ndarray, layer: int, meta: NumpyMeta) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 
 TILE_CANDIDATES = (16, 8, 4, 2, 1)
 _lock = threading.Lock()
-_tiles: dict[tuple[int, int], int] = {}
+_tiles: dict[tuple[int, int, int], int] = {}
 
 
 def _columns_identical(w: np.ndarray, tile: int, rng: np.random.Generator) -> bool:
@@ -33,15 +33,16 @@ def _columns_identical(w: np.ndarray, tile: int, rng: np.random.Generator) -> bo
     return True
 
 
-def calibrate_tile(n: int, k: int) -> int:
-    """Widest tile with position-independent results for an [n, k] weight (cached)."""
-    key = (n, k)
+def calibrate_tile(n: int, k: int, max_tile: int = TILE_CANDIDATES[0]) -> int:
+    """Widest tile (<= max_tile) with position-independent results for an [n, k] weight."""
+    key = (n, k, max_tile)
     with _lock:
         if key in _tiles:
             return _tiles[key]
     rng = np.random.default_rng(n * 1_000_003 + k)
     w = rng.standard_normal((n, k)).astype(np.float32)
-    tile = next(t for t in TILE_CANDIDATES if t == 1 or _columns_identical(w, t, rng))
+    tile = next(t for t in TILE_CANDIDATES
+                if t == 1 or (t <= max_tile and _columns_identical(w, t, rng)))
     with _lock:
         _tiles[key] = tile
     return tile
@@ -62,11 +63,15 @@ def untile_columns(y: np.ndarray, m: int) -> np.ndarray:
     return np.ascontiguousarray(y.transpose(0, 2, 1).reshape(nt * tile, n)[:m])
 
 
-def gemm_rows(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """y[m, :] = W @ x[m, :] for every row, each row computed independently of the others."""
+def gemm_rows(w: np.ndarray, x: np.ndarray, max_tile: int = TILE_CANDIDATES[0]) -> np.ndarray:
+    """y[m, :] = W @ x[m, :] for every row, each row computed independently of the others.
+
+    ``max_tile`` trades batched throughput against single-row latency for one weight; it
+    must be a constant per weight (it is part of the arithmetic order).
+    """
     n, k = w.shape
     m = x.shape[0]
     if m == 0:
         return np.zeros((0, n), dtype=np.float32)
-    tile = calibrate_tile(n, k)
+    tile = calibrate_tile(n, k, max_tile)
     return untile_columns(np.matmul(w, tile_columns(x, tile)), m)

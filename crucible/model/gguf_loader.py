@@ -87,9 +87,9 @@ def _dequantize(t: Any, path: Path) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(shape), dtype=np.float32)
 
 
-def load_gguf(path: Path) -> tuple[ModelConfig, ModelWeights, str]:
-    """Return (config, f32 weights, fingerprint) for a GGUF file."""
-    reader = open_gguf(path)
+def load_gguf(path: Path, reader: Any = None) -> tuple[ModelConfig, ModelWeights, str]:
+    """Return (config, f32 weights, fingerprint) for a GGUF file (``reader``: already open)."""
+    reader = reader if reader is not None else open_gguf(path)
     cfg = config_from_gguf(reader, path)
     tensors = {t.name: t for t in reader.tensors}
     digest = hashlib.sha256(cfg.to_json().encode())

@@ -42,10 +42,11 @@ def load_model(spec: str, weights: str = "int8") -> LoadedModel:
         cfg, w, fp = load_hf_dir(path)
         tok = Tokenizer.from_hf_dir(path)
     else:
-        from crucible.model.gguf_loader import load_gguf
+        from crucible.model.gguf_loader import load_gguf, open_gguf
 
-        cfg, w, fp = load_gguf(path)
-        tok = Tokenizer.from_gguf(path)
+        reader = open_gguf(path)  # parsing metadata is slow: read it once for both
+        cfg, w, fp = load_gguf(path, reader)
+        tok = Tokenizer.from_gguf(path, reader)
     if tok.vocab_size > cfg.vocab_size:
         raise ModelLoadError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model's "
                              f"vocabulary is {cfg.vocab_size}")

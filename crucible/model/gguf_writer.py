@@ -1,0 +1,74 @@
+"""Write a model as a llama.cpp-style GGUF (for tests and tools, not the runtime path).
+
+Q and K rows are permuted into llama.cpp's interleaved-RoPE order, as llama.cpp's own
+converter does, so reading the file back exercises the loader's inverse permutation.
+Linear weights may be stored as F32, F16, Q8_0 or Q4_1 (quantized with the gguf package).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from crucible.model.loader import LoadedModel
+from crucible.model.weights import permute_llama_qk
+
+
+def save_gguf(model: LoadedModel, path: Path, linear_type: str = "F32") -> None:
+    import gguf
+
+    from crucible.model.tiny_tokenizer import tiny_vocab
+
+    cfg, w = model.config, model.weights
+    qtype = gguf.GGMLQuantizationType[linear_type]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.n_layers)
+    writer.add_context_length(cfg.max_context)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.ffn_size)
+    writer.add_head_count(cfg.n_heads)
+    writer.add_head_count_kv(cfg.n_kv_heads)
+    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    tokens, merges, types = tiny_vocab()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_merges(merges)
+    writer.add_token_types(types)
+    tok = model.tokenizer
+    writer.add_bos_token_id(tok.bos_token_id)
+    writer.add_eos_token_id(tok.eos_token_id)
+    writer.add_add_bos_token(False)
+
+    def put(name: str, value: np.ndarray, linear: bool) -> None:
+        value = np.ascontiguousarray(value, dtype=np.float32)
+        if not linear or qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, value)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(name, value.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+
+    put("token_embd.weight", w.embed, True)
+    put("output_norm.weight", w.final_norm, False)
+    if w.lm_head is not None:
+        put("output.weight", w.lm_head, True)
+    for i, lw in enumerate(w.layers):
+        b = f"blk.{i}."
+        put(b + "attn_norm.weight", lw.attn_norm, False)
+        put(b + "attn_q.weight", permute_llama_qk(lw.wq, cfg.n_heads), True)
+        put(b + "attn_k.weight", permute_llama_qk(lw.wk, cfg.n_kv_heads), True)
+        put(b + "attn_v.weight", lw.wv, True)
+        put(b + "attn_output.weight", lw.wo, True)
+        put(b + "ffn_norm.weight", lw.ffn_norm, False)
+        put(b + "ffn_gate.weight", lw.w_gate, True)
+        put(b + "ffn_up.weight", lw.w_up, True)
+        put(b + "ffn_down.weight", lw.w_down, True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

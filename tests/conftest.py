@@ -1,0 +1,41 @@
+"""Shared fixtures. GPU tests skip without CuPy + a GPU; model tests use the cached model."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _gpu_ok() -> bool:
+    from crucible.backend.select import gpu_available
+
+    return gpu_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any(item.get_closest_marker("gpu") for item in items) and not _gpu_ok():
+        skip = pytest.mark.skip(reason="needs CuPy and a CUDA GPU")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def default_model_path():
+    """The default GGUF, downloaded into the cache once (the only network the tests use)."""
+    from crucible.model.fetch import resolve_model_path
+
+    return resolve_model_path("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def default_model(default_model_path):
+    from crucible.model.loader import load_model
+
+    return load_model(str(default_model_path), "int8")
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    from crucible.model.tiny import tiny_random_model
+
+    return tiny_random_model(seed=0)
