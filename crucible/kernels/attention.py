@@ -1,0 +1,98 @@
+"""Paged causal attention on the GPU: the one entry point the engine calls.
+
+``paged_attention(q, k_pool, v_pool, layer, segments, page_tables, out, *, n_heads,
+n_kv_heads, max_chunk, score_capacity, variant)`` computes, for every packed row, causal
+attention over its own request's history in the page pool and writes ``out``:
+
+- ``q``/``out``: f32 ``[T, n_heads*64]``, C-contiguous; rows packed by segment.
+- ``k_pool``/``v_pool``: f32 ``[num_pages, n_layers, 16, n_kv_heads*64]``, C-contiguous;
+  the current slice's K/V must already be stored (DESIGN section 3).
+- ``segments``: int32 ``[S, 4]`` (packed_start, chunk_len, absolute_start, table_index),
+  ascending and tiling ``0..T``; ``page_tables``: int32 ``[S_tables, P]``.
+- ``max_chunk``: longest ``chunk_len``; ``score_capacity``: the longest absolute slice end
+  rounded up to 256 (``score_capacity(max_end)``). Both are host integers the caller already
+  knows, so no device metadata is read back here; an undersized capacity is a caller bug.
+- ``variant``: a ``Variant`` or name (default ``exact-q4-k64``).
+
+All arrays are checked (dtype, shape, contiguity) before launch. Returns the ``LaunchPlan``
+that ran, so callers can report hand-overs. Only head_dim 64 is implemented.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from crucible.kernels.loader import attention_kernel, ensure_dynamic_smem, smem_optin_limit
+from crucible.kernels.variants import (
+    DEFAULT_VARIANT,
+    HEAD_DIM,
+    LaunchPlan,
+    Variant,
+    parse_variant,
+    plan_launch,
+)
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(f"paged_attention: {message}")
+
+
+def _check_array(a: Any, name: str, dtype: Any, ndim: int) -> None:
+    _check(a.dtype == dtype, f"{name} must be {np.dtype(dtype).name}, got {a.dtype}")
+    _check(a.ndim == ndim, f"{name} must be {ndim}-D, got shape {a.shape}")
+    _check(bool(a.flags.c_contiguous), f"{name} must be C-contiguous")
+
+
+def validate_arguments(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
+                       page_tables: Any, out: Any, n_heads: int, n_kv_heads: int,
+                       max_chunk: int, score_capacity: int) -> None:
+    """Every host-checkable precondition of the kernels; raises ValueError with the cause."""
+    for a, name in ((q, "q"), (out, "out")):
+        _check_array(a, name, np.float32, 2)
+    for a, name in ((k_pool, "k_pool"), (v_pool, "v_pool")):
+        _check_array(a, name, np.float32, 4)
+    _check_array(segments, "segments", np.int32, 2)
+    _check_array(page_tables, "page_tables", np.int32, 2)
+    _check(n_heads > 0 and n_kv_heads > 0 and n_heads % n_kv_heads == 0,
+           f"n_heads {n_heads} must be a positive multiple of n_kv_heads {n_kv_heads}")
+    _check(q.shape[1] == n_heads * HEAD_DIM, f"q width {q.shape[1]} != {n_heads}*{HEAD_DIM}")
+    _check(out.shape == q.shape, f"out shape {out.shape} != q shape {q.shape}")
+    kv_dim = n_kv_heads * HEAD_DIM
+    _check(k_pool.shape == v_pool.shape, "k_pool and v_pool shapes differ")
+    _check(k_pool.shape[2] == 16 and k_pool.shape[3] == kv_dim,
+           f"pool shape {k_pool.shape} must be [pages, layers, 16, {kv_dim}]")
+    _check(0 <= layer < k_pool.shape[1], f"layer {layer} outside 0..{k_pool.shape[1] - 1}")
+    _check(segments.shape[1] == 4 and segments.shape[0] >= 1, "segments must be [S>=1, 4]")
+    _check(page_tables.shape[1] >= 1, "page_tables must have at least one column")
+    _check(1 <= max_chunk <= q.shape[0], f"max_chunk {max_chunk} outside 1..{q.shape[0]}")
+    _check(score_capacity > 0 and score_capacity % 256 == 0,
+           f"score_capacity {score_capacity} must be a positive multiple of 256")
+
+
+def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
+                    page_tables: Any, out: Any, *, n_heads: int, n_kv_heads: int,
+                    max_chunk: int, score_capacity: int,
+                    variant: Variant | str = DEFAULT_VARIANT) -> LaunchPlan:
+    validate_arguments(q, k_pool, v_pool, layer, segments, page_tables, out, n_heads,
+                       n_kv_heads, max_chunk, score_capacity)
+    requested = parse_variant(variant) if isinstance(variant, str) else variant
+    plan = plan_launch(requested, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=HEAD_DIM,
+                       capacity=score_capacity, smem_limit=smem_optin_limit())
+    kernel = attention_kernel(plan.variant)
+    ensure_dynamic_smem(kernel, plan.smem_bytes)
+    i32 = np.int32
+    n_layers, stride = k_pool.shape[1], page_tables.shape[1]
+    if plan.variant.family == "reference":
+        grid = (n_heads, q.shape[0], 1)
+        args = (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables, i32(stride),
+                out, i32(n_heads), i32(n_kv_heads), i32(n_layers), i32(layer))
+    else:
+        rows = plan.variant.rows
+        grid = (n_kv_heads, -(-max_chunk // rows), segments.shape[0])
+        args = (q, k_pool, v_pool, segments, page_tables, i32(stride), out, i32(n_heads),
+                i32(n_kv_heads), i32(n_layers), i32(layer), i32(score_capacity))
+    kernel(grid, (plan.threads, 1, 1), args, shared_mem=plan.smem_bytes)
+    return plan

@@ -1,0 +1,80 @@
+"""Compile ``cuda/attention.cu`` once per process and hand out its kernels.
+
+One ``cupy.RawModule`` holds every attention kernel: the reference and each
+``attn_exact<Q, KT>`` / ``attn_online<Q, KT>`` template instantiation, named through NVRTC
+name expressions. The module is built lazily on first use (``functools.cache``), so CPU-only
+machines import this file without CuPy. Resource figures come from the driver's function
+attributes, which is what the check command prints.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from crucible.kernels.source import cuda_source_dir, read_cuda_source
+from crucible.kernels.variants import Variant, all_variants
+
+SOURCE = "attention.cu"
+
+
+def kernel_name(variant: Variant) -> str:
+    """The name expression of a variant's kernel (also its lookup key)."""
+    if variant.family == "reference":
+        return "attn_reference"
+    return f"attn_{variant.family}<{variant.rows}, {variant.tile}>"
+
+
+def _cupy() -> Any:
+    try:
+        import cupy  # noqa: PLC0415  (optional dependency: imported only when needed)
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise RuntimeError("CUDA attention needs CuPy (pip install crucible-llm[cuda])") from exc
+    return cupy
+
+
+@functools.cache
+def attention_module() -> Any:
+    """The compiled module; compiled once per process, with every variant instantiated."""
+    cupy = _cupy()
+    names = tuple(kernel_name(v) for v in all_variants())
+    # No fast-math: the explicit-rounding intrinsics already fix every step, and fast-math
+    # would silently change division and denormal handling.
+    options = ("-std=c++17", f"-I{cuda_source_dir()}")
+    return cupy.RawModule(code=read_cuda_source(SOURCE), options=options,
+                          name_expressions=names)
+
+
+@functools.cache
+def attention_kernel(variant: Variant) -> Any:
+    return attention_module().get_function(kernel_name(variant))
+
+
+@functools.cache
+def smem_optin_limit() -> int:
+    """Largest dynamic shared memory one CTA may opt into on the current device."""
+    cupy = _cupy()
+    attrs = cupy.cuda.Device().attributes
+    return int(attrs["MaxSharedMemoryPerBlockOptin"])
+
+
+def ensure_dynamic_smem(kernel: Any, nbytes: int) -> None:
+    """Raise the kernel's dynamic shared memory ceiling when a launch needs more than 48 KiB."""
+    if nbytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < nbytes:
+        kernel.max_dynamic_shared_size_bytes = nbytes
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    name: str
+    registers: int
+    static_smem: int
+    local_bytes: int
+    max_threads: int
+
+
+def kernel_resources(variant: Variant) -> KernelResources:
+    k = attention_kernel(variant)
+    return KernelResources(variant.name, int(k.num_regs), int(k.shared_size_bytes),
+                           int(k.local_size_bytes), int(k.max_threads_per_block))

@@ -1,0 +1,146 @@
+"""The paged-attention variant registry and the launch plan that picks a kernel.
+
+Names (``CRUCIBLE_PREFILL_ATTN``): ``reference``; ``exact`` (alias of the default
+``exact-q4-k64``); ``exact-q{1,2,4}-k{16,32,64}``; ``online-q{1,2,4}-k{16,32,64}``.
+Exact variants are bit-identical to the reference; online variants are diagnostics.
+
+``plan_launch`` turns a requested variant into the kernel that actually runs for one call:
+an exact/online variant whose shared memory for score capacity C does not fit hands over
+to fewer rows per tile, then to the reference; unsupported geometry (head_dim != 64,
+G outside 1..8) runs the reference. Each distinct hand-over is reported once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+from crucible.errors import ConfigError
+
+Family = Literal["reference", "exact", "online"]
+
+DEFAULT_VARIANT = "exact-q4-k64"
+ENV_VAR = "CRUCIBLE_PREFILL_ATTN"
+ROWS_CHOICES = (1, 2, 4)
+TILE_CHOICES = (16, 32, 64)
+HEAD_DIM = 64
+MAX_GROUP = 8
+KV_STRIDE = 68  # floats per staged K/V row (see cuda/attention.cu)
+STATS_FLOATS = 96  # causal lengths + per-distribution statistics
+REFERENCE_STATIC_BYTES = 64  # attn_reference's static reduction scratch (upper bound)
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Variant:
+    family: Family
+    rows: int = 1  # query rows per CTA tile (exact/online)
+    tile: int = 64  # history positions per staged K/V tile (exact/online)
+
+    @property
+    def name(self) -> str:
+        if self.family == "reference":
+            return "reference"
+        return f"{self.family}-q{self.rows}-k{self.tile}"
+
+    @property
+    def is_exact(self) -> bool:
+        """Exact variants (and the reference itself) reproduce the canonical bits."""
+        return self.family != "online"
+
+
+def all_variants() -> tuple[Variant, ...]:
+    tiled = tuple(
+        Variant(family, rows, tile)
+        for family in ("exact", "online")
+        for rows in ROWS_CHOICES
+        for tile in TILE_CHOICES
+    )
+    return (Variant("reference"),) + tiled
+
+
+def valid_names() -> tuple[str, ...]:
+    return ("exact",) + tuple(v.name for v in all_variants())
+
+
+def parse_variant(name: str) -> Variant:
+    """Strict parse of a variant name; unknown names list every valid one."""
+    key = name.strip().lower()
+    if key == "exact":
+        key = DEFAULT_VARIANT
+    for variant in all_variants():
+        if variant.name == key:
+            return variant
+    raise ConfigError(
+        f"unknown {ENV_VAR} value {name!r}; valid names: {', '.join(valid_names())}")
+
+
+def variant_from_env(environ: Mapping[str, str] | None = None) -> Variant:
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_VAR, "")
+    return parse_variant(raw) if raw.strip() else parse_variant(DEFAULT_VARIANT)
+
+
+def score_capacity(max_end: int) -> int:
+    """Score slots per distribution: the longest absolute slice end rounded up to 256."""
+    if max_end < 1:
+        raise ValueError(f"max_end must be positive, got {max_end}")
+    return -(-max_end // 256) * 256
+
+
+def tiled_smem_bytes(variant: Variant, group: int, capacity: int) -> int:
+    dists = variant.rows * group
+    scores = capacity if variant.family == "exact" else variant.tile
+    return 4 * (variant.tile * KV_STRIDE + dists * HEAD_DIM + STATS_FLOATS + dists * scores)
+
+
+def reference_smem_bytes(capacity: int) -> int:
+    return 4 * capacity
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    variant: Variant  # what actually runs
+    requested: Variant
+    smem_bytes: int  # dynamic shared memory per CTA
+    threads: int
+    reason: str | None = None  # why it differs from the request
+
+
+def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: int,
+                capacity: int, smem_limit: int) -> LaunchPlan:
+    """Pick the kernel for one call; the result is a pure function of its arguments."""
+    ref = LaunchPlan(Variant("reference"), requested, reference_smem_bytes(capacity), 256)
+    if requested.family == "reference":
+        return ref
+    group = n_heads // n_kv_heads if n_kv_heads and n_heads % n_kv_heads == 0 else 0
+    if head_dim != HEAD_DIM or not 1 <= group <= MAX_GROUP:
+        return _reported(ref, f"geometry heads={n_heads}/{n_kv_heads} head_dim={head_dim} "
+                              "is outside the tiled family")
+    rows = requested.rows
+    while rows >= 1:
+        candidate = Variant(requested.family, rows, requested.tile)
+        smem = tiled_smem_bytes(candidate, group, capacity)
+        if smem <= smem_limit:
+            plan = LaunchPlan(candidate, requested, smem, 32 * rows * group)
+            if rows == requested.rows:
+                return plan
+            return _reported(plan, f"capacity {capacity} needs fewer rows per tile")
+        rows //= 2
+    return _reported(ref, f"capacity {capacity} does not fit shared memory ({smem_limit} B)")
+
+
+def _reported(plan: LaunchPlan, reason: str) -> LaunchPlan:
+    plan = LaunchPlan(plan.variant, plan.requested, plan.smem_bytes, plan.threads, reason)
+    _say_once(plan.requested.name, plan.variant.name, reason)
+    return plan
+
+
+@functools.cache
+def _say_once(requested: str, actual: str, reason: str) -> None:
+    # Cached so a steady stream of identical calls logs the hand-over a single time.
+    _log.warning("attention variant %s runs as %s: %s", requested, actual, reason)

@@ -1,0 +1,414 @@
+// attention.cu: paged causal attention over the canonical page pool, f32, head_dim 64.
+//
+// Layout
+//   q, out   [T, n_heads*64] packed rows; row packed_start+r of a segment sits at absolute
+//            position absolute_start+r and attends to positions 0..absolute_start+r.
+//   k/v pool [num_pages][n_layers][16][kv_dim], kv_dim = n_kv_heads*64; position p of a
+//            request is slot p&15 of page table[p>>4]. Pages are never assumed adjacent:
+//            every 16 positions are translated on their own.
+//   segs     int4[S] = (packed_start, chunk_len, absolute_start, table_index), ascending.
+//   tables   int32[S_tables][table_stride].
+//   Query head h reads KV head h / G, G = n_heads / n_kv_heads (1..8).
+//
+// Kernels (arithmetic spelled once in common.cuh)
+//   attn_reference        grid (n_heads, T), 256 threads; the canonical order (DESIGN s.5).
+//                         Dynamic smem: capacity C floats of scores.
+//   attn_exact<Q, KT>     grid (n_kv_heads, ceil(max_chunk/Q), S), 32*Q*G threads.
+//                         One CTA = one segment x one KV head x Q adjacent rows; its Q*G
+//                         (row, head) "distributions" share every K/V tile staged in smem.
+//                         Bit-identical to the reference: QK replays the warp's xor tree
+//                         sequentially in one thread (tree-ordered K staging), softmax
+//                         replays the reference's 8 virtual warps, PV runs the same
+//                         ascending fused chain. Dynamic smem 4*(KT*68 + Q*G*64 + 96 + Q*G*C).
+//   attn_online<Q, KT>    same grid/tiles, flash-style running max/denominator/output with
+//                         tile-sized score scratch. Reorders f32 work: diagnostic only.
+// Assumptions: the wrapper checks shapes; C is a multiple of 256 >= every row's causal
+// length; only positions < the tile's longest causal length are read, so pages beyond a
+// request's end are never touched. No standard headers (NVRTC).
+#include "common.cuh"
+
+#define CRU_KV_STRIDE 68  // 64 + 4 floats: float4 loads of 8 rows hit 32 distinct banks
+#define CRU_NEG_INF __int_as_float(0xff800000)
+
+// ------------------------------------------------------------------------------------
+// Reference: one CTA per (query head, packed row); the canonical order itself.
+// ------------------------------------------------------------------------------------
+__global__ void __launch_bounds__(256, 4)
+attn_reference(const float* __restrict__ q, const float* __restrict__ k_pool,
+               const float* __restrict__ v_pool, const int4* __restrict__ segs, int n_segs,
+               const int* __restrict__ tables, int table_stride, float* __restrict__ out,
+               int n_heads, int n_kv_heads, int n_layers, int layer) {
+    extern __shared__ float scores[];
+    __shared__ float red[8];
+    __shared__ float bcast;
+    const int head = blockIdx.x, row = blockIdx.y;
+    int lo = 0, hi = n_segs - 1;  // last segment starting at or before this row
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (segs[mid].x <= row) lo = mid; else hi = mid - 1;
+    }
+    const int4 sd = segs[lo];
+    const int r = row - sd.x;
+    if (r < 0 || r >= sd.y) return;  // uniform for the whole CTA
+    const int len = sd.z + r + 1;
+    const int kvh = head / (n_heads / n_kv_heads), kv_dim = n_kv_heads * CRU_HEAD_DIM;
+    const int* table = tables + (long long)sd.w * table_stride;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float* qrow = q + ((long long)row * n_heads + head) * CRU_HEAD_DIM;
+    const float q_lo = qrow[lane], q_hi = qrow[lane + 32];
+
+    for (int j = warp; j < len; j += 8) {
+        const float* kr = k_pool + cru_pool_row(table, j, n_layers, layer, kv_dim, kvh);
+        const float s = cru_warp_sum(cru_leaf(q_lo, q_hi, kr[lane], kr[lane + 32]));
+        if (lane == 0) scores[j] = cru_scale(s);
+    }
+    __syncthreads();
+    float m = CRU_NEG_INF;
+    for (int j = tid; j < len; j += 256) m = fmaxf(m, scores[j]);
+    m = cru_warp_max(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    if (tid == 0) {
+        float t = red[0];
+        for (int w = 1; w < 8; ++w) t = fmaxf(t, red[w]);
+        bcast = t;
+    }
+    __syncthreads();
+    m = bcast;
+    float sum = 0.0f;
+    for (int j = tid; j < len; j += 256) {
+        const float e = cru_exp_shifted(scores[j], m);
+        scores[j] = e;
+        sum = cru_add(sum, e);
+    }
+    sum = cru_warp_sum(sum);
+    __syncthreads();  // thread 0 finished reading red[] and everyone read bcast
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        float t = red[0];
+        for (int w = 1; w < 8; ++w) t = cru_add(t, red[w]);
+        bcast = cru_recip(t);
+    }
+    __syncthreads();
+    if (tid < CRU_HEAD_DIM) {
+        float acc = 0.0f;
+        for (int page0 = 0; page0 < len; page0 += 16) {  // translate each page once
+            const float* vp = v_pool + cru_pool_row(table, page0, n_layers, layer, kv_dim, kvh);
+            const int n = min(16, len - page0);
+            for (int s = 0; s < n; ++s) acc = cru_pv(scores[page0 + s], vp[s * kv_dim + tid], acc);
+        }
+        out[((long long)row * n_heads + head) * CRU_HEAD_DIM + tid] = __fmul_rn(acc, bcast);
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// Shared pieces of the tiled families.
+// ------------------------------------------------------------------------------------
+struct TileJob {
+    int4 sd;          // segment descriptor
+    int r0, n_rows;   // first row of the tile within the segment, valid rows (0 = none)
+    int lmax;         // causal length of the tile's last valid row
+    int kvh, group, nw;
+    const int* table;
+};
+
+__device__ __forceinline__ TileJob cru_tile_job(const int4* segs, const int* tables,
+                                                int table_stride, int n_heads, int n_kv_heads,
+                                                int rows_per_tile) {
+    TileJob t;
+    t.sd = segs[blockIdx.z];
+    // Longest tiles first: the last tile of a segment has the most history, so launching
+    // it early keeps the tail of the grid short.
+    t.r0 = (gridDim.y - 1 - blockIdx.y) * rows_per_tile;
+    t.n_rows = max(0, min(rows_per_tile, t.sd.y - t.r0));
+    t.lmax = t.sd.z + t.r0 + t.n_rows;
+    t.kvh = blockIdx.x;
+    t.group = n_heads / n_kv_heads;
+    t.nw = rows_per_tile * t.group;
+    t.table = tables + (long long)t.sd.w * table_stride;
+    return t;
+}
+
+// Copy positions [base, base+KT) (clipped to lmax) of one KV head into smem rows of
+// CRU_KV_STRIDE floats; TREE scatters dimensions into the dot tree's leaf order.
+template <int KT, bool TREE>
+__device__ __forceinline__ void cru_stage(float* buf, const float* __restrict__ pool,
+                                          const TileJob& t, int base, int n_layers, int layer,
+                                          int kv_dim) {
+    for (int u = threadIdx.x; u < KT * 16; u += blockDim.x) {
+        const int jj = u >> 4, d = (u & 15) * 4, pos = base + jj;
+        if (pos >= t.lmax) continue;
+        const float4 v = *reinterpret_cast<const float4*>(
+            pool + cru_pool_row(t.table, pos, n_layers, layer, kv_dim, t.kvh) + d);
+        float* row = buf + jj * CRU_KV_STRIDE;
+        if (TREE) {
+            row[cru_tree_slot(d)] = v.x;
+            row[cru_tree_slot(d + 1)] = v.y;
+            row[cru_tree_slot(d + 2)] = v.z;
+            row[cru_tree_slot(d + 3)] = v.w;
+        } else {
+            *reinterpret_cast<float4*>(row + d) = v;
+        }
+    }
+}
+
+// Stage each distribution's q row in tree order and publish its causal length (0 = idle).
+__device__ __forceinline__ void cru_stage_q(float* q_s, int* lens, const float* __restrict__ q,
+                                            const TileJob& t, int n_heads) {
+    for (int u = threadIdx.x; u < t.nw * 16; u += blockDim.x) {
+        const int dist = u >> 4, d = (u & 15) * 4, row = dist / t.group;
+        if (row >= t.n_rows) continue;
+        const int h = t.kvh * t.group + dist % t.group;
+        const float4 v = *reinterpret_cast<const float4*>(
+            q + ((long long)(t.sd.x + t.r0 + row) * n_heads + h) * CRU_HEAD_DIM + d);
+        float* dst = q_s + dist * CRU_HEAD_DIM;
+        dst[cru_tree_slot(d)] = v.x;
+        dst[cru_tree_slot(d + 1)] = v.y;
+        dst[cru_tree_slot(d + 2)] = v.z;
+        dst[cru_tree_slot(d + 3)] = v.w;
+    }
+    if (threadIdx.x < t.nw) {
+        const int row = threadIdx.x / t.group;
+        lens[threadIdx.x] = row < t.n_rows ? t.sd.z + t.r0 + row + 1 : 0;
+    }
+}
+
+// R scaled dot products of one staged K row against R tree-ordered q rows. Chunk c holds
+// leaves 4c..4c+3 = one level-2 subtree; the final combination mirrors xor offsets 4,2,1.
+template <int R>
+__device__ __forceinline__ void cru_tree_dots(const float* krow, const float* q0, float* res) {
+    float v2[R][8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        const float4 ka = *reinterpret_cast<const float4*>(krow + 8 * c);
+        const float4 kb = *reinterpret_cast<const float4*>(krow + 8 * c + 4);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float4 qa = *reinterpret_cast<const float4*>(q0 + r * CRU_HEAD_DIM + 8 * c);
+            const float4 qb = *reinterpret_cast<const float4*>(q0 + r * CRU_HEAD_DIM + 8 * c + 4);
+            const float p0 = cru_leaf(qa.x, qa.y, ka.x, ka.y);  // dims x, x+32
+            const float p1 = cru_leaf(qa.z, qa.w, ka.z, ka.w);  // x+16 (xor 16 partner)
+            const float p2 = cru_leaf(qb.x, qb.y, kb.x, kb.y);  // x+8
+            const float p3 = cru_leaf(qb.z, qb.w, kb.z, kb.w);  // x+24
+            v2[r][c] = cru_add(cru_add(p0, p1), cru_add(p2, p3));
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float v4a = cru_add(cru_add(v2[r][0], v2[r][1]), cru_add(v2[r][2], v2[r][3]));
+        const float v4b = cru_add(cru_add(v2[r][4], v2[r][5]), cru_add(v2[r][6], v2[r][7]));
+        res[r] = cru_scale(cru_add(v4a, v4b));
+    }
+}
+
+// Scores of one staged K tile for every distribution; score (dist, pos) is stored at
+// scores[dist*stride + pos - shift]. Pairs of distributions share each K row read.
+template <int KT>
+__device__ __forceinline__ void cru_qk_tile(const float* kbuf, const float* q_s, const int* lens,
+                                            float* scores, int stride, int shift, int base,
+                                            int nw) {
+    if (KT >= 64 && (nw & 1) == 0) {
+        for (int u = threadIdx.x; u < (nw >> 1) * KT; u += blockDim.x) {
+            const int d0 = (u / KT) * 2, pos = base + u % KT;
+            if (pos >= lens[d0] && pos >= lens[d0 + 1]) continue;
+            float s[2];
+            cru_tree_dots<2>(kbuf + (u % KT) * CRU_KV_STRIDE, q_s + d0 * CRU_HEAD_DIM, s);
+            if (pos < lens[d0]) scores[d0 * stride + pos - shift] = s[0];
+            if (pos < lens[d0 + 1]) scores[(d0 + 1) * stride + pos - shift] = s[1];
+        }
+    } else {
+        for (int u = threadIdx.x; u < nw * KT; u += blockDim.x) {
+            const int d0 = u / KT, pos = base + u % KT;
+            if (pos >= lens[d0]) continue;
+            float s[1];
+            cru_tree_dots<1>(kbuf + (u % KT) * CRU_KV_STRIDE, q_s + d0 * CRU_HEAD_DIM, s);
+            scores[d0 * stride + pos - shift] = s[0];
+        }
+    }
+}
+
+// PV ownership: with an even number of distributions a thread owns one dimension of two
+// distributions (one V read feeds two chains); otherwise two dimensions of one.
+struct PvSlots {
+    int da, db, dim_a, dim_b;
+};
+
+__device__ __forceinline__ PvSlots cru_pv_slots(int nw) {
+    PvSlots p;
+    const int tid = threadIdx.x;
+    if ((nw & 1) == 0) {
+        p.da = (tid >> 6) * 2; p.db = p.da + 1; p.dim_a = p.dim_b = tid & 63;
+    } else {
+        p.da = p.db = tid >> 5; p.dim_a = tid & 31; p.dim_b = (tid & 31) + 32;
+    }
+    return p;
+}
+
+__device__ __forceinline__ void cru_store_out(float* __restrict__ out, const TileJob& t,
+                                              int n_heads, int dist, int dim, float value) {
+    const int row = dist / t.group, h = t.kvh * t.group + dist % t.group;
+    out[((long long)(t.sd.x + t.r0 + row) * n_heads + h) * CRU_HEAD_DIM + dim] = value;
+}
+
+
+// ------------------------------------------------------------------------------------
+// Exact tiled GQA: full score vectors in smem, K pass then V pass over the same buffer.
+// ------------------------------------------------------------------------------------
+template <int Q, int KT>
+__global__ void __launch_bounds__(32 * Q * 8)
+attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
+           const float* __restrict__ v_pool, const int4* __restrict__ segs,
+           const int* __restrict__ tables, int table_stride, float* __restrict__ out,
+           int n_heads, int n_kv_heads, int n_layers, int layer, int capacity) {
+    extern __shared__ float4 smem4[];
+    const TileJob t = cru_tile_job(segs, tables, table_stride, n_heads, n_kv_heads, Q);
+    if (t.n_rows == 0) return;  // ragged segment: uniform early exit
+    const int kv_dim = n_kv_heads * CRU_HEAD_DIM, lane = threadIdx.x & 31;
+    float* kv = reinterpret_cast<float*>(smem4);
+    float* q_s = kv + KT * CRU_KV_STRIDE;
+    int* lens = reinterpret_cast<int*>(q_s + t.nw * CRU_HEAD_DIM);
+    float* inv_s = reinterpret_cast<float*>(lens + 32);
+    float* scores = inv_s + 64;
+    cru_stage_q(q_s, lens, q, t, n_heads);
+
+    for (int base = 0; base < t.lmax; base += KT) {  // pass 1: K -> full score vectors
+        __syncthreads();
+        cru_stage<KT, true>(kv, k_pool, t, base, n_layers, layer, kv_dim);
+        __syncthreads();
+        cru_qk_tile<KT>(kv, q_s, lens, scores, capacity, 0, base, t.nw);
+    }
+    __syncthreads();
+
+    // Softmax: warp w owns distribution w and replays the reference's 8 virtual warps.
+    const int w = threadIdx.x >> 5, len = lens[w];
+    if (len > 0) {
+        float* s = scores + w * capacity;
+        float m = CRU_NEG_INF;  // max is exact in any order; no replay needed
+        for (int j = lane; j < len; j += 32) m = fmaxf(m, s[j]);
+        m = cru_warp_max(m);
+        float part[8];
+#pragma unroll
+        for (int vw = 0; vw < 8; ++vw) {  // virtual thread 32*vw + lane, stride 256
+            part[vw] = 0.0f;
+            for (int j = vw * 32 + lane; j < len; j += 256) {
+                const float e = cru_exp_shifted(s[j], m);
+                s[j] = e;
+                part[vw] = cru_add(part[vw], e);
+            }
+        }
+        float tot = cru_warp_sum(part[0]);
+#pragma unroll
+        for (int vw = 1; vw < 8; ++vw) tot = cru_add(tot, cru_warp_sum(part[vw]));
+        if (lane == 0) inv_s[w] = cru_recip(tot);
+    }
+
+    const PvSlots p = cru_pv_slots(t.nw);
+    const int len_a = lens[p.da], len_b = lens[p.db];
+    const float* sa = scores + p.da * capacity;
+    const float* sb = scores + p.db * capacity;
+    float acc_a = 0.0f, acc_b = 0.0f;
+    for (int base = 0; base < t.lmax; base += KT) {  // pass 2: V, ascending fused chains
+        __syncthreads();
+        cru_stage<KT, false>(kv, v_pool, t, base, n_layers, layer, kv_dim);
+        __syncthreads();
+        const int n = min(KT, t.lmax - base);
+        for (int jj = 0; jj < n; jj += 4) {  // scores are 16B aligned: base, jj % 4 == 0
+            const float4 pa = *reinterpret_cast<const float4*>(sa + base + jj);
+            const float4 pb = *reinterpret_cast<const float4*>(sb + base + jj);
+            const float pav[4] = {pa.x, pa.y, pa.z, pa.w}, pbv[4] = {pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int pos = base + jj + i;
+                const float* vr = kv + (jj + i) * CRU_KV_STRIDE;
+                if (pos < len_a) acc_a = cru_pv(pav[i], vr[p.dim_a], acc_a);
+                if (pos < len_b) acc_b = cru_pv(pbv[i], vr[p.dim_b], acc_b);
+            }
+        }
+    }
+    if (len_a > 0) cru_store_out(out, t, n_heads, p.da, p.dim_a, __fmul_rn(acc_a, inv_s[p.da]));
+    if (len_b > 0) cru_store_out(out, t, n_heads, p.db, p.dim_b, __fmul_rn(acc_b, inv_s[p.db]));
+}
+
+// ------------------------------------------------------------------------------------
+// Online (flash-style) diagnostic family: tile-sized scores, running m / l / output.
+// ------------------------------------------------------------------------------------
+template <int Q, int KT>
+__global__ void __launch_bounds__(32 * Q * 8)
+attn_online(const float* __restrict__ q, const float* __restrict__ k_pool,
+            const float* __restrict__ v_pool, const int4* __restrict__ segs,
+            const int* __restrict__ tables, int table_stride, float* __restrict__ out,
+            int n_heads, int n_kv_heads, int n_layers, int layer, int capacity) {
+    extern __shared__ float4 smem4[];
+    const TileJob t = cru_tile_job(segs, tables, table_stride, n_heads, n_kv_heads, Q);
+    if (t.n_rows == 0) return;
+    const int kv_dim = n_kv_heads * CRU_HEAD_DIM, lane = threadIdx.x & 31;
+    float* kv = reinterpret_cast<float*>(smem4);
+    float* q_s = kv + KT * CRU_KV_STRIDE;
+    int* lens = reinterpret_cast<int*>(q_s + t.nw * CRU_HEAD_DIM);
+    float* run_l = reinterpret_cast<float*>(lens + 32);
+    float* alpha_s = run_l + 32;
+    float* scores = alpha_s + 32;  // [nw][KT]
+    cru_stage_q(q_s, lens, q, t, n_heads);
+    const int w = threadIdx.x >> 5;
+    float run_m = CRU_NEG_INF;  // lane-replicated running max of distribution w
+    if (threadIdx.x < 32) run_l[threadIdx.x] = 0.0f;
+
+    const PvSlots p = cru_pv_slots(t.nw);
+    float acc_a = 0.0f, acc_b = 0.0f;
+    for (int base = 0; base < t.lmax; base += KT) {
+        __syncthreads();
+        cru_stage<KT, true>(kv, k_pool, t, base, n_layers, layer, kv_dim);
+        __syncthreads();
+        cru_qk_tile<KT>(kv, q_s, lens, scores, KT, base, base, t.nw);
+        __syncthreads();
+        const int n = min(KT, lens[w] - base);
+        if (n > 0) {
+            float* s = scores + w * KT;
+            float tmax = CRU_NEG_INF;
+            for (int j = lane; j < n; j += 32) tmax = fmaxf(tmax, s[j]);
+            const float m_new = fmaxf(run_m, cru_warp_max(tmax));
+            float psum = 0.0f;
+            for (int j = lane; j < n; j += 32) {
+                const float e = cru_exp_shifted(s[j], m_new);
+                s[j] = e;
+                psum += e;
+            }
+            psum = cru_warp_sum(psum);
+            const float alpha = __expf(run_m - m_new);  // 0 on the first visible tile
+            run_m = m_new;
+            if (lane == 0) {
+                run_l[w] = run_l[w] * alpha + psum;
+                alpha_s[w] = alpha;
+            }
+        } else if (lane == 0) {
+            alpha_s[w] = 1.0f;
+        }
+        __syncthreads();  // scores/alpha published; K no longer read
+        cru_stage<KT, false>(kv, v_pool, t, base, n_layers, layer, kv_dim);
+        __syncthreads();
+        const int na = min(KT, lens[p.da] - base), nb = min(KT, lens[p.db] - base);
+        acc_a *= alpha_s[p.da];
+        acc_b *= alpha_s[p.db];
+        for (int jj = 0; jj < na; ++jj)
+            acc_a = fmaf(scores[p.da * KT + jj], kv[jj * CRU_KV_STRIDE + p.dim_a], acc_a);
+        for (int jj = 0; jj < nb; ++jj)
+            acc_b = fmaf(scores[p.db * KT + jj], kv[jj * CRU_KV_STRIDE + p.dim_b], acc_b);
+    }
+    __syncthreads();
+    if (lens[p.da] > 0) cru_store_out(out, t, n_heads, p.da, p.dim_a, acc_a / run_l[p.da]);
+    if (lens[p.db] > 0) cru_store_out(out, t, n_heads, p.db, p.dim_b, acc_b / run_l[p.db]);
+}
+
+#ifndef __CUDACC_RTC__
+// Offline `nvcc -c` builds instantiate the headline variants so `-Xptxas -v` reports
+// their resources; NVRTC instantiates what it needs through name expressions instead.
+#define CRU_INSTANTIATE(KERNEL, Q, KT)                                                     \
+    template __global__ void KERNEL<Q, KT>(const float*, const float*, const float*,      \
+                                           const int4*, const int*, int, float*, int, int, \
+                                           int, int, int);
+CRU_INSTANTIATE(attn_exact, 4, 64)
+CRU_INSTANTIATE(attn_exact, 2, 32)
+CRU_INSTANTIATE(attn_exact, 1, 16)
+CRU_INSTANTIATE(attn_online, 4, 64)
+#endif

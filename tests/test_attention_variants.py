@@ -1,0 +1,86 @@
+"""Variant names, env parsing and the launch plan's hand-over rules (CPU only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from crucible.errors import ConfigError
+from crucible.kernels.variants import (
+    DEFAULT_VARIANT, Variant, all_variants, parse_variant, plan_launch, score_capacity,
+    tiled_smem_bytes, valid_names, variant_from_env)
+
+H200_OPTIN = 232448
+
+
+def test_every_family_name_round_trips() -> None:
+    names = [v.name for v in all_variants()]
+    assert len(names) == 19 and len(set(names)) == 19
+    for q in (1, 2, 4):
+        for k in (16, 32, 64):
+            for family in ("exact", "online"):
+                assert parse_variant(f"{family}-q{q}-k{k}") == Variant(family, q, k)
+    assert parse_variant("reference") == Variant("reference")
+
+
+def test_default_and_alias() -> None:
+    assert DEFAULT_VARIANT == "exact-q4-k64"
+    assert parse_variant("exact") == parse_variant("exact-q4-k64") == Variant("exact", 4, 64)
+    assert variant_from_env({}) == Variant("exact", 4, 64)
+    assert variant_from_env({"CRUCIBLE_PREFILL_ATTN": "  "}) == Variant("exact", 4, 64)
+    assert variant_from_env({"CRUCIBLE_PREFILL_ATTN": "online-q2-k32"}) == Variant("online", 2, 32)
+
+
+@pytest.mark.parametrize("bad", ["exact-q8-k64", "flash", "exact-q4", "online-q4-k128", ""])
+def test_unknown_names_list_the_valid_ones(bad: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_variant(bad)
+    message = str(err.value)
+    assert repr(bad) in message
+    for name in valid_names():
+        assert name in message
+
+
+def test_online_is_never_exact() -> None:
+    assert all(v.is_exact == (v.family != "online") for v in all_variants())
+
+
+def test_capacity_rounds_up_to_256() -> None:
+    assert [score_capacity(n) for n in (1, 256, 257, 1024, 1025)] == [256, 256, 512, 1024, 1280]
+    with pytest.raises(ValueError):
+        score_capacity(0)
+
+
+def test_shared_bytes_follow_the_documented_formula() -> None:
+    v = Variant("exact", 4, 64)
+    assert tiled_smem_bytes(v, 4, 1024) == 4 * (64 * 68 + 16 * 64 + 96 + 16 * 1024)
+    # online scores are tile sized, so capacity does not matter
+    o = Variant("online", 4, 64)
+    assert tiled_smem_bytes(o, 4, 256) == tiled_smem_bytes(o, 4, 8192)
+
+
+def _plan(name: str, heads: int, kv: int, capacity: int, head_dim: int = 64):
+    return plan_launch(parse_variant(name), n_heads=heads, n_kv_heads=kv, head_dim=head_dim,
+                       capacity=capacity, smem_limit=H200_OPTIN)
+
+
+def test_default_runs_as_requested_when_it_fits() -> None:
+    for heads, kv in ((12, 3), (9, 3), (4, 4), (8, 4), (16, 2)):
+        plan = _plan("exact", heads, kv, 1024)
+        assert plan.variant == Variant("exact", 4, 64) and plan.reason is None
+        assert plan.threads == 32 * 4 * (heads // kv)
+
+
+def test_large_capacity_hands_over_to_fewer_rows_then_reference() -> None:
+    plan = _plan("exact", 12, 3, 4096)
+    assert plan.variant == Variant("exact", 2, 64) and "fewer rows" in plan.reason
+    assert plan.smem_bytes <= H200_OPTIN
+    plan = _plan("exact", 16, 2, 8192)  # G = 8: even one row does not fit
+    assert plan.variant.family == "exact" or plan.variant == Variant("reference")
+    huge = _plan("exact", 16, 2, 65536)
+    assert huge.variant == Variant("reference") and huge.reason
+
+
+def test_unsupported_geometry_runs_reference() -> None:
+    assert _plan("exact", 18, 2, 256).variant == Variant("reference")  # G = 9
+    assert _plan("online-q2-k32", 12, 3, 256, head_dim=128).variant == Variant("reference")
+    assert _plan("reference", 12, 3, 256).reason is None
