@@ -80,6 +80,9 @@ class LLMEngine:
                     request_id: str | None = None) -> str:
         params = params or SamplingParams()
         self.check_request(prompt_token_ids, params)
+        if request_id is not None and request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        self.scheduler.check_room()  # before taking an arrival number (it seeds the request)
         arrival = next(self._counter)
         rid = request_id if request_id is not None else f"req-{arrival}"
         if rid in self.requests:
@@ -87,7 +90,7 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else derive_seed(self._seed_base, arrival)
         req = Request(rid, [int(t) for t in prompt_token_ids], params, seed=seed,
                       arrival=arrival, eos_ids=self.eos_ids, tokenizer=self.tokenizer)
-        self.scheduler.add(req)  # QueueFullError propagates: refused at once
+        self.scheduler.add(req)
         self.requests[rid] = req
         return rid
 

@@ -89,10 +89,14 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def add(self, request: Request) -> None:
+    def check_room(self) -> None:
+        """Refuse at once (QueueFullError, HTTP 429) when the waiting queue is full."""
         if len(self.waiting) >= self.config.max_queue:
             raise QueueFullError(
                 f"waiting queue is full ({self.config.max_queue} requests); retry later")
+
+    def add(self, request: Request) -> None:
+        self.check_room()
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 

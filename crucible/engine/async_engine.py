@@ -1,0 +1,134 @@
+"""AsyncLLMEngine: asyncio streaming on top of LLMEngine, steps run in one worker thread.
+
+The event loop never runs a step. ``generate`` registers the request (refusing at once with
+QueueFullError or RequestError), then yields ``RequestDelta`` increments as the worker
+produces them. The worker is the only thread that touches the LLMEngine: adds and aborts
+are handed to it through small lock-protected lists and applied before the next step, so an
+abort frees the request's pages before any further step runs. Leaving the async iterator
+early (client disconnect, ``break``, task cancellation) aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from typing import AsyncIterator, Sequence
+
+from crucible.engine.engine import LLMEngine, RequestDelta
+from crucible.engine.sampling import SamplingParams
+from crucible.errors import QueueFullError, RequestError
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._adds: list[tuple[str, list[int], SamplingParams]] = []
+        self._aborts: list[str] = []
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # -- called from the event loop ----------------------------------------------------
+    def add(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
+            request_id: str | None = None) -> tuple[str, asyncio.Queue]:
+        """Register a request; raises at once if it is invalid or the queue is full."""
+        params = params or SamplingParams()
+        self.engine.check_request(prompt_token_ids, params)  # reads immutable config only
+        rid = request_id if request_id is not None else f"async-{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            if rid in self._streams:
+                raise RequestError(f"request id {rid!r} is already in use")
+            # len() of the scheduler's deque is a benign racy read; the worker re-checks.
+            if len(self.engine.scheduler.waiting) + len(self._adds) >= self.engine.config.max_queue:
+                raise QueueFullError(f"waiting queue is full ({self.engine.config.max_queue} "
+                                     f"requests); retry later")
+            self._streams[rid] = (asyncio.get_running_loop(), queue)
+            self._adds.append((rid, [int(t) for t in prompt_token_ids], params))
+        self._ensure_worker()
+        self._wake.set()
+        return rid, queue
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestDelta]:
+        rid, queue = self.add(prompt_token_ids, params, request_id)
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the worker to end the request before its next step (idempotent)."""
+        with self._lock:
+            self._aborts.append(request_id)
+        self._wake.set()
+
+    async def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    def stats(self) -> dict[str, int]:
+        return self.engine.stats()
+
+    # -- the worker thread ---------------------------------------------------------------
+    def _ensure_worker(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="crucible-engine", daemon=True)
+            self._thread.start()
+
+    def _push(self, rid: str, item: RequestDelta | BaseException, last: bool) -> None:
+        with self._lock:
+            entry = self._streams.pop(rid, None) if last else self._streams.get(rid)
+        if entry is not None:
+            loop, queue = entry
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _apply_pending(self) -> None:
+        with self._lock:
+            adds, self._adds = self._adds, []
+            aborts, self._aborts = set(self._aborts), []
+        for rid, prompt, params in adds:
+            if rid in aborts:
+                aborts.discard(rid)
+                self._push(rid, RequestDelta(rid, (), "", None, None, True, "abort"), True)
+                continue
+            try:
+                self.engine.add_request(prompt, params, request_id=rid)
+            except Exception as e:  # QueueFullError in a race, a duplicate id...
+                self._push(rid, e, True)
+        for rid in aborts:
+            if self.engine.abort(rid):
+                self._push(rid, RequestDelta(rid, (), "", None, None, True, "abort"), True)
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._apply_pending()
+            if not self.engine.has_unfinished():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                deltas = self.engine.step()
+            except Exception as e:  # a backend failure ends every live request, not the loop
+                for rid in list(self.engine.requests):
+                    self.engine.abort(rid)
+                    self._push(rid, e, True)
+                continue
+            for d in deltas:
+                self._push(d.request_id, d, d.finished)
