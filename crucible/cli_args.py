@@ -1,0 +1,83 @@
+"""Argument types and the option groups shared by generate, chat and serve."""
+
+from __future__ import annotations
+
+import argparse
+
+from crucible.model.fetch import DEFAULT_MODEL
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+    return value
+
+
+def temperature(text: str) -> float:
+    value = _float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def probability(text: str) -> float:
+    value = _float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"known model name, .gguf file or HF directory (default: {DEFAULT_MODEL})")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto picks CUDA when the CuPy backend and a GPU are there (default: auto)")
+    g.add_argument("--weights", choices=("int8", "f32"), default="int8",
+                   help="linear-layer weights: int8 per-channel or f32 (default: int8)")
+    g.add_argument("--num-pages", type=positive_int, default=None,
+                   help="KV pages of 16 positions in the pool (default: enough for 2 full contexts)")
+    g.add_argument("--token-budget", type=positive_int, default=1024,
+                   help="rows per packed step (default: 1024)")
+    g.add_argument("--chunk-cap", type=positive_int, default=None,
+                   help="longest prefill slice of one request per step (default: off)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=positive_int, default=max_tokens,
+                   help=f"tokens to generate at most (default: {max_tokens})")
+    g.add_argument("--temperature", type=temperature, default=0.8,
+                   help="0 is greedy (default: 0.8)")
+    g.add_argument("--top-k", type=positive_int, default=None, help="keep the k likeliest tokens")
+    g.add_argument("--top-p", type=probability, default=0.95,
+                   help="nucleus mass to keep (default: 0.95)")
+    g.add_argument("--min-p", type=temperature, default=0.0,
+                   help="drop tokens below min_p x the top probability (default: 0)")
+    g.add_argument("--repetition-penalty", type=temperature, default=1.0)
+    g.add_argument("--seed", type=non_negative_int, default=0,
+                   help="sampling seed; the same seed gives the same text (default: 0)")

@@ -1,0 +1,62 @@
+"""The llm-engine command line: bad values fail clearly; the default model says Paris."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from crucible.cli import main
+
+
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "crucible", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "--prompt", "x", "--max-tokens", "0"], "must be >= 1"),
+    (["generate", "--prompt", "x", "--max-tokens", "ten"], "expected a whole number"),
+    (["generate", "--prompt", "x", "--temperature", "-1"], "must be >= 0"),
+    (["generate", "--prompt", "x", "--temperature", "nan"], "must be finite"),
+    (["generate", "--prompt", "x", "--top-p", "1.5"], "must be in (0, 1]"),
+    (["generate", "--prompt", "x", "--top-k", "0"], "must be >= 1"),
+    (["generate", "--prompt", "x", "--seed", "-3"], "must be >= 0"),
+    (["generate", "--prompt", "x", "--device", "tpu"], "invalid choice"),
+    (["generate", "--prompt", "x", "--weights", "int4"], "invalid choice"),
+    (["generate"], "--prompt"),
+])
+def test_bad_values_exit_2_with_a_message(args, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_command_and_model() -> None:
+    out = run_cli("frobnicate")
+    assert out.returncode == 2 and "unknown command 'frobnicate'" in out.stderr
+    out = run_cli("generate", "--prompt", "hi", "--model", "no-such-model", "--device", "cpu")
+    assert out.returncode == 2 and "unknown model 'no-such-model'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_cuda_without_backend_fails_clearly() -> None:
+    from crucible.backend.select import cuda_backend_available, gpu_available
+
+    if cuda_backend_available() and gpu_available():
+        pytest.skip("a GPU backend is present here")
+    out = run_cli("generate", "--prompt", "hi", "--device", "cuda")
+    assert out.returncode == 2 and "--device cuda" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.model
+def test_default_model_continues_with_paris(default_model_path) -> None:
+    out = run_cli("generate", "--prompt", "The capital of France is", "--max-tokens", "8",
+                  "--temperature", "0", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+    assert "prompt 5 tok" in out.stderr and "generated 8 tok" in out.stderr
+    assert "device cpu" in out.stderr and "weights int8" in out.stderr
