@@ -1,0 +1,93 @@
+"""CPU prefill and single-stream decode speed of the numpy backend on the default model.
+
+    python3 bench/cpu_generate.py [--model M] [--weights int8] [--rounds 3] [--json PATH]
+
+Prefill: one request of each prompt length, timed as its first forward (TTFT minus
+sampling). Decode: single stream after a 64-token prompt, steps after the first. Warm-up
+(BLAS tile calibration, first-touch of the page pool) is excluded. Each figure is the median
+over rounds with the min-max range; prompt lengths alternate order between rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.model.loader import load_model
+from crucible.model.runner import ModelRunner
+
+
+def prefill_tok_s(runner: ModelRunner, tokens: list[int]) -> float:
+    pages = list(range(runner.num_pages - 1, runner.num_pages - 1 - (-(-len(tokens) // 16)), -1))
+    batch = build_packed_batch([SegmentSpec("p", tokens, 0, pages, [len(tokens) - 1])])
+    t = time.perf_counter()
+    runner.forward(batch)
+    return len(tokens) / (time.perf_counter() - t)
+
+
+def decode_tok_s(runner: ModelRunner, prompt: list[int], steps: int) -> float:
+    pages = list(range(-(-(len(prompt) + steps) // 16)))
+    logits = runner.forward(build_packed_batch(
+        [SegmentSpec("d", prompt, 0, pages, [len(prompt) - 1])]))
+    t = time.perf_counter()
+    for i in range(steps):
+        nxt = int(np.argmax(logits[0]))
+        logits = runner.forward(build_packed_batch(
+            [SegmentSpec("d", [nxt], len(prompt) + i, pages, [0])]))
+    return steps / (time.perf_counter() - t)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--weights", default="int8", choices=("int8", "f32"))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--lengths", default="64,256")
+    p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--json", default="bench/cpu-generate.json")
+    args = p.parse_args(argv)
+    model = load_model(args.model, args.weights)
+    runner = ModelRunner(model, num_pages=64)
+    rng = np.random.default_rng(0)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    prompts = {n: rng.integers(0, model.config.vocab_size, n).tolist() for n in lengths}
+    prefill_tok_s(runner, prompts[lengths[0]][:16])  # warm-up: tile calibration, pool pages
+    decode_tok_s(runner, prompts[lengths[0]][:8], 2)
+    pre: dict[int, list[float]] = {n: [] for n in lengths}
+    dec: list[float] = []
+    for r in range(args.rounds):
+        order = lengths if r % 2 == 0 else lengths[::-1]
+        for n in order:
+            pre[n].append(prefill_tok_s(runner, prompts[n]))
+        dec.append(decode_tok_s(runner, prompts[lengths[0]], args.decode_steps))
+        print(f"round {r}: " + ", ".join(f"prefill-{n} {pre[n][-1]:.1f}" for n in lengths)
+              + f", decode {dec[-1]:.2f} tok/s", file=sys.stderr)
+    result = {
+        "command": "python3 bench/cpu_generate.py " + " ".join(argv or sys.argv[1:]),
+        "model": args.model, "weights": args.weights, "rounds": args.rounds,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "numpy": np.__version__, "processor": platform.processor() or platform.machine()},
+        "prefill_tok_s": {str(n): summary(v) for n, v in pre.items()},
+        "decode_tok_s": summary(dec), "decode_steps": args.decode_steps,
+        "decode_prompt_tokens": lengths[0],
+    }
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
