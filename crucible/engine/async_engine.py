@@ -5,7 +5,8 @@ QueueFullError or RequestError), then yields ``RequestDelta`` increments as the 
 produces them. The worker is the only thread that touches the LLMEngine: adds and aborts
 are handed to it through small lock-protected lists and applied before the next step, so an
 abort frees the request's pages before any further step runs. Leaving the async iterator
-early (client disconnect, ``break``, task cancellation) aborts the request.
+early (client disconnect, ``break``, task cancellation) aborts the request. While an
+AsyncLLMEngine is live, drive its LLMEngine only through it (not LLM.generate as well).
 """
 
 from __future__ import annotations
@@ -78,10 +79,18 @@ class AsyncLLMEngine:
         self._wake.set()
 
     async def shutdown(self) -> None:
+        """Stop the worker; requests still live are aborted (their pages returned)."""
         self._stop = True
         self._wake.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        with self._lock:
+            self._adds.clear()
+        for rid in list(self.engine.requests):  # the worker is gone: safe on this thread
+            self.engine.abort(rid)
+            self._push(rid, RequestDelta(rid, (), "", None, None, True, "abort"), True)
+        for rid in list(self._streams):
+            self._push(rid, RequestDelta(rid, (), "", None, None, True, "abort"), True)
 
     def stats(self) -> dict[str, int]:
         return self.engine.stats()
@@ -97,21 +106,31 @@ class AsyncLLMEngine:
             entry = self._streams.pop(rid, None) if last else self._streams.get(rid)
         if entry is not None:
             loop, queue = entry
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # that event loop is closed: nobody is listening any more
+                pass
 
     def _apply_pending(self) -> None:
+        failed: list[tuple[str, BaseException]] = []
+        # Adds move into the engine under the lock, so add()'s queue-bound check always
+        # sees each request either pending or waiting, never neither.
         with self._lock:
             adds, self._adds = self._adds, []
             aborts, self._aborts = set(self._aborts), []
-        for rid, prompt, params in adds:
+            for rid, prompt, params in adds:
+                if rid in aborts:
+                    continue  # aborted before it ever reached the engine
+                try:
+                    self.engine.add_request(prompt, params, request_id=rid)
+                except Exception as e:  # a duplicate id, a race on the queue bound...
+                    failed.append((rid, e))
+        for rid, e in failed:
+            self._push(rid, e, True)
+        for rid, _, _ in adds:
             if rid in aborts:
                 aborts.discard(rid)
                 self._push(rid, RequestDelta(rid, (), "", None, None, True, "abort"), True)
-                continue
-            try:
-                self.engine.add_request(prompt, params, request_id=rid)
-            except Exception as e:  # QueueFullError in a race, a duplicate id...
-                self._push(rid, e, True)
         for rid in aborts:
             if self.engine.abort(rid):
                 self._push(rid, RequestDelta(rid, (), "", None, None, True, "abort"), True)
