@@ -84,3 +84,11 @@ def test_unsupported_geometry_runs_reference() -> None:
     assert _plan("exact", 18, 2, 256).variant == Variant("reference")  # G = 9
     assert _plan("online-q2-k32", 12, 3, 256, head_dim=128).variant == Variant("reference")
     assert _plan("reference", 12, 3, 256).reason is None
+
+
+def test_startup_report_names_the_variant_and_warns_for_online() -> None:
+    from crucible.kernels.variants import startup_report
+
+    assert "exact-q4-k64" in startup_report(parse_variant("exact"))
+    assert "DIAGNOSTIC" in startup_report(parse_variant("online-q4-k64"))
+    assert "DIAGNOSTIC" not in startup_report(parse_variant("reference"))

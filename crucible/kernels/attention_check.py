@@ -136,10 +136,11 @@ def check_case(case: Case, variants: list[Variant], tallies: dict[str, Tally]) -
 
 
 def print_resources(variants: list[Variant]) -> list[dict[str, Any]]:
-    from crucible.kernels.loader import kernel_resources  # noqa: PLC0415
+    from crucible.kernels.loader import kernel_resources, smem_optin_limit  # noqa: PLC0415
     from crucible.kernels.variants import reference_smem_bytes, tiled_smem_bytes  # noqa: PLC0415
 
     rows = []
+    print(f"shared memory opt-in limit per CTA: {smem_optin_limit()} bytes")
     print(f"{'variant':<16} {'regs':>5} {'static':>7} {'local':>6} "
           f"{'dyn C=1024 G=4':>15} {'G=3':>7}")
     for v in variants:

@@ -55,8 +55,10 @@ def attention_kernel(variant: Variant) -> Any:
 def smem_optin_limit() -> int:
     """Largest dynamic shared memory one CTA may opt into on the current device."""
     cupy = _cupy()
-    attrs = cupy.cuda.Device().attributes
-    return int(attrs["MaxSharedMemoryPerBlockOptin"])
+    # cudaDevAttrMaxSharedMemoryPerBlockOptin is enum value 97 in every CUDA release since
+    # 9.0; asking the runtime directly avoids depending on CuPy's attribute-dict spelling.
+    device = cupy.cuda.runtime.getDevice()
+    return int(cupy.cuda.runtime.deviceGetAttribute(97, device))
 
 
 def ensure_dynamic_smem(kernel: Any, nbytes: int) -> None:

@@ -85,6 +85,13 @@ def variant_from_env(environ: Mapping[str, str] | None = None) -> Variant:
     return parse_variant(raw) if raw.strip() else parse_variant(DEFAULT_VARIANT)
 
 
+def startup_report(variant: Variant) -> str:
+    """The one line the engine prints at startup naming the selected variant."""
+    kind = {"reference": "canonical order", "exact": "bit-identical to reference",
+            "online": "DIAGNOSTIC: not bit-identical, changes seeded generation"}[variant.family]
+    return f"prefill attention: {variant.name} ({kind})"
+
+
 def score_capacity(max_end: int) -> int:
     """Score slots per distribution: the longest absolute slice end rounded up to 256."""
     if max_end < 1:
