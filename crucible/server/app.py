@@ -1,0 +1,88 @@
+"""The aiohttp application: routes of every API plus the middleware they share.
+
+Middleware order (outermost first): errors -> request id -> API key -> readiness. Every
+failure becomes a response in the calling API's own error shape (errors.py); nothing a
+client sends can take the process down. /health and /metrics are open (no API key) so
+probes and scrapers work; everything else needs the key when one is configured.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import uuid
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from crucible.server import anthropic_api, native, openai_chat, openai_common, \
+    openai_completions
+from crucible.server.errors import ApiError, api_flavor, error_response, from_exception
+from crucible.server.fields import MAX_BODY_BYTES
+from crucible.server.state import ServerState
+
+log = logging.getLogger("crucible.server")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_OPEN_PATHS = ("/health", "/metrics")
+_REJECT_CAUSE = {400: "invalid", 401: "unauthorized", 404: "not_found", 429: "queue_full",
+                 503: "unavailable"}
+
+
+@web.middleware
+async def errors_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+    flavor = api_flavor(request.path)
+    state: ServerState = request.app["state"]
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, too large
+        if exc.status < 400:
+            raise
+        err = ApiError(exc.status, exc.reason if exc.status != 404 else
+                       f"no route for {request.method} {request.path}")
+    except ApiError as exc:
+        err = exc
+    except (ConnectionResetError, TimeoutError):
+        raise  # the client went away; the handler's finally already aborted its request
+    except Exception as exc:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        err = from_exception(exc)
+    if err.status in _REJECT_CAUSE:
+        state.metrics.reject(_REJECT_CAUSE[err.status])
+    hdrs = {"request-id": request.get("request_id", "")} if flavor == "anthropic" else {}
+    return error_response(err, flavor, hdrs)
+
+
+@web.middleware
+async def request_id_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request["request_id"] = f"req_{uuid.uuid4().hex[:24]}"
+    return await handler(request)
+
+
+@web.middleware
+async def auth_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+    key = request.app["state"].config.api_key
+    if key and request.path not in _OPEN_PATHS:
+        bearer = request.headers.get("Authorization", "")
+        given = bearer[7:] if bearer.startswith("Bearer ") else request.headers.get(
+            "x-api-key", "")
+        if not hmac.compare_digest(given.encode(), key.encode()):
+            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer "
+                                "<key>' or 'x-api-key: <key>')", code="invalid_api_key")
+    return await handler(request)
+
+
+@web.middleware
+async def ready_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state: ServerState = request.app["state"]
+    if request.path not in _OPEN_PATHS and not state.ready:
+        raise ApiError(503, f"the server is not ready: {state.health()[1]}")
+    return await handler(request)
+
+
+def build_app(state: ServerState) -> web.Application:
+    app = web.Application(middlewares=[errors_mw, request_id_mw, auth_mw, ready_mw],
+                          client_max_size=MAX_BODY_BYTES)
+    app["state"] = state
+    for module in (native, openai_common, openai_completions, openai_chat, anthropic_api):
+        app.add_routes(module.routes)
+    return app

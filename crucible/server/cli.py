@@ -1,0 +1,98 @@
+"""``llm-engine serve``: parse flags, start the HTTP server, load the model, serve forever.
+
+``--model tiny-random`` (hidden from --help) serves the tiny random model of
+crucible.model.tiny: no download, fast on CPU, for tests and the load generator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from crucible.engine.scheduler import SchedulerConfig
+from crucible.errors import CrucibleError
+from crucible.model.fetch import DEFAULT_MODEL
+from crucible.server.launch import EngineSpec, build_engine, start_server, stop_server
+from crucible.server.state import ServerConfig, ServerState
+
+log = logging.getLogger("crucible.server")
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llm-engine serve",
+                                description="Serve a model over HTTP (native, OpenAI and "
+                                            "Anthropic APIs).")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="model name, .gguf path or HF directory")
+    p.add_argument("--served-model-name", default=None,
+                   help="the id clients send as 'model' (default: --model)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--weights", default="int8", choices=("int8", "f32"))
+    p.add_argument("--max-queue", type=_positive, default=64,
+                   help="waiting-queue bound; beyond it requests get 429 at once")
+    p.add_argument("--token-budget", type=_positive, default=1024, help="rows per step")
+    p.add_argument("--chunk-cap", type=_positive, default=None,
+                   help="longest prefill slice per step (default: off)")
+    p.add_argument("--num-pages", type=_positive, default=1024, help="pages in the KV pool")
+    p.add_argument("--seed", type=int, default=0, help="base seed for unseeded requests")
+    p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    sched = SchedulerConfig(token_budget=args.token_budget, chunk_cap=args.chunk_cap,
+                            max_queue=args.max_queue)
+    spec = EngineSpec(model=args.model, device=args.device, weights=args.weights,
+                      num_pages=args.num_pages, scheduler=sched, seed=args.seed)
+    state = ServerState(ServerConfig(model_name=args.served_model_name or args.model,
+                                     api_key=args.api_key, max_queue=args.max_queue))
+    runner, port, load = await start_server(state, args.host, args.port,
+                                            lambda: build_engine(spec))
+    log.info("listening on http://%s:%d (loading %s on %s, %s weights)", args.host, port,
+             args.model, args.device, args.weights)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await load
+    rc = 0
+    if state.load_error:
+        log.error("not serving: %s", state.load_error)
+        rc = 1
+    else:
+        await stop.wait()
+    log.info("shutting down")
+    await stop_server(state, runner)
+    return rc
+
+
+def serve_main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(_serve(args))
+    except CrucibleError as exc:
+        log.error("%s", exc)
+        return 2
+    except OSError as exc:  # e.g. the port is taken
+        log.error("cannot serve: %s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(serve_main(sys.argv[1:]))

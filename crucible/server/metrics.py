@@ -1,0 +1,121 @@
+"""Prometheus text metrics: counters and latency histograms kept on the event loop.
+
+Latency observations come from ``RequestStream`` timing (step-completion times stamped by
+the engine thread), so they measure the engine + hand-off, not the client's network.
+Gauges (running, waiting, pages) are read from the engine loop's last snapshot; peaks are
+kept by the loop because only it sees every admission and every step.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from typing import Any
+
+from crucible.server.stream import RequestStream
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+                    0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+class Histogram:
+    def __init__(self, name: str, help_text: str,
+                 buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> None:
+        self.name = name
+        self.help = help_text
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last slot is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        acc = 0
+        for bound, n in zip(self.buckets, self.counts):
+            acc += n
+            lines.append(f'{self.name}_bucket{{le="{bound}"}} {acc}')
+        lines.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
+        lines.append(f"{self.name}_sum {self.sum:.6f}")
+        lines.append(f"{self.name}_count {self.count}")
+        return lines
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.ttft = Histogram("crucible_time_to_first_token_seconds",
+                              "Submit to first generated token.")
+        self.itl = Histogram("crucible_inter_token_latency_seconds",
+                             "Gap between consecutive generated tokens of one request.")
+        self.e2e = Histogram("crucible_e2e_request_latency_seconds",
+                             "Submit to the request's end (finished, aborted or failed).")
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished: Counter[str] = Counter()  # by finish reason (stop/length/abort/error)
+        self.rejected: Counter[str] = Counter()  # by cause (queue_full/invalid/unauthorized...)
+
+    def observe(self, stream: RequestStream) -> None:
+        """Record one request once it has ended (called by the adapter in a ``finally``)."""
+        self.prompt_tokens += stream.num_prompt_tokens
+        self.generation_tokens += stream.num_output_tokens
+        reason = "error" if stream.error is not None else (stream.finish_reason or "abort")
+        self.finished[reason] += 1
+        if stream.t_first is not None:
+            self.ttft.observe(stream.t_first - stream.t_submit)
+        for gap in stream.inter_token:
+            self.itl.observe(gap)
+        if stream.t_end is not None:
+            self.e2e.observe(stream.t_end - stream.t_submit)
+
+    def reject(self, cause: str) -> None:
+        self.rejected[cause] += 1
+
+    def render(self, stats: dict[str, Any], *, healthy: bool, queue_bound: int) -> str:
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, value: float,
+                   labels: dict[str, str] | None = None) -> None:
+            if not any(line.startswith(f"# TYPE {name} ") for line in out):
+                out.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+            lab = ",".join(f'{k}="{v}"' for k, v in (labels or {}).items())
+            out.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
+
+        metric("crucible_healthy", "gauge", "1 while the engine loop serves.", int(healthy))
+        metric("crucible_requests_running", "gauge", "Admitted requests holding pages.",
+               stats.get("running", 0))
+        metric("crucible_requests_waiting", "gauge", "Requests in the waiting queue.",
+               stats.get("waiting", 0))
+        metric("crucible_queue_bound", "gauge", "Waiting-queue bound (429 beyond it).",
+               queue_bound)
+        metric("crucible_queue_peak", "gauge", "Most requests ever waiting at once.",
+               stats.get("queue_peak", 0))
+        metric("crucible_pages_total", "gauge", "Pages in the KV pool.",
+               stats.get("pages_total", 0))
+        metric("crucible_pages_used", "gauge", "Pages held by requests now.",
+               stats.get("pages_used", 0))
+        metric("crucible_pages_used_peak", "gauge", "Most pages ever held at once.",
+               stats.get("pages_peak", 0))
+        metric("crucible_engine_steps_total", "counter", "Packed forward steps.",
+               stats.get("steps", 0))
+        metric("crucible_preemptions_total", "counter", "Requests preempted for pages.",
+               stats.get("preemptions", 0))
+        metric("crucible_engine_failures_total", "counter", "Steps that raised.",
+               stats.get("failures", 0))
+        metric("crucible_prompt_tokens_total", "counter", "Prompt tokens of ended requests.",
+               self.prompt_tokens)
+        metric("crucible_generation_tokens_total", "counter",
+               "Generated tokens of ended requests.", self.generation_tokens)
+        for reason in sorted(set(self.finished) | {"stop", "length", "abort", "error"}):
+            metric("crucible_requests_finished_total", "counter", "Ended requests by reason.",
+                   self.finished[reason], {"reason": reason})
+        for cause in sorted(set(self.rejected) | {"queue_full", "invalid"}):
+            metric("crucible_requests_rejected_total", "counter",
+                   "Requests refused before running, by cause.", self.rejected[cause],
+                   {"cause": cause})
+        for h in (self.ttft, self.itl, self.e2e):
+            out.extend(h.render())
+        return "\n".join(out) + "\n"

@@ -1,0 +1,132 @@
+"""Native API: /generate, /health, /metrics, /tokenize, /detokenize (vLLM-like shapes).
+
+/generate takes text (``prompt``) or ids (``prompt_token_ids``), the shared sampling fields
+and ``stream``; it answers with text, ids, finish reason and usage, or an SSE stream of
+increments ending in ``data: [DONE]``. Unknown fields are refused: this API is ours, so a
+misspelt field is more likely a bug than an extension.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from crucible.server import sse
+from crucible.server.errors import bad_request, error_body, from_exception
+from crucible.server.fields import Body, read_json, token_id_list
+from crucible.server.params import SAMPLING_FIELDS, sampling_params
+from crucible.server.state import ServerState
+from crucible.server.stream import EngineFailure, RequestStream
+
+routes = web.RouteTableDef()
+_GENERATE_FIELDS = ("prompt", "prompt_token_ids", "max_tokens", "stream", "logprobs",
+                    "add_special_tokens", *SAMPLING_FIELDS)
+
+
+def _state(request: web.Request) -> ServerState:
+    return request.app["state"]
+
+
+def prompt_ids(state: ServerState, body: Body, add_special: bool = True) -> list[int]:
+    """Token ids from ``prompt`` (text) or ``prompt_token_ids``; exactly one must be given."""
+    if ("prompt" in body) == ("prompt_token_ids" in body):
+        raise bad_request("give exactly one of 'prompt' (text) or 'prompt_token_ids'", "prompt")
+    if "prompt" in body:
+        text = body.str("prompt")
+        if not text:
+            raise bad_request("'prompt' is empty", "prompt")
+        return state.tokenizer.encode(text, add_bos=None if add_special else False)
+    ids = token_id_list(body.raw("prompt_token_ids"), "prompt_token_ids")
+    if ids is None:
+        raise bad_request("'prompt_token_ids' must be a non-empty list of integers",
+                          "prompt_token_ids")
+    return ids
+
+
+def _result(s: RequestStream) -> dict:
+    out = {"id": s.request_id, "text": s.text, "token_ids": s.token_ids,
+           "finish_reason": s.finish_reason,
+           "usage": {"prompt_tokens": s.num_prompt_tokens,
+                     "completion_tokens": s.num_output_tokens,
+                     "total_tokens": s.num_prompt_tokens + s.num_output_tokens}}
+    if s.params.logprobs is not None:
+        out["logprobs"] = [{str(k): v for k, v in lp.items()} for lp in s.logprobs]
+    return out
+
+
+@routes.post("/generate")
+async def generate(request: web.Request) -> web.StreamResponse:
+    state = _state(request)
+    body = await read_json(request)
+    body.reject_unknown(_GENERATE_FIELDS)
+    ids = prompt_ids(state, body, body.bool("add_special_tokens", True))
+    params = sampling_params(body, body.int("max_tokens", 16, lo=1),
+                             logprobs=body.int("logprobs", None, lo=0, hi=20))
+    stream = body.bool("stream", False)
+    async with state.run([(ids, params)], "gen") as (s,):
+        if not stream:
+            await s.wait()
+            return web.json_response(_result(s))
+        resp = await sse.open_sse(request, {"X-Request-Id": s.request_id})
+        try:
+            async for d in s:
+                await sse.send(resp, {"id": s.request_id, "text": d.new_text,
+                                      "token_ids": list(d.new_token_ids),
+                                      "finish_reason": d.finish_reason if d.finished else None})
+        except EngineFailure as exc:
+            await sse.send(resp, error_body(from_exception(exc), "native"))
+        await sse.send(resp, "[DONE]")
+        await sse.close(resp)
+        return resp
+
+
+@routes.get("/health")
+async def health(request: web.Request) -> web.Response:
+    ok, reason = _state(request).health()
+    return web.json_response({"status": "ok" if ok else "unavailable", "detail": reason},
+                             status=200 if ok else 503)
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    state = _state(request)
+    loop = state.engine_loop
+    text = state.metrics.render(loop.stats if loop else {}, healthy=state.health()[0],
+                                queue_bound=state.config.max_queue)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Prometheus-Format": "0.0.4"})
+
+
+@routes.post("/tokenize")
+async def tokenize(request: web.Request) -> web.Response:
+    state = _state(request)
+    body = await read_json(request)
+    body.reject_unknown(("prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                         "return_token_strs", "model"))
+    tok = state.tokenizer
+    if ("prompt" in body) == ("messages" in body):
+        raise bad_request("give exactly one of 'prompt' or 'messages'", "prompt")
+    if "prompt" in body:
+        add = body.bool("add_special_tokens", True)
+        ids = tok.encode(body.str("prompt"), add_bos=None if add else False)
+    else:
+        from crucible.server.openai_chat import chat_messages
+
+        text = tok.apply_chat_template(chat_messages(body.raw("messages")),
+                                       body.bool("add_generation_prompt", True))
+        ids = tok.encode(text)
+    out: dict = {"count": len(ids), "max_model_len": state.max_context, "tokens": ids}
+    if body.bool("return_token_strs", False):
+        out["token_strs"] = [tok.id_to_token(t) for t in ids]
+    return web.json_response(out)
+
+
+@routes.post("/detokenize")
+async def detokenize(request: web.Request) -> web.Response:
+    state = _state(request)
+    body = await read_json(request)
+    body.reject_unknown(("tokens", "model"))
+    v = body.raw("tokens")
+    ids = [] if v == [] else token_id_list(v, "tokens")
+    if ids is None:
+        raise bad_request("'tokens' must be a list of integers", "tokens")
+    return web.json_response({"prompt": state.tokenizer.decode(ids)})
