@@ -22,13 +22,13 @@
 //                         ascending fused chain. Dynamic smem 4*(KT*68 + Q*G*64 + 96 + Q*G*C).
 //   attn_online<Q, KT>    same grid/tiles, flash-style running max/denominator/output with
 //                         tile-sized score scratch. Reorders f32 work: diagnostic only.
+// Tile helpers shared by both tiled families (staging, tree dots, PV ownership) live in
+// common.cuh beside the arithmetic spelling.
 // Assumptions: the wrapper checks shapes; C is a multiple of 256 >= every row's causal
 // length; only positions < the tile's longest causal length are read, so pages beyond a
 // request's end are never touched. No standard headers (NVRTC).
 #include "common.cuh"
 
-#define CRU_KV_STRIDE 68  // 64 + 4 floats: float4 loads of 8 rows hit 32 distinct banks
-#define CRU_NEG_INF __int_as_float(0xff800000)
 
 // ------------------------------------------------------------------------------------
 // Reference: one CTA per (query head, packed row); the canonical order itself.
@@ -101,156 +101,6 @@ attn_reference(const float* __restrict__ q, const float* __restrict__ k_pool,
         out[((long long)row * n_heads + head) * CRU_HEAD_DIM + tid] = __fmul_rn(acc, bcast);
     }
 }
-
-// ------------------------------------------------------------------------------------
-// Shared pieces of the tiled families.
-// ------------------------------------------------------------------------------------
-struct TileJob {
-    int4 sd;          // segment descriptor
-    int r0, n_rows;   // first row of the tile within the segment, valid rows (0 = none)
-    int lmax;         // causal length of the tile's last valid row
-    int kvh, group, nw;
-    const int* table;
-};
-
-__device__ __forceinline__ TileJob cru_tile_job(const int4* segs, const int* tables,
-                                                int table_stride, int n_heads, int n_kv_heads,
-                                                int rows_per_tile) {
-    TileJob t;
-    t.sd = segs[blockIdx.z];
-    // Longest tiles first: the last tile of a segment has the most history, so launching
-    // it early keeps the tail of the grid short.
-    t.r0 = (gridDim.y - 1 - blockIdx.y) * rows_per_tile;
-    t.n_rows = max(0, min(rows_per_tile, t.sd.y - t.r0));
-    t.lmax = t.sd.z + t.r0 + t.n_rows;
-    t.kvh = blockIdx.x;
-    t.group = n_heads / n_kv_heads;
-    t.nw = rows_per_tile * t.group;
-    t.table = tables + (long long)t.sd.w * table_stride;
-    return t;
-}
-
-// Copy positions [base, base+KT) (clipped to lmax) of one KV head into smem rows of
-// CRU_KV_STRIDE floats; TREE scatters dimensions into the dot tree's leaf order.
-template <int KT, bool TREE>
-__device__ __forceinline__ void cru_stage(float* buf, const float* __restrict__ pool,
-                                          const TileJob& t, int base, int n_layers, int layer,
-                                          int kv_dim) {
-    for (int u = threadIdx.x; u < KT * 16; u += blockDim.x) {
-        const int jj = u >> 4, d = (u & 15) * 4, pos = base + jj;
-        if (pos >= t.lmax) continue;
-        const float4 v = *reinterpret_cast<const float4*>(
-            pool + cru_pool_row(t.table, pos, n_layers, layer, kv_dim, t.kvh) + d);
-        float* row = buf + jj * CRU_KV_STRIDE;
-        if (TREE) {
-            row[cru_tree_slot(d)] = v.x;
-            row[cru_tree_slot(d + 1)] = v.y;
-            row[cru_tree_slot(d + 2)] = v.z;
-            row[cru_tree_slot(d + 3)] = v.w;
-        } else {
-            *reinterpret_cast<float4*>(row + d) = v;
-        }
-    }
-}
-
-// Stage each distribution's q row in tree order and publish its causal length (0 = idle).
-__device__ __forceinline__ void cru_stage_q(float* q_s, int* lens, const float* __restrict__ q,
-                                            const TileJob& t, int n_heads) {
-    for (int u = threadIdx.x; u < t.nw * 16; u += blockDim.x) {
-        const int dist = u >> 4, d = (u & 15) * 4, row = dist / t.group;
-        if (row >= t.n_rows) continue;
-        const int h = t.kvh * t.group + dist % t.group;
-        const float4 v = *reinterpret_cast<const float4*>(
-            q + ((long long)(t.sd.x + t.r0 + row) * n_heads + h) * CRU_HEAD_DIM + d);
-        float* dst = q_s + dist * CRU_HEAD_DIM;
-        dst[cru_tree_slot(d)] = v.x;
-        dst[cru_tree_slot(d + 1)] = v.y;
-        dst[cru_tree_slot(d + 2)] = v.z;
-        dst[cru_tree_slot(d + 3)] = v.w;
-    }
-    if (threadIdx.x < t.nw) {
-        const int row = threadIdx.x / t.group;
-        lens[threadIdx.x] = row < t.n_rows ? t.sd.z + t.r0 + row + 1 : 0;
-    }
-}
-
-// R scaled dot products of one staged K row against R tree-ordered q rows. Chunk c holds
-// leaves 4c..4c+3 = one level-2 subtree; the final combination mirrors xor offsets 4,2,1.
-template <int R>
-__device__ __forceinline__ void cru_tree_dots(const float* krow, const float* q0, float* res) {
-    float v2[R][8];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-        const float4 ka = *reinterpret_cast<const float4*>(krow + 8 * c);
-        const float4 kb = *reinterpret_cast<const float4*>(krow + 8 * c + 4);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float4 qa = *reinterpret_cast<const float4*>(q0 + r * CRU_HEAD_DIM + 8 * c);
-            const float4 qb = *reinterpret_cast<const float4*>(q0 + r * CRU_HEAD_DIM + 8 * c + 4);
-            const float p0 = cru_leaf(qa.x, qa.y, ka.x, ka.y);  // dims x, x+32
-            const float p1 = cru_leaf(qa.z, qa.w, ka.z, ka.w);  // x+16 (xor 16 partner)
-            const float p2 = cru_leaf(qb.x, qb.y, kb.x, kb.y);  // x+8
-            const float p3 = cru_leaf(qb.z, qb.w, kb.z, kb.w);  // x+24
-            v2[r][c] = cru_add(cru_add(p0, p1), cru_add(p2, p3));
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float v4a = cru_add(cru_add(v2[r][0], v2[r][1]), cru_add(v2[r][2], v2[r][3]));
-        const float v4b = cru_add(cru_add(v2[r][4], v2[r][5]), cru_add(v2[r][6], v2[r][7]));
-        res[r] = cru_scale(cru_add(v4a, v4b));
-    }
-}
-
-// Scores of one staged K tile for every distribution; score (dist, pos) is stored at
-// scores[dist*stride + pos - shift]. Pairs of distributions share each K row read.
-template <int KT>
-__device__ __forceinline__ void cru_qk_tile(const float* kbuf, const float* q_s, const int* lens,
-                                            float* scores, int stride, int shift, int base,
-                                            int nw) {
-    if (KT >= 64 && (nw & 1) == 0) {
-        for (int u = threadIdx.x; u < (nw >> 1) * KT; u += blockDim.x) {
-            const int d0 = (u / KT) * 2, pos = base + u % KT;
-            if (pos >= lens[d0] && pos >= lens[d0 + 1]) continue;
-            float s[2];
-            cru_tree_dots<2>(kbuf + (u % KT) * CRU_KV_STRIDE, q_s + d0 * CRU_HEAD_DIM, s);
-            if (pos < lens[d0]) scores[d0 * stride + pos - shift] = s[0];
-            if (pos < lens[d0 + 1]) scores[(d0 + 1) * stride + pos - shift] = s[1];
-        }
-    } else {
-        for (int u = threadIdx.x; u < nw * KT; u += blockDim.x) {
-            const int d0 = u / KT, pos = base + u % KT;
-            if (pos >= lens[d0]) continue;
-            float s[1];
-            cru_tree_dots<1>(kbuf + (u % KT) * CRU_KV_STRIDE, q_s + d0 * CRU_HEAD_DIM, s);
-            scores[d0 * stride + pos - shift] = s[0];
-        }
-    }
-}
-
-// PV ownership: with an even number of distributions a thread owns one dimension of two
-// distributions (one V read feeds two chains); otherwise two dimensions of one.
-struct PvSlots {
-    int da, db, dim_a, dim_b;
-};
-
-__device__ __forceinline__ PvSlots cru_pv_slots(int nw) {
-    PvSlots p;
-    const int tid = threadIdx.x;
-    if ((nw & 1) == 0) {
-        p.da = (tid >> 6) * 2; p.db = p.da + 1; p.dim_a = p.dim_b = tid & 63;
-    } else {
-        p.da = p.db = tid >> 5; p.dim_a = tid & 31; p.dim_b = (tid & 31) + 32;
-    }
-    return p;
-}
-
-__device__ __forceinline__ void cru_store_out(float* __restrict__ out, const TileJob& t,
-                                              int n_heads, int dist, int dim, float value) {
-    const int row = dist / t.group, h = t.kvh * t.group + dist % t.group;
-    out[((long long)(t.sd.x + t.r0 + row) * n_heads + h) * CRU_HEAD_DIM + dim] = value;
-}
-
 
 // ------------------------------------------------------------------------------------
 // Exact tiled GQA: full score vectors in smem, K pass then V pass over the same buffer.
