@@ -172,3 +172,22 @@ def test_default_model_packed_equals_one_at_a_time():
     assert [o.text for o in together] == [o.text for o in alone]
     assert "Paris" in together[0].text
     assert llm.stats()["pages_free"] == llm.stats()["pages_total"]
+
+
+def test_async_stream_with_stop_string_matches_offline(llm):
+    base = llm.generate(PROMPTS[1], greedy(20, ignore_eos=True))[0]
+    stop = base.text[6:9]
+    params = greedy(20, ignore_eos=True, stop=[stop])
+    offline = llm.generate(PROMPTS[1], params)[0]
+    ae = llm.async_engine()
+
+    async def main():
+        deltas = [d async for d in ae.generate(llm.tokenizer.encode(PROMPTS[1]), params)]
+        await ae.shutdown()
+        return deltas
+
+    deltas = asyncio.run(main())
+    assert offline.finish_reason == "stop" and stop not in offline.text
+    # no delta ever showed text past the stop string, even part of it
+    assert "".join(d.new_text for d in deltas) == offline.text == base.text[: base.text.index(stop)]
+    assert deltas[-1].finish_reason == "stop"

@@ -172,3 +172,21 @@ def test_preemption_recomputes_most_recent():
     while eng.has_unfinished():
         eng.step()
     assert eng.allocator.num_free == 3
+
+
+def test_abort_frees_pages_before_next_step():
+    eng = LLMEngine(FakeRunner(32, vocab_size=VOCAB), None, SchedulerConfig(token_budget=20))
+    long = eng.add_request(list(range(60)), SamplingParams(max_tokens=5, temperature=0))
+    short = eng.add_request([1, 2, 3], SamplingParams(max_tokens=50, temperature=0))
+    queued = eng.add_request([4, 5], SamplingParams(max_tokens=5, temperature=0))
+    eng.step()  # budget 20: `long` is mid-prefill (20 of 60), others wait
+    assert eng.requests[long].num_computed_tokens == 20 and eng.allocator.num_free == 30
+    assert eng.abort(long)  # mid-prefill
+    assert eng.allocator.num_free == 32 and long not in eng.requests
+    assert eng.abort(queued)  # still waiting: it never held pages
+    for _ in range(3):
+        eng.step()
+    assert eng.requests[short].num_output_tokens == 3 and eng.allocator.num_free == 31
+    assert eng.abort(short)  # mid-decode
+    assert eng.allocator.num_free == 32 and not eng.has_unfinished()
+    assert eng.step() == [] and not eng.abort(short)
