@@ -91,7 +91,7 @@ async def start_server(state: ServerState, host: str, port: int,
 async def stop_server(state: ServerState, runner: web.AppRunner) -> None:
     await runner.cleanup()
     if state.engine_loop is not None:
-        await asyncio.get_running_loop().run_in_executor(None, state.engine_loop.stop)
+        await state.engine_loop.stop()
 
 
 class ServerThread:
