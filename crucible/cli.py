@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "generate": ("crucible.cli_generate", "generate_main", "generate text from a prompt"),
     "chat": ("crucible.cli_generate", "chat_main", "interactive chat in the terminal"),
     "serve": ("crucible.server.cli", "serve_main", "serve the HTTP APIs"),
+    "gpu-engine-check": ("crucible.gpu.engine_check", "main",
+                         "check the CuPy backend against the numpy oracle and itself"),
     "gpu-prefill-attention-check": ("crucible.kernels.attention_check", "main",
                                     "check every attention variant against the reference"),
     "gpu-prefill-attention-bench": ("crucible.kernels.attention_bench", "main",

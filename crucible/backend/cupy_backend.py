@@ -1,0 +1,176 @@
+"""The CuPy backend: the same forward on our own CUDA kernels (cuda/*.cu).
+
+Every stage is one of our kernels, in a canonical order that does not depend on the batch
+(see cuda/linear.cu for the GEMM order, cuda/model_ops.cu for the row kernels and
+cuda/attention.cu for attention). No cuBLAS, no CuPy generic reductions on this path.
+Step metadata goes up in one bulk copy; only the final rows' logits come back.
+
+Weights live on the device transposed, W^T [K, N] (f32, or int8 codes plus f32 scales), so
+that neighbouring threads read neighbouring output columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crucible.backend import cupy_kernels as ck
+from crucible.backend.rope import rope_table
+from crucible.engine.batch import PackedBatch
+from crucible.model.config import ModelConfig
+from crucible.model.weights import ModelWeights, quantize_int8
+
+
+def _cp() -> Any:
+    import cupy
+
+    return cupy
+
+
+@dataclass(frozen=True)
+class CupyMeta:
+    num_rows: int
+    token_ids: Any
+    positions: Any
+    pages: Any
+    slots: Any
+    segments: Any
+    page_tables: Any
+    final_rows: Any
+    num_final: int
+    max_chunk: int
+    score_capacity: int
+
+
+class CupyBackend:
+    name = "cupy"
+
+    def __init__(self, variant: Any = None) -> None:
+        from crucible.kernels.variants import variant_from_env
+
+        self.variant = variant if variant is not None else variant_from_env()
+        self.cfg: ModelConfig | None = None
+        self._linear: dict[str, tuple[Any, Any]] = {}
+        self._norms: dict[str, Any] = {}
+
+    def load_weights(self, cfg: ModelConfig, weights: ModelWeights, mode: str) -> None:
+        cp = _cp()
+        if mode not in ("f32", "int8"):
+            raise ValueError(f"weights mode must be 'f32' or 'int8', got {mode!r}")
+        self.cfg, self.mode = cfg, mode
+        self.embedding = cp.asarray(np.ascontiguousarray(weights.embed, dtype=np.float32))
+        cos, sin = rope_table(cfg.max_context, cfg.head_dim, cfg.rope_theta)
+        self._cos, self._sin = cp.asarray(cos), cp.asarray(sin)
+
+        def put(name: str, w: np.ndarray) -> None:
+            if mode == "int8":
+                qw = quantize_int8(w)
+                self._linear[name] = (cp.asarray(np.ascontiguousarray(qw.q.T)),
+                                      cp.asarray(qw.scale))
+            else:
+                self._linear[name] = (cp.asarray(np.ascontiguousarray(w.T, dtype=np.float32)),
+                                      None)
+
+        for i, lw in enumerate(weights.layers):
+            put(f"l{i}.qkv", np.concatenate([lw.wq, lw.wk, lw.wv]))
+            put(f"l{i}.o", lw.wo)
+            put(f"l{i}.gate_up", np.concatenate([lw.w_gate, lw.w_up]))
+            put(f"l{i}.down", lw.w_down)
+            self._norms[f"l{i}.attn_norm"] = cp.asarray(lw.attn_norm.astype(np.float32))
+            self._norms[f"l{i}.ffn_norm"] = cp.asarray(lw.ffn_norm.astype(np.float32))
+        put("lm_head", weights.head)
+        self._norms["final_norm"] = cp.asarray(weights.final_norm.astype(np.float32))
+
+    def allocate_pool(self, num_pages: int) -> None:
+        cp, cfg = _cp(), self.cfg
+        shape = (num_pages, cfg.n_layers, 16, cfg.kv_dim)
+        self.k_pool = cp.zeros(shape, dtype=cp.float32)
+        self.v_pool = cp.zeros(shape, dtype=cp.float32)
+
+    def prepare(self, batch: PackedBatch) -> CupyMeta:
+        from crucible.kernels.variants import score_capacity
+
+        cp = _cp()
+        slots = batch.slot_mapping()
+        parts = [batch.token_ids, batch.positions, (slots >> 4), (slots & 15),
+                 batch.segments.ravel(), batch.page_tables.ravel(), batch.final_rows]
+        host = np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
+        dev = cp.asarray(host)  # the step's one host-to-device copy
+        views, offset = [], 0
+        for p in parts:
+            views.append(dev[offset : offset + len(p)])
+            offset += len(p)
+        t = batch.num_rows
+        return CupyMeta(t, views[0], views[1], views[2], views[3],
+                        views[4].reshape(batch.segments.shape),
+                        views[5].reshape(batch.page_tables.shape), views[6],
+                        int(batch.final_rows.shape[0]), batch.max_chunk,
+                        score_capacity(batch.max_end))
+
+    def embed(self, meta: CupyMeta) -> Any:
+        cp = _cp()
+        d = self.cfg.hidden_size
+        y = cp.empty((meta.num_rows, d), dtype=cp.float32)
+        ck.rows_launch("embed_rows", meta.num_rows, (self.embedding, meta.token_ids, y,
+                                                      np.int32(d)))
+        return y
+
+    def rmsnorm(self, x: Any, weight: str) -> Any:
+        cp = _cp()
+        y = cp.empty_like(x)
+        ck.rows_launch("rmsnorm_rows", x.shape[0], (x, self._norms[weight], y,
+                                                     np.int32(x.shape[1]),
+                                                     np.float32(self.cfg.rms_eps)))
+        return y
+
+    def linear(self, x: Any, weight: str) -> Any:
+        cp = _cp()
+        wt, scale = self._linear[weight]
+        out = cp.empty((x.shape[0], wt.shape[1]), dtype=cp.float32)
+        return ck.linear(x, wt, scale, out)
+
+    def rope_and_store(self, qkv: Any, layer: int, meta: CupyMeta) -> Any:
+        cfg = self.cfg
+        ck.rows_launch("rope_store", meta.num_rows,
+                       (qkv, meta.positions, meta.pages, meta.slots, self._cos, self._sin,
+                        self.k_pool, self.v_pool, np.int32(layer), np.int32(cfg.n_layers),
+                        np.int32(cfg.n_heads), np.int32(cfg.n_kv_heads),
+                        np.int32(cfg.head_dim)), threads=128)
+        return qkv[:, : cfg.q_dim]
+
+    def attention(self, q: Any, layer: int, meta: CupyMeta) -> Any:
+        from crucible.kernels.attention import paged_attention
+
+        cp, cfg = _cp(), self.cfg
+        q = cp.ascontiguousarray(q)
+        out = cp.empty_like(q)
+        paged_attention(q, self.k_pool, self.v_pool, layer, meta.segments, meta.page_tables,
+                        out, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                        max_chunk=meta.max_chunk, score_capacity=meta.score_capacity,
+                        variant=self.variant)
+        return out
+
+    def swiglu(self, gate_up: Any) -> Any:
+        cp = _cp()
+        f = gate_up.shape[1] // 2
+        y = cp.empty((gate_up.shape[0], f), dtype=cp.float32)
+        ck.flat_launch("swiglu_rows", y.size, (gate_up, y, np.int32(f), np.int64(y.size)))
+        return y
+
+    def add(self, x: Any, y: Any) -> Any:
+        cp = _cp()
+        out = cp.empty_like(x)
+        ck.flat_launch("add_rows", x.size, (x, y, out, np.int64(x.size)))
+        return out
+
+    def gather_rows(self, x: Any, meta: CupyMeta) -> Any:
+        cp = _cp()
+        y = cp.empty((meta.num_final, x.shape[1]), dtype=cp.float32)
+        ck.rows_launch("gather_rows", meta.num_final, (x, meta.final_rows, y,
+                                                        np.int32(x.shape[1])))
+        return y
+
+    def to_host(self, x: Any) -> np.ndarray:
+        return _cp().asnumpy(x).astype(np.float32, copy=False)

@@ -1,0 +1,98 @@
+// model_ops.cu: the elementwise and per-row kernels of the Llama forward.
+//
+// Layout: packed activations are f32 [T, width] row-major; the KV pool is
+// pool[page][layer][16][kv_dim] f32; rope tables are f32 [max_pos, head_dim/2].
+// Every kernel computes each output from its own row only, in a fixed order, so a row's
+// bits never depend on the other rows of the step.
+//
+// embed_rows:   grid (T), block 256: y[t, :] = table[ids[t], :].
+// rmsnorm_rows: grid (T), block 256 (8 warps): thread j squares-and-adds x[j], x[j+256], ...
+//   with fma; shuffle-down tree 16,8,4,2,1 per warp; warp 0 lane 0 adds the 8 warp partials
+//   in ascending order; inv = 1 / sqrt(ss / D + eps); y = (x * inv) * w.
+// rope_store:   grid (T), block 128: rotate-half RoPE of every Q head (in place) and K head
+//   (x1*c - x2*s, x2*c + x1*s), then K and V scattered to (pages[t], slots[t]) of `layer`.
+// swiglu_rows:  y[t, f] = g / (1 + exp(-g)) * u with g = gu[t, f], u = gu[t, F + f].
+// add_rows:     y = a + b.   gather_rows: y[r, :] = x[rows[r], :].
+
+__global__ void embed_rows(const float* __restrict__ table, const int* __restrict__ ids,
+                           float* __restrict__ y, int D) {
+    const long t = blockIdx.x;
+    const float* src = table + (long)ids[t] * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) y[t * D + d] = src[d];
+}
+
+__global__ void __launch_bounds__(256) rmsnorm_rows(const float* __restrict__ x,
+                                                    const float* __restrict__ w,
+                                                    float* __restrict__ y, int D, float eps) {
+    __shared__ float warp_part[8];
+    __shared__ float inv_shared;
+    const float* row = x + (long)blockIdx.x * D;
+    float acc = 0.0f;
+    for (int d = threadIdx.x; d < D; d += 256) acc = __fmaf_rn(row[d], row[d], acc);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, off));
+    if ((threadIdx.x & 31) == 0) warp_part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float ss = warp_part[0];
+        for (int i = 1; i < 8; ++i) ss = __fadd_rn(ss, warp_part[i]);
+        float ms = __fdiv_rn(ss, (float)D);
+        inv_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+    }
+    __syncthreads();
+    const float inv = inv_shared;
+    float* out = y + (long)blockIdx.x * D;
+    for (int d = threadIdx.x; d < D; d += 256) out[d] = __fmul_rn(__fmul_rn(row[d], inv), w[d]);
+}
+
+__device__ __forceinline__ void rotate_pair(float* v, int i, int half, float c, float s) {
+    float x1 = v[i], x2 = v[i + half];
+    v[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    v[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
+__global__ void rope_store(float* __restrict__ qkv, const int* __restrict__ positions,
+                           const int* __restrict__ pages, const int* __restrict__ slots,
+                           const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                           float* __restrict__ k_pool, float* __restrict__ v_pool, int layer,
+                           int n_layers, int n_heads, int n_kv, int hd) {
+    const long t = blockIdx.x;
+    const int half = hd / 2;
+    const int q_dim = n_heads * hd, kv_dim = n_kv * hd;
+    float* row = qkv + t * (q_dim + 2 * kv_dim);
+    const float* c = cos_t + (long)positions[t] * half;
+    const float* s = sin_t + (long)positions[t] * half;
+    for (int i = threadIdx.x; i < (n_heads + n_kv) * half; i += blockDim.x) {
+        int head = i / half, j = i % half;
+        rotate_pair(row + head * hd, j, half, c[j], s[j]);  // K heads follow Q heads in qkv
+    }
+    __syncthreads();
+    const long base = (((long)pages[t] * n_layers + layer) * 16 + slots[t]) * kv_dim;
+    for (int d = threadIdx.x; d < kv_dim; d += blockDim.x) {
+        k_pool[base + d] = row[q_dim + d];
+        v_pool[base + d] = row[q_dim + kv_dim + d];
+    }
+}
+
+__global__ void swiglu_rows(const float* __restrict__ gu, float* __restrict__ y, int F, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    long t = i / F;
+    int f = (int)(i % F);
+    float g = gu[t * 2 * F + f], u = gu[t * 2 * F + F + f];
+    float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+    y[i] = __fmul_rn(silu, u);
+}
+
+__global__ void add_rows(const float* __restrict__ a, const float* __restrict__ b,
+                         float* __restrict__ y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __fadd_rn(a[i], b[i]);
+}
+
+__global__ void gather_rows(const float* __restrict__ x, const int* __restrict__ rows,
+                            float* __restrict__ y, int D) {
+    const long r = blockIdx.x;
+    const float* src = x + (long)rows[r] * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) y[r * D + d] = src[d];
+}

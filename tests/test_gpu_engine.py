@@ -1,0 +1,25 @@
+"""GPU engine checks (skipped without CuPy and a GPU): the reduced gpu-engine-check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_linear_kernels_identical_for_every_m() -> None:
+    from crucible.gpu.engine_check import Tally, check_linear
+
+    t = Tally()
+    check_linear(t, np.random.default_rng(0))
+    assert t.failed == 0 and t.passed > 0
+
+
+@pytest.mark.parametrize("name", ["g4-12/3", "g3-9/3"])
+def test_tiny_model_exact_and_agreeing(name: str) -> None:
+    from crucible.gpu.engine_check import GEOMS, Tally, check_model
+
+    t = Tally()
+    check_model(t, name, GEOMS[name], np.random.default_rng(1), "online-q2-k32")
+    assert t.failed == 0 and t.passed > 0
