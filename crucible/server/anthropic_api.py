@@ -20,7 +20,7 @@ from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json
 from crucible.server.openai_common import read_model
 from crucible.server.params import sampling_params
-from crucible.server.state import ServerState
+from crucible.server.state import REQUEST_ID, STATE, ServerState
 from crucible.server.stream import EngineFailure, RequestStream
 
 routes = web.RouteTableDef()
@@ -91,7 +91,7 @@ def _stop(state: ServerState, s: RequestStream) -> tuple[str | None, str | None]
 
 @routes.post("/v1/messages")
 async def messages(request: web.Request) -> web.StreamResponse:
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     body = await read_json(request)
     model, ids = _reading(state, body)
     stops = body.raw("stop_sequences", [])
@@ -102,7 +102,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
                              extra={"temperature": body.float("temperature", 1.0, lo=0, hi=1),
                                     "top_k": body.int("top_k", None, lo=1)})
     mid = f"msg_{uuid.uuid4().hex[:24]}"
-    headers = {"request-id": request["request_id"]}
+    headers = {"request-id": request[REQUEST_ID]}
 
     def message(s: RequestStream | None, content: list, reason: str | None,
                 seq: str | None) -> dict:
@@ -146,8 +146,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 @routes.post("/v1/messages/count_tokens")
 async def count_tokens(request: web.Request) -> web.Response:
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     body = await read_json(request)
     _, ids = _reading(state, body)
     return web.json_response({"input_tokens": len(ids)},
-                             headers={"request-id": request["request_id"]})
+                             headers={"request-id": request[REQUEST_ID]})

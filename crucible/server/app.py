@@ -19,7 +19,7 @@ from crucible.server import anthropic_api, native, openai_chat, openai_common, \
     openai_completions
 from crucible.server.errors import ApiError, api_flavor, error_response, from_exception
 from crucible.server.fields import MAX_BODY_BYTES
-from crucible.server.state import ServerState
+from crucible.server.state import REQUEST_ID, STATE, ServerState
 
 log = logging.getLogger("crucible.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -31,7 +31,7 @@ _REJECT_CAUSE = {400: "invalid", 401: "unauthorized", 404: "not_found", 429: "qu
 @web.middleware
 async def errors_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
     flavor = api_flavor(request.path)
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     try:
         return await handler(request)
     except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, too large
@@ -48,19 +48,19 @@ async def errors_mw(request: web.Request, handler: Handler) -> web.StreamRespons
         err = from_exception(exc)
     if err.status in _REJECT_CAUSE:
         state.metrics.reject(_REJECT_CAUSE[err.status])
-    hdrs = {"request-id": request.get("request_id", "")} if flavor == "anthropic" else {}
+    hdrs = {"request-id": request.get(REQUEST_ID, "")} if flavor == "anthropic" else {}
     return error_response(err, flavor, hdrs)
 
 
 @web.middleware
 async def request_id_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request["request_id"] = f"req_{uuid.uuid4().hex[:24]}"
+    request[REQUEST_ID] = f"req_{uuid.uuid4().hex[:24]}"
     return await handler(request)
 
 
 @web.middleware
 async def auth_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
-    key = request.app["state"].config.api_key
+    key = request.app[STATE].config.api_key
     if key and request.path not in _OPEN_PATHS:
         bearer = request.headers.get("Authorization", "")
         given = bearer[7:] if bearer.startswith("Bearer ") else request.headers.get(
@@ -73,7 +73,7 @@ async def auth_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def ready_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     if request.path not in _OPEN_PATHS and not state.ready:
         raise ApiError(503, f"the server is not ready: {state.health()[1]}")
     return await handler(request)
@@ -82,7 +82,7 @@ async def ready_mw(request: web.Request, handler: Handler) -> web.StreamResponse
 def build_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[errors_mw, request_id_mw, auth_mw, ready_mw],
                           client_max_size=MAX_BODY_BYTES)
-    app["state"] = state
+    app[STATE] = state
     for module in (native, openai_common, openai_completions, openai_chat, anthropic_api):
         app.add_routes(module.routes)
     return app

@@ -14,7 +14,7 @@ from crucible.server import sse
 from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json, token_id_list
 from crucible.server.params import SAMPLING_FIELDS, sampling_params
-from crucible.server.state import ServerState
+from crucible.server.state import STATE, ServerState
 from crucible.server.stream import EngineFailure, RequestStream
 
 routes = web.RouteTableDef()
@@ -23,7 +23,7 @@ _GENERATE_FIELDS = ("prompt", "prompt_token_ids", "max_tokens", "stream", "logpr
 
 
 def _state(request: web.Request) -> ServerState:
-    return request.app["state"]
+    return request.app[STATE]
 
 
 def prompt_ids(state: ServerState, body: Body, add_special: bool = True) -> list[int]:

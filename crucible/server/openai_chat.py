@@ -19,7 +19,7 @@ from crucible.server.openai_common import (IGNORED_FIELDS, chat_logprobs, finish
                                            new_id, now, read_model, usage)
 from crucible.server.params import (MAX_N, SAMPLING_FIELDS, choice_params, max_tokens_field,
                                     sampling_params)
-from crucible.server.state import ServerState
+from crucible.server.state import STATE, ServerState
 from crucible.server.stream import EngineFailure, merged
 
 routes = web.RouteTableDef()
@@ -70,7 +70,7 @@ def _check_unsupported(body: Body) -> None:
 
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     body = await read_json(request)
     body.reject_unknown(_FIELDS)
     model = read_model(state, body)

@@ -17,7 +17,7 @@ from aiohttp import web
 from crucible.engine.engine import Logprobs
 from crucible.server.errors import ApiError
 from crucible.server.fields import Body
-from crucible.server.state import ServerState
+from crucible.server.state import STATE, ServerState
 from crucible.server.stream import RequestStream
 
 routes = web.RouteTableDef()
@@ -38,7 +38,7 @@ def model_card(state: ServerState) -> dict:
 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     name = state.config.model_name
     return web.json_response({"object": "list", "data": [model_card(state)],
                               "has_more": False, "first_id": name, "last_id": name})
@@ -46,7 +46,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 @routes.get("/v1/models/{model_id}")
 async def get_model(request: web.Request) -> web.Response:
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     check_model(state, request.match_info["model_id"])
     return web.json_response(model_card(state))
 

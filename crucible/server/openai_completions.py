@@ -14,7 +14,7 @@ from crucible.server.fields import Body, read_json, token_id_list
 from crucible.server.openai_common import (IGNORED_FIELDS, completion_logprobs, finish_reason,
                                            new_id, now, read_model, usage)
 from crucible.server.params import MAX_N, SAMPLING_FIELDS, choice_params, sampling_params
-from crucible.server.state import ServerState
+from crucible.server.state import STATE, ServerState
 from crucible.server.stream import EngineFailure, RequestStream, merged
 
 routes = web.RouteTableDef()
@@ -57,7 +57,7 @@ def _check_unsupported(body: Body) -> None:
 
 @routes.post("/v1/completions")
 async def completions(request: web.Request) -> web.StreamResponse:
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     body = await read_json(request)
     body.reject_unknown(_FIELDS)
     model = read_model(state, body)

@@ -12,6 +12,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
+from aiohttp import web
+
 from crucible.engine.sampling import SamplingParams
 from crucible.errors import QueueFullError, RequestError
 from crucible.server.engine_loop import EngineLoop, EngineUnavailable
@@ -100,3 +102,7 @@ class ServerState:
                     loop.abort(s.request_id)
                     s.finish_reason = "abort"
                 self.metrics.observe(s)
+
+
+STATE = web.AppKey("crucible_state", ServerState)
+REQUEST_ID = web.RequestKey("crucible_request_id", str)  # echoed as Anthropic's request-id
