@@ -38,10 +38,13 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(self, model: Any = None, *, device: str = "cpu", weights: str = "int8",
+    def __init__(self, model: Any = None, *, device: str = "cpu", weights: str | None = None,
                  token_budget: int = 1024, chunk_cap: int | None = None, max_queue: int = 64,
                  max_running: int = 256, num_pages: int | None = None, seed: int = 0) -> None:
         """``model``: a known name, a .gguf path, an HF directory, or a LoadedModel.
+
+        ``weights``: "int8" (default when loading by name) or "f32"; a LoadedModel keeps
+        the mode it was loaded with (asking for another one is an error).
 
         ``num_pages`` defaults to twice the pages of one full context (at least 64).
         ``seed`` is the base from which requests without their own seed derive one
@@ -53,8 +56,8 @@ class LLM:
         if model is None or isinstance(model, str):
             from crucible.model.fetch import DEFAULT_MODEL
 
-            model = load_model(model or DEFAULT_MODEL, weights)
-        elif weights != model.weights_mode:
+            model = load_model(model or DEFAULT_MODEL, weights or "int8")
+        elif weights is not None and weights != model.weights_mode:
             raise ConfigError(f"weights={weights!r} but the given model was loaded as "
                               f"{model.weights_mode!r}")
         self.model = model

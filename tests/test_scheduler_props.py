@@ -67,11 +67,10 @@ class Checker:
             length = int(batch.table_lengths[t])
             assert batch.page_tables[t, :length].tolist() == req.page_table.pages
             assert length == pages_for(abs_start + n)
-        # decode rows come first, then prefill slices
-        lens = batch.segments[:, 1].tolist()
-        decodes = [eng.requests[r].num_remaining == 1 and eng.requests[r].num_output_tokens > 0
+        # one-row slices of already-running requests (decodes) come first, then the rest
+        decodes = [eng.requests[r].num_remaining == 1 and eng.requests[r].num_computed_tokens > 0
                    for r in batch.request_ids]
-        assert decodes == sorted(decodes, reverse=True) or 1 not in lens
+        assert decodes == sorted(decodes, reverse=True)
         # page accounting: running requests own pages, waiting ones none
         owned = [p for r in running for p in r.page_table.pages]
         assert len(owned) == len(set(owned))
