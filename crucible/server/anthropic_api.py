@@ -25,8 +25,10 @@ from crucible.server.stream import EngineFailure, RequestStream
 
 routes = web.RouteTableDef()
 _FIELDS = ("model", "messages", "system", "max_tokens", "stop_sequences", "temperature",
-           "top_k", "top_p", "stream", "metadata", "tools", "tool_choice", "thinking",
-           "service_tier")
+           "top_k", "top_p", "stream", "tools", "tool_choice", "thinking",
+           # Sent by newer SDKs; nothing here depends on them, so they are accepted and ignored.
+           "metadata", "service_tier", "cache_control", "inference_geo", "speed",
+           "user_profile_id", "workspace_id", "diagnostics", "output_config", "container")
 
 
 def _text(content: Any, where: str) -> str:
