@@ -76,8 +76,10 @@ def test_large_capacity_hands_over_to_fewer_rows_then_reference() -> None:
     assert plan.smem_bytes <= H200_OPTIN
     plan = _plan("exact", 16, 2, 8192)  # G = 8: even one row does not fit
     assert plan.variant.family == "exact" or plan.variant == Variant("reference")
-    huge = _plan("exact", 16, 2, 65536)
+    huge = _plan("exact", 16, 2, 32768)
     assert huge.variant == Variant("reference") and huge.reason
+    with pytest.raises(ValueError, match="exceeds"):
+        _plan("reference", 12, 3, 65536)
 
 
 def test_unsupported_geometry_runs_reference() -> None:

@@ -122,6 +122,10 @@ def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: 
                 capacity: int, smem_limit: int) -> LaunchPlan:
     """Pick the kernel for one call; the result is a pure function of its arguments."""
     ref = LaunchPlan(Variant("reference"), requested, reference_smem_bytes(capacity), 256)
+    if ref.smem_bytes + REFERENCE_STATIC_BYTES > smem_limit:
+        # Nothing can hold a score vector this long; refuse rather than launch out of bounds.
+        raise ValueError(f"score capacity {capacity} exceeds every attention kernel's shared "
+                         f"memory ({smem_limit} B per CTA)")
     if requested.family == "reference":
         return ref
     group = n_heads // n_kv_heads if n_kv_heads and n_heads % n_kv_heads == 0 else 0
