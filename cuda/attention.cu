@@ -13,13 +13,15 @@
 // Kernels (arithmetic spelled once in common.cuh)
 //   attn_reference        grid (n_heads, T), 256 threads; the canonical order (DESIGN s.5).
 //                         Dynamic smem: capacity C floats of scores.
-//   attn_exact<Q, KT>     grid (n_kv_heads, ceil(max_chunk/Q), S), 32*Q*G threads.
+//   attn_exact<Q, KT, CACHE> grid (n_kv_heads, ceil(max_chunk/Q), S), 32*Q*G threads.
 //                         One CTA = one segment x one KV head x Q adjacent rows; its Q*G
 //                         (row, head) "distributions" share every K/V tile staged in smem.
 //                         Bit-identical to the reference: QK replays the warp's xor tree
 //                         sequentially in one thread (tree-ordered K staging), softmax
 //                         replays the reference's 8 virtual warps, PV runs the same
 //                         ascending fused chain. Dynamic smem 4*(KT*68 + Q*G*64 + 96 + Q*G*C).
+//                         CACHE (diagnostic "-cache" names) first copies the tile's page-table
+//                         entries into smem (+C/4 bytes) so both passes translate from there.
 //   attn_online<Q, KT>    same grid/tiles, flash-style running max/denominator/output with
 //                         tile-sized score scratch. Reorders f32 work: diagnostic only.
 // Tile helpers shared by both tiled families (staging, tree dots, PV ownership) live in
@@ -105,14 +107,14 @@ attn_reference(const float* __restrict__ q, const float* __restrict__ k_pool,
 // ------------------------------------------------------------------------------------
 // Exact tiled GQA: full score vectors in smem, K pass then V pass over the same buffer.
 // ------------------------------------------------------------------------------------
-template <int Q, int KT>
+template <int Q, int KT, bool CACHE>
 __global__ void __launch_bounds__(32 * Q * 8)
 attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
            const float* __restrict__ v_pool, const int4* __restrict__ segs,
            const int* __restrict__ tables, int table_stride, float* __restrict__ out,
            int n_heads, int n_kv_heads, int n_layers, int layer, int capacity) {
     extern __shared__ float4 smem4[];
-    const TileJob t = cru_tile_job(segs, tables, table_stride, n_heads, n_kv_heads, Q);
+    TileJob t = cru_tile_job(segs, tables, table_stride, n_heads, n_kv_heads, Q);
     if (t.n_rows == 0) return;  // ragged segment: uniform early exit
     const int kv_dim = n_kv_heads * CRU_HEAD_DIM, lane = threadIdx.x & 31;
     float* kv = reinterpret_cast<float*>(smem4);
@@ -120,6 +122,11 @@ attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
     int* lens = reinterpret_cast<int*>(q_s + t.nw * CRU_HEAD_DIM);
     float* inv_s = reinterpret_cast<float*>(lens + 32);
     float* scores = inv_s + 64;
+    if (CACHE) {  // visible to staging after the first barrier of pass 1
+        int* table_s = reinterpret_cast<int*>(scores + t.nw * capacity);
+        for (int i = threadIdx.x; i < (t.lmax + 15) >> 4; i += blockDim.x) table_s[i] = t.table[i];
+        t.table = table_s;
+    }
     cru_stage_q(q_s, lens, q, t, n_heads);
 
     for (int base = 0; base < t.lmax; base += KT) {  // pass 1: K -> full score vectors
@@ -253,12 +260,13 @@ attn_online(const float* __restrict__ q, const float* __restrict__ k_pool,
 #ifndef __CUDACC_RTC__
 // Offline `nvcc -c` builds instantiate the headline variants so `-Xptxas -v` reports
 // their resources; NVRTC instantiates what it needs through name expressions instead.
-#define CRU_INSTANTIATE(KERNEL, Q, KT)                                                     \
-    template __global__ void KERNEL<Q, KT>(const float*, const float*, const float*,      \
-                                           const int4*, const int*, int, float*, int, int, \
-                                           int, int, int);
-CRU_INSTANTIATE(attn_exact, 4, 64)
-CRU_INSTANTIATE(attn_exact, 2, 32)
-CRU_INSTANTIATE(attn_exact, 1, 16)
+#define CRU_INSTANTIATE(KERNEL, ...)                                                       \
+    template __global__ void KERNEL<__VA_ARGS__>(const float*, const float*, const float*, \
+                                                 const int4*, const int*, int, float*, int, \
+                                                 int, int, int, int);
+CRU_INSTANTIATE(attn_exact, 4, 64, false)
+CRU_INSTANTIATE(attn_exact, 2, 32, false)
+CRU_INSTANTIATE(attn_exact, 1, 16, false)
+CRU_INSTANTIATE(attn_exact, 4, 64, true)
 CRU_INSTANTIATE(attn_online, 4, 64)
 #endif

@@ -14,11 +14,12 @@ H200_OPTIN = 232448
 
 def test_every_family_name_round_trips() -> None:
     names = [v.name for v in all_variants()]
-    assert len(names) == 19 and len(set(names)) == 19
+    assert len(names) == 28 and len(set(names)) == 28
     for q in (1, 2, 4):
         for k in (16, 32, 64):
             for family in ("exact", "online"):
                 assert parse_variant(f"{family}-q{q}-k{k}") == Variant(family, q, k)
+            assert parse_variant(f"exact-q{q}-k{k}-cache") == Variant("exact", q, k, True)
     assert parse_variant("reference") == Variant("reference")
 
 
@@ -30,7 +31,8 @@ def test_default_and_alias() -> None:
     assert variant_from_env({"CRUCIBLE_PREFILL_ATTN": "online-q2-k32"}) == Variant("online", 2, 32)
 
 
-@pytest.mark.parametrize("bad", ["exact-q8-k64", "flash", "exact-q4", "online-q4-k128", ""])
+@pytest.mark.parametrize("bad", ["exact-q8-k64", "flash", "exact-q4", "online-q4-k128", "",
+                                 "online-q4-k64-cache"])
 def test_unknown_names_list_the_valid_ones(bad: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_variant(bad)
@@ -56,6 +58,9 @@ def test_shared_bytes_follow_the_documented_formula() -> None:
     # online scores are tile sized, so capacity does not matter
     o = Variant("online", 4, 64)
     assert tiled_smem_bytes(o, 4, 256) == tiled_smem_bytes(o, 4, 8192)
+    # the page-table cache adds one int per 16 positions of capacity
+    assert tiled_smem_bytes(Variant("exact", 4, 64, True), 4, 1024) == \
+        tiled_smem_bytes(v, 4, 1024) + 4 * 64
 
 
 def _plan(name: str, heads: int, kv: int, capacity: int, head_dim: int = 64):
@@ -76,6 +81,8 @@ def test_large_capacity_hands_over_to_fewer_rows_then_reference() -> None:
     assert plan.smem_bytes <= H200_OPTIN
     plan = _plan("exact", 16, 2, 8192)  # G = 8: even one row does not fit
     assert plan.variant.family == "exact" or plan.variant == Variant("reference")
+    cached = _plan("exact-q4-k64-cache", 12, 3, 4096)
+    assert cached.variant == Variant("exact", 2, 64, True)
     huge = _plan("exact", 16, 2, 32768)
     assert huge.variant == Variant("reference") and huge.reason
     with pytest.raises(ValueError, match="exceeds"):

@@ -23,7 +23,10 @@ def kernel_name(variant: Variant) -> str:
     """The name expression of a variant's kernel (also its lookup key)."""
     if variant.family == "reference":
         return "attn_reference"
-    return f"attn_{variant.family}<{variant.rows}, {variant.tile}>"
+    if variant.family == "exact":
+        cache = "true" if variant.cache else "false"
+        return f"attn_exact<{variant.rows}, {variant.tile}, {cache}>"
+    return f"attn_online<{variant.rows}, {variant.tile}>"
 
 
 def _cupy() -> Any:

@@ -1,8 +1,9 @@
 """The paged-attention variant registry and the launch plan that picks a kernel.
 
 Names (``CRUCIBLE_PREFILL_ATTN``): ``reference``; ``exact`` (alias of the default
-``exact-q4-k64``); ``exact-q{1,2,4}-k{16,32,64}``; ``online-q{1,2,4}-k{16,32,64}``.
-Exact variants are bit-identical to the reference; online variants are diagnostics.
+``exact-q4-k64``); ``exact-q{1,2,4}-k{16,32,64}``; ``online-q{1,2,4}-k{16,32,64}``; and the
+diagnostic ``exact-q{1,2,4}-k{16,32,64}-cache`` (page-table entries staged in shared memory).
+Exact variants (cached or not) are bit-identical to the reference; online ones are not.
 
 ``plan_launch`` turns a requested variant into the kernel that actually runs for one call:
 an exact/online variant whose shared memory for score capacity C does not fit hands over
@@ -40,12 +41,13 @@ class Variant:
     family: Family
     rows: int = 1  # query rows per CTA tile (exact/online)
     tile: int = 64  # history positions per staged K/V tile (exact/online)
+    cache: bool = False  # exact only: page-table entries cached in shared memory
 
     @property
     def name(self) -> str:
         if self.family == "reference":
             return "reference"
-        return f"{self.family}-q{self.rows}-k{self.tile}"
+        return f"{self.family}-q{self.rows}-k{self.tile}" + ("-cache" if self.cache else "")
 
     @property
     def is_exact(self) -> bool:
@@ -55,8 +57,8 @@ class Variant:
 
 def all_variants() -> tuple[Variant, ...]:
     tiled = tuple(
-        Variant(family, rows, tile)
-        for family in ("exact", "online")
+        Variant(family, rows, tile, cache)
+        for family, cache in (("exact", False), ("online", False), ("exact", True))
         for rows in ROWS_CHOICES
         for tile in TILE_CHOICES
     )
@@ -102,7 +104,9 @@ def score_capacity(max_end: int) -> int:
 def tiled_smem_bytes(variant: Variant, group: int, capacity: int) -> int:
     dists = variant.rows * group
     scores = capacity if variant.family == "exact" else variant.tile
-    return 4 * (variant.tile * KV_STRIDE + dists * HEAD_DIM + STATS_FLOATS + dists * scores)
+    table_cache = capacity // 16 if variant.cache else 0  # one int per page of history
+    return 4 * (variant.tile * KV_STRIDE + dists * HEAD_DIM + STATS_FLOATS + dists * scores
+                + table_cache)
 
 
 def reference_smem_bytes(capacity: int) -> int:
@@ -134,7 +138,7 @@ def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: 
                               "is outside the tiled family")
     rows = requested.rows
     while rows >= 1:
-        candidate = Variant(requested.family, rows, requested.tile)
+        candidate = Variant(requested.family, rows, requested.tile, requested.cache)
         smem = tiled_smem_bytes(candidate, group, capacity)
         if smem <= smem_limit:
             plan = LaunchPlan(candidate, requested, smem, 32 * rows * group)
