@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -37,10 +37,13 @@ class EngineSpec:
     seed: int = 0
 
 
-def build_engine(spec: EngineSpec) -> tuple[LLMEngine, dict]:
+def build_engine(spec: EngineSpec, loaded: Any = None) -> tuple[LLMEngine, dict]:
+    """``loaded``: an already loaded model (a LoadedModel) to serve instead of ``spec.model``."""
     from crucible.model.runner import ModelRunner
 
-    if spec.model == TINY_MODEL:
+    if loaded is not None:
+        model = loaded
+    elif spec.model == TINY_MODEL:
         from crucible.model.tiny import tiny_random_model
 
         model = tiny_random_model(seed=0, weights=spec.weights, max_context=2048)
