@@ -40,9 +40,9 @@ def test_every_variant_matches_the_reference(case: Case) -> None:
 def test_online_is_a_real_negative_control() -> None:
     """Online reorders f32 work, so on a long history its bits must differ somewhere."""
     from crucible.kernels.attention_cases import build
-    from crucible.kernels.attention_check import _device, run_variant
+    from crucible.kernels.attention_check import to_device, run_variant
 
-    d = _device(build(Case("long", 12, 3, ((0, 700),), seed=5)))
+    d = to_device(build(Case("long", 12, 3, ((0, 700),), seed=5)))
     ref, _ = run_variant(Variant("reference"), d)
     exact, _ = run_variant(Variant("exact", 4, 64), d)
     online, _ = run_variant(Variant("online", 2, 32), d)

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from crucible.kernels.attention_cases import Case, build
-from crucible.kernels.attention_check import _device
+from crucible.kernels.attention_check import to_device
 from crucible.kernels.attention_sdpa import sdpa_microseconds
 from crucible.kernels.attention_suite import bench_shapes
 from crucible.kernels.variants import Variant, parse_variant
@@ -77,7 +77,7 @@ def bench_shape(name: str, slices: tuple[tuple[int, int], ...], geometry: tuple[
     import cupy as cp  # noqa: PLC0415
 
     host = build(Case(name, geometry[0], geometry[1], slices, seed=seed))
-    d = _device(host)
+    d = to_device(host)
     stream = cp.cuda.Stream(non_blocking=True)
     graphs = {v.name: _capture(v, d, iters, stream) for v in variants}
     times: dict[str, list[float]] = {v.name: [] for v in variants}

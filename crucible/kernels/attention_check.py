@@ -48,7 +48,7 @@ class Tally:
     handovers: list[str] = field(default_factory=list)
 
 
-def _device(b: HostBatch) -> dict[str, Any]:
+def to_device(b: HostBatch) -> dict[str, Any]:
     import cupy as cp  # noqa: PLC0415
 
     return {"q": cp.asarray(b.q), "k": cp.asarray(b.k_pool), "v": cp.asarray(b.v_pool),
@@ -104,8 +104,8 @@ def _views(b: HostBatch) -> list[tuple[str, HostBatch]]:
 
 def check_case(case: Case, variants: list[Variant], tallies: dict[str, Tally]) -> None:
     b = build(case)
-    canonical = _device(b)
-    views = [(name, _device(v)) for name, v in _views(b)]
+    canonical = to_device(b)
+    views = [(name, to_device(v)) for name, v in _views(b)]
     ref, _ = run_variant(Variant("reference"), canonical)
     rng = np.random.default_rng(case.seed)
     sample = sorted({0, b.q.shape[0] - 1, *rng.integers(0, b.q.shape[0], 3).tolist()})
