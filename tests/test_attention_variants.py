@@ -101,3 +101,18 @@ def test_startup_report_names_the_variant_and_warns_for_online() -> None:
     assert "exact-q4-k64" in startup_report(parse_variant("exact"))
     assert "DIAGNOSTIC" in startup_report(parse_variant("online-q4-k64"))
     assert "DIAGNOSTIC" not in startup_report(parse_variant("reference"))
+
+
+def test_commands_explain_a_missing_cupy_instead_of_crashing(capsys) -> None:
+    pytest.importorskip("numpy")
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("CuPy is installed here")
+    from crucible.kernels import attention_bench, attention_check
+
+    assert attention_check.main(["--fuzz", "1"]) == 2
+    assert attention_bench.main(["--shapes", "single-1"]) == 2
+    assert "needs CuPy" in capsys.readouterr().err

@@ -117,7 +117,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--shapes", nargs="+", default=None)
     p.add_argument("--no-sdpa", action="store_true")
     args = p.parse_args(argv)
-    import cupy as cp  # noqa: PLC0415
+    try:
+        import cupy as cp  # noqa: PLC0415
+    except ImportError:
+        print("gpu-prefill-attention-bench needs CuPy and a CUDA GPU", file=sys.stderr)
+        return 2
 
     variants = [Variant("reference")] + [v for v in map(parse_variant, args.variants)
                                          if v.family != "reference"]

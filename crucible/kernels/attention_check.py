@@ -163,6 +163,11 @@ def main(argv: list[str]) -> int:
                    help="skip cases whose longest history exceeds this (sanitizer runs)")
     p.add_argument("--json", type=str, default=None)
     args = p.parse_args(argv)
+    try:
+        import cupy  # noqa: F401, PLC0415
+    except ImportError:
+        print("gpu-prefill-attention-check needs CuPy and a CUDA GPU", file=sys.stderr)
+        return 2
     variants = [parse_variant(n) for n in args.variants] if args.variants else list(all_variants())
     if all(v.family != "reference" for v in variants):
         variants.insert(0, Variant("reference"))
