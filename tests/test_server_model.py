@@ -1,7 +1,6 @@
 """The server with the default model (SmolLM2-135M-Instruct, CPU), where text matters:
 real chat text through both SDKs, chat streaming == non-streaming, stop reasons, stop
-sequences,
-solo == concurrent. Few tokens per request: CPU decode is ~7 tokens/s."""
+sequences, solo == concurrent. Few tokens per request: CPU decode is ~7 tokens/s."""
 
 from __future__ import annotations
 
