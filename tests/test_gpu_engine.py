@@ -23,3 +23,11 @@ def test_tiny_model_exact_and_agreeing(name: str) -> None:
     t = Tally()
     check_model(t, name, GEOMS[name], np.random.default_rng(1), "online-q2-k32")
     assert t.failed == 0 and t.passed > 0
+
+
+def test_decode_graphs_equal_eager() -> None:
+    from crucible.gpu.engine_check import GEOMS, Tally, check_graphs
+
+    t = Tally()
+    check_graphs(t, "g3-9/3", GEOMS["g3-9/3"], np.random.default_rng(2))
+    assert t.failed == 0 and t.passed > 0

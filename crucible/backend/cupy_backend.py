@@ -52,6 +52,8 @@ class CupyBackend:
 
         self.variant = variant if variant is not None else variant_from_env()
         self.cfg: ModelConfig | None = None
+        self.keep: list | None = None  # while a graph is captured: every array it touches
+        self.graphs = None  # DecodeGraphs once the pool exists (CRUCIBLE_DECODE_GRAPHS=0: off)
         self._linear: dict[str, tuple[Any, Any]] = {}
         self._norms: dict[str, Any] = {}
 
@@ -84,10 +86,35 @@ class CupyBackend:
         self._norms["final_norm"] = cp.asarray(weights.final_norm.astype(np.float32))
 
     def allocate_pool(self, num_pages: int) -> None:
+        import os
+
+        from crucible.backend.cupy_graphs import DecodeGraphs
+
         cp, cfg = _cp(), self.cfg
-        shape = (num_pages, cfg.n_layers, 16, cfg.kv_dim)
+        # One scratch page past the engine's pages: decode-graph padding rows live there.
+        shape = (num_pages + 1, cfg.n_layers, 16, cfg.kv_dim)
         self.k_pool = cp.zeros(shape, dtype=cp.float32)
         self.v_pool = cp.zeros(shape, dtype=cp.float32)
+        self.graphs = None
+        if os.environ.get("CRUCIBLE_DECODE_GRAPHS", "1") != "0":
+            width = -(-cfg.max_context // 16)
+            self.graphs = DecodeGraphs(self, table_width=width, scratch_page=num_pages)
+
+    def run_step(self, batch: PackedBatch) -> np.ndarray:
+        """Decode steps replay a CUDA graph; everything else runs eagerly."""
+        from crucible.backend.cupy_graphs import is_decode_step
+        from crucible.kernels.variants import score_capacity
+        from crucible.model.llama import forward
+
+        if self.graphs is not None and is_decode_step(batch):
+            return self.graphs.run(batch, score_capacity(batch.max_end))
+        return forward(self.cfg, self, batch)
+
+    def _new(self, shape: tuple[int, ...]) -> Any:
+        y = _cp().empty(shape, dtype=np.float32)
+        if self.keep is not None:
+            self.keep.append(y)
+        return y
 
     def prepare(self, batch: PackedBatch) -> CupyMeta:
         from crucible.kernels.variants import score_capacity
@@ -110,25 +137,22 @@ class CupyBackend:
                         score_capacity(batch.max_end))
 
     def embed(self, meta: CupyMeta) -> Any:
-        cp = _cp()
         d = self.cfg.hidden_size
-        y = cp.empty((meta.num_rows, d), dtype=cp.float32)
+        y = self._new((meta.num_rows, d))
         ck.rows_launch("embed_rows", meta.num_rows, (self.embedding, meta.token_ids, y,
                                                       np.int32(d)))
         return y
 
     def rmsnorm(self, x: Any, weight: str) -> Any:
-        cp = _cp()
-        y = cp.empty_like(x)
+        y = self._new(x.shape)
         ck.rows_launch("rmsnorm_rows", x.shape[0], (x, self._norms[weight], y,
                                                      np.int32(x.shape[1]),
                                                      np.float32(self.cfg.rms_eps)))
         return y
 
     def linear(self, x: Any, weight: str) -> Any:
-        cp = _cp()
         wt, scale = self._linear[weight]
-        out = cp.empty((x.shape[0], wt.shape[1]), dtype=cp.float32)
+        out = self._new((x.shape[0], wt.shape[1]))
         return ck.linear(x, wt, scale, out)
 
     def rope_and_store(self, qkv: Any, layer: int, meta: CupyMeta) -> Any:
@@ -143,9 +167,11 @@ class CupyBackend:
     def attention(self, q: Any, layer: int, meta: CupyMeta) -> Any:
         from crucible.kernels.attention import paged_attention
 
-        cp, cfg = _cp(), self.cfg
-        q = cp.ascontiguousarray(q)
-        out = cp.empty_like(q)
+        cfg = self.cfg
+        q_c = self._new(q.shape)
+        q_c[...] = q  # the kernel wants contiguous rows; qkv[:, :q_dim] is a strided view
+        q = q_c
+        out = self._new(q.shape)
         paged_attention(q, self.k_pool, self.v_pool, layer, meta.segments, meta.page_tables,
                         out, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                         max_chunk=meta.max_chunk, score_capacity=meta.score_capacity,
@@ -153,21 +179,18 @@ class CupyBackend:
         return out
 
     def swiglu(self, gate_up: Any) -> Any:
-        cp = _cp()
         f = gate_up.shape[1] // 2
-        y = cp.empty((gate_up.shape[0], f), dtype=cp.float32)
+        y = self._new((gate_up.shape[0], f))
         ck.flat_launch("swiglu_rows", y.size, (gate_up, y, np.int32(f), np.int64(y.size)))
         return y
 
     def add(self, x: Any, y: Any) -> Any:
-        cp = _cp()
-        out = cp.empty_like(x)
+        out = self._new(x.shape)
         ck.flat_launch("add_rows", x.size, (x, y, out, np.int64(x.size)))
         return out
 
     def gather_rows(self, x: Any, meta: CupyMeta) -> Any:
-        cp = _cp()
-        y = cp.empty((meta.num_final, x.shape[1]), dtype=cp.float32)
+        y = self._new((meta.num_final, x.shape[1]))
         ck.rows_launch("gather_rows", meta.num_final, (x, meta.final_rows, y,
                                                         np.int32(x.shape[1])))
         return y

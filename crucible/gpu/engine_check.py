@@ -7,6 +7,8 @@ Checks (each prints a count; any failure exits non-zero):
   needle    a request alone == the same request inside random packed batches (bitwise);
   chunked   chunked prefill (several chunkings) and decode == one-shot prefill (bitwise);
   online    negative control: an online attention variant gives different bits;
+  graphs    decode steps replayed from CUDA graphs (padded to a bucket) == eager, bitwise,
+            for batch sizes across the bucket edges;
   model     (with --model) greedy text of the default model contains "Paris", and its
             GPU logits agree with the CPU path.
 """
@@ -114,6 +116,35 @@ def check_model(t: Tally, name: str, geom: dict, rng: np.random.Generator, varia
         t.check(not np.array_equal(diff, alone), f"{name} {variant} must differ from exact")
 
 
+def check_graphs(t: Tally, name: str, geom: dict, rng: np.random.Generator) -> None:
+    """Decode graphs (padded to buckets) == eager decode, bitwise, across bucket edges."""
+    model = tiny_random_model(seed=5, **geom)
+    vocab = model.config.vocab_size
+    gpu = ModelRunner(model, num_pages=400, device="cuda")
+    be = gpu.backend
+    n_req = 64
+    lens = rng.integers(1, 90, n_req).tolist()
+    free = rng.permutation(400).tolist()
+    tables = [[free.pop() for _ in range(-(-(n + 16) // 16))] for n in lens]
+    gpu.forward(build_packed_batch([
+        SegmentSpec(f"r{i}", rng.integers(0, vocab, n).tolist(), 0, tables[i], [n - 1])
+        for i, n in enumerate(lens)]))
+    pos = list(lens)
+    for b in (1, 2, 3, 7, 15, 16, 17, 24, 31, 33, 48, 63, 64):
+        who = rng.permutation(n_req)[:b].tolist()
+        batch = build_packed_batch([SegmentSpec(f"r{i}", [int(rng.integers(0, vocab))], pos[i],
+                                                tables[i], [0]) for i in who])
+        graphs, be.graphs = be.graphs, None
+        eager = gpu.forward(batch)
+        be.graphs = graphs
+        replay = gpu.forward(batch)
+        t.check(np.array_equal(eager, replay), f"{name} graph == eager, batch {b}")
+        for i in who:
+            pos[i] += 1
+    t.check(be.graphs.num_replays >= 13 and be.graphs.num_captures >= 1,
+            f"{name} graphs replayed ({be.graphs.num_captures} captures)")
+
+
 def check_default_model(t: Tally, spec: str) -> None:
     from crucible.model.loader import load_model
 
@@ -150,6 +181,7 @@ def main(argv: list[str]) -> int:
     check_linear(t, rng)
     for name, geom in GEOMS.items():
         check_model(t, name, geom, rng, args.online)
+        check_graphs(t, name, geom, rng)
     if args.model:
         check_default_model(t, args.model)
     print(f"gpu-engine-check: {t.passed} passed, {t.failed} failed ({time.time() - t0:.1f} s)")

@@ -9,6 +9,8 @@ Shapes: activations are packed rows [T, features]; only the final rows reach the
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from crucible.backend.protocol import Backend
@@ -18,7 +20,11 @@ from crucible.model.config import ModelConfig
 
 def forward(cfg: ModelConfig, be: Backend, batch: PackedBatch) -> np.ndarray:
     """Run one packed step; return f32 logits [len(batch.final_rows), vocab] on the host."""
-    meta = be.prepare(batch)
+    return be.to_host(forward_meta(cfg, be, be.prepare(batch)))
+
+
+def forward_meta(cfg: ModelConfig, be: Backend, meta: Any) -> Any:
+    """The forward over already-uploaded step metadata; logits stay on the backend."""
     x = be.embed(meta)  # [T, D]
     for i in range(cfg.n_layers):
         h = be.rmsnorm(x, f"l{i}.attn_norm")
@@ -29,4 +35,4 @@ def forward(cfg: ModelConfig, be: Backend, batch: PackedBatch) -> np.ndarray:
         h = be.rmsnorm(x, f"l{i}.ffn_norm")
         x = be.add(x, be.linear(be.swiglu(be.linear(h, f"l{i}.gate_up")), f"l{i}.down"))
     rows = be.gather_rows(x, meta)  # [R, D]
-    return be.to_host(be.linear(be.rmsnorm(rows, "final_norm"), "lm_head"))
+    return be.linear(be.rmsnorm(rows, "final_norm"), "lm_head")

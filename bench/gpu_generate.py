@@ -1,0 +1,105 @@
+"""GPU decode and prefill speed of the CuPy backend (eager vs decode graphs).
+
+    python3 bench/gpu_generate.py --model PATH [--weights int8] [--rounds 3] [--json PATH]
+
+Decode: batches of 1 and 64 requests with 128-token histories; per round, graphs off and on
+alternate in order; a step is timed from the forward call to logits on the host (the runner
+syncs). Prefill: one 1,024-token prompt (time to logits of its last row), and 16 x 64 packed.
+Warm-up steps (compilation, graph capture) are excluded. Figures: median and min-max over
+rounds. Ratios are paired within a round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.model.loader import load_model
+from crucible.model.runner import ModelRunner
+
+
+def stat(v: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(v), "min": min(v), "max": max(v)}
+
+
+def decode_rate(runner: ModelRunner, batch_size: int, steps: int, graphs: bool,
+                rng: np.random.Generator) -> float:
+    be = runner.backend
+    saved = be.graphs
+    be.graphs = saved if graphs else None
+    vocab = runner.config.vocab_size
+    tables = [list(range(i * 16, i * 16 + 16)) for i in range(batch_size)]
+    runner.forward(build_packed_batch([
+        SegmentSpec(f"r{i}", rng.integers(0, vocab, 128).tolist(), 0, tables[i], [127])
+        for i in range(batch_size)]))
+
+    def step(p: int) -> None:
+        runner.forward(build_packed_batch([SegmentSpec(f"r{i}", [7], p, tables[i], [0])
+                                           for i in range(batch_size)]))
+
+    step(128)
+    step(129)  # warm-up (and capture when graphs are on)
+    t = time.perf_counter()
+    for p in range(130, 130 + steps):
+        step(p)
+    dt = time.perf_counter() - t
+    be.graphs = saved
+    return batch_size * steps / dt
+
+
+def prefill_seconds(runner: ModelRunner, segs: list[tuple[int, int]],
+                    rng: np.random.Generator) -> float:
+    vocab = runner.config.vocab_size
+    specs, page = [], 0
+    for i, (n, _) in enumerate(segs):
+        npg = -(-n // 16)
+        specs.append(SegmentSpec(f"p{i}", rng.integers(0, vocab, n).tolist(), 0,
+                                 list(range(page, page + npg)), [n - 1]))
+        page += npg
+    batch = build_packed_batch(specs)
+    runner.forward(batch)  # warm-up
+    t = time.perf_counter()
+    runner.forward(batch)
+    return time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--weights", default="int8", choices=("int8", "f32"))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--json", default="bench/gpu-generate.json")
+    args = p.parse_args(argv)
+    model = load_model(args.model, args.weights)
+    runner = ModelRunner(model, num_pages=1100, device="cuda")
+    rng = np.random.default_rng(0)
+    res: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        for b in (1, 64):
+            order = (False, True) if r % 2 == 0 else (True, False)
+            got = {g: decode_rate(runner, b, args.steps, g, rng) for g in order}
+            res.setdefault(f"decode_b{b}_eager_tok_s", []).append(got[False])
+            res.setdefault(f"decode_b{b}_graph_tok_s", []).append(got[True])
+            res.setdefault(f"decode_b{b}_graph_over_eager", []).append(got[True] / got[False])
+        res.setdefault("prefill_1024_s", []).append(prefill_seconds(runner, [(1024, 0)], rng))
+        res.setdefault("prefill_16x64_s", []).append(prefill_seconds(runner, [(64, 0)] * 16, rng))
+        print(f"round {r}: " + ", ".join(f"{k}={v[-1]:.4g}" for k, v in res.items()),
+              file=sys.stderr, flush=True)
+    out = {"command": "python3 bench/gpu_generate.py " + " ".join(argv or sys.argv[1:]),
+           "weights": args.weights, "rounds": args.rounds, "decode_steps": args.steps,
+           "results": {k: stat(v) for k, v in res.items()}}
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=2)
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""CUDA graphs for decode steps, bucketed by batch size.
+
+A decode step (every segment one row, every row final) of ``b`` rows replays the graph of
+the smallest bucket ``B >= b``. The ``B - b`` padding rows are complete, valid requests of
+their own: token 0 at position 0, whose one page is a scratch page past the engine's pool
+(the backend allocates ``num_pages + 1``). Each kernel computes a row from that row's own
+data, so padding rows cannot change real rows; they all write the same bits into the same
+scratch slot.
+
+A graph is keyed by (bucket, score capacity), since the attention launch depends on both.
+Everything it touches lives at fixed addresses: one int32 metadata buffer (refilled by one
+host-to-device copy before each replay), the activations allocated while capturing (kept
+alive with the graph) and the logits buffer. At most ``MAX_GRAPHS`` graphs are kept; the
+oldest is dropped first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crucible.engine.batch import PackedBatch
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+MAX_GRAPHS = 64
+
+
+@dataclass
+class _Captured:
+    graph: Any
+    meta_dev: Any  # int32 buffer the metadata views point into
+    logits: Any  # [B, vocab] device buffer written by the graph
+    keep: list  # every array the captured kernels touch
+
+
+def is_decode_step(batch: PackedBatch) -> bool:
+    s = batch.segments
+    return (batch.num_segments > 0 and bool((s[:, 1] == 1).all())
+            and batch.final_rows.shape[0] == batch.num_rows
+            and batch.num_rows <= BUCKETS[-1])
+
+
+class DecodeGraphs:
+    def __init__(self, backend: Any, table_width: int, scratch_page: int) -> None:
+        import cupy as cp
+
+        self.be = backend
+        self.width = table_width  # fixed page-table width: pages of one full context
+        self.scratch = scratch_page
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.graphs: OrderedDict[tuple[int, int], _Captured] = OrderedDict()
+        self.num_captures = 0
+        self.num_replays = 0
+
+    def clear(self) -> None:
+        self.stream.synchronize()
+        self.graphs.clear()
+
+    def host_meta(self, batch: PackedBatch | None, bucket: int) -> np.ndarray:
+        """The bucket's metadata, real rows first, then padding rows."""
+        b = batch.num_rows if batch is not None else 0
+        tok, pos = np.zeros(bucket, np.int32), np.zeros(bucket, np.int32)
+        page = np.full(bucket, self.scratch, np.int32)
+        slot = np.zeros(bucket, np.int32)
+        seg = np.stack([np.arange(bucket), np.ones(bucket), np.zeros(bucket),
+                        np.arange(bucket)], axis=1).astype(np.int32)
+        tables = np.zeros((bucket, self.width), np.int32)
+        tables[:, 0] = self.scratch
+        if batch is not None:
+            slots = batch.slot_mapping()
+            tok[:b], pos[:b] = batch.token_ids, batch.positions
+            page[:b], slot[:b] = slots >> 4, slots & 15
+            seg[:b, 2] = batch.segments[:, 2]
+            order = batch.segments[:, 3]
+            tables[:b] = 0
+            tables[:b, : batch.page_tables.shape[1]] = batch.page_tables[order]
+        finals = np.arange(bucket, dtype=np.int32)
+        return np.concatenate([tok, pos, page, slot, seg.ravel(), tables.ravel(), finals])
+
+    def _views(self, meta_dev: Any, bucket: int, capacity: int) -> Any:
+        from crucible.backend.cupy_backend import CupyMeta
+
+        sizes = [bucket] * 4 + [bucket * 4, bucket * self.width, bucket]
+        v, o = [], 0
+        for n in sizes:
+            v.append(meta_dev[o : o + n])
+            o += n
+        return CupyMeta(bucket, v[0], v[1], v[2], v[3], v[4].reshape(bucket, 4),
+                        v[5].reshape(bucket, self.width), v[6], bucket, 1, capacity)
+
+    def _capture(self, bucket: int, capacity: int) -> _Captured:
+        import cupy as cp
+
+        from crucible.model.llama import forward_meta
+
+        be = self.be
+        meta_dev = cp.asarray(self.host_meta(None, bucket))
+        meta = self._views(meta_dev, bucket, capacity)
+        with self.stream:
+            forward_meta(be.cfg, be, meta)  # warm-up: compiles, sizes the stream's pool
+            self.stream.synchronize()
+            be.keep = []
+            self.stream.begin_capture()
+            try:
+                logits = forward_meta(be.cfg, be, meta)
+            finally:
+                graph = self.stream.end_capture()
+                keep, be.keep = be.keep, None
+        self.num_captures += 1
+        return _Captured(graph, meta_dev, logits, keep)
+
+    def run(self, batch: PackedBatch, capacity: int) -> np.ndarray:
+        import cupy as cp
+
+        b = batch.num_rows
+        bucket = next(x for x in BUCKETS if x >= b)
+        key = (bucket, capacity)
+        cap = self.graphs.get(key)
+        if cap is None:
+            cap = self._capture(bucket, capacity)
+            self.graphs[key] = cap
+            if len(self.graphs) > MAX_GRAPHS:
+                self.graphs.popitem(last=False)
+        else:
+            self.graphs.move_to_end(key)
+        # Work queued eagerly on the default stream (a prefill's K/V) must land first.
+        self.stream.wait_event(cp.cuda.Stream.null.record())
+        cap.meta_dev.set(self.host_meta(batch, bucket), stream=self.stream)
+        cap.graph.launch(stream=self.stream)
+        out = cap.logits[:b].get(stream=self.stream)
+        self.num_replays += 1
+        return out
