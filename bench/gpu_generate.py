@@ -69,6 +69,28 @@ def prefill_seconds(runner: ModelRunner, segs: list[tuple[int, int]],
     return time.perf_counter() - t
 
 
+def profile(runner: ModelRunner, batch_size: int, prompt: int, rng: np.random.Generator,
+            reps: int = 3) -> dict[str, float]:
+    """Per-stage GPU ms of one eager step (min over reps): decode or a single prefill."""
+    from crucible.backend.cupy_profile import ProfiledBackend
+    from crucible.model import llama
+
+    vocab = runner.config.vocab_size
+    if prompt:
+        batch = build_packed_batch([SegmentSpec("p", rng.integers(0, vocab, prompt).tolist(), 0,
+                                                list(range(-(-prompt // 16))), [prompt - 1])])
+    else:
+        batch = build_packed_batch([SegmentSpec(f"r{i}", [7], 200, list(range(i * 16, i * 16 + 16)),
+                                                [0]) for i in range(batch_size)])
+    pb = ProfiledBackend(runner.backend)
+    best: dict[str, float] = {}
+    for _ in range(reps + 1):
+        llama.forward(runner.config, pb, batch)
+        ms = pb.stage_ms()
+        best = {k: min(v, best.get(k, v)) for k, v in ms.items()} if best else ms
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
@@ -92,9 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         res.setdefault("prefill_16x64_s", []).append(prefill_seconds(runner, [(64, 0)] * 16, rng))
         print(f"round {r}: " + ", ".join(f"{k}={v[-1]:.4g}" for k, v in res.items()),
               file=sys.stderr, flush=True)
+    profiles = {"decode_b1": profile(runner, 1, 0, rng), "decode_b64": profile(runner, 64, 0, rng),
+                "prefill_1024": profile(runner, 0, 1024, rng)}
+    for name, ms in profiles.items():
+        print(f"profile {name}: total {sum(ms.values()):.3f} ms: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1])), file=sys.stderr)
     out = {"command": "python3 bench/gpu_generate.py " + " ".join(argv or sys.argv[1:]),
            "weights": args.weights, "rounds": args.rounds, "decode_steps": args.steps,
-           "results": {k: stat(v) for k, v in res.items()}}
+           "results": {k: stat(v) for k, v in res.items()},
+           "profile_ms": profiles}
     with open(args.json, "w") as f:
         json.dump(out, f, indent=2)
     print(json.dumps(out, indent=2))

@@ -58,10 +58,21 @@ __global__ void linear_skinny(const float* __restrict__ x, const T* __restrict__
 #pragma unroll
     for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
     if (n < N) {
-        for (int k = k0; k < k1; ++k) {
-            float w = cru_w(wt, (long)k * N + n);
+        if (k1 - k0 == CRU_KC) {
+            // Full chunk: a fixed trip count lets the loads run ahead of the FMA chain
+            // (decode is load-latency bound); the arithmetic order is unchanged.
+#pragma unroll 16
+            for (int kk = 0; kk < CRU_KC; ++kk) {
+                float w = cru_w(wt, (long)(k0 + kk) * N + n);
 #pragma unroll
-            for (int r = 0; r < MT; ++r) acc[r] = __fmaf_rn(xs[r * K + k], w, acc[r]);
+                for (int r = 0; r < MT; ++r) acc[r] = __fmaf_rn(xs[r * K + k0 + kk], w, acc[r]);
+            }
+        } else {
+            for (int k = k0; k < k1; ++k) {
+                float w = cru_w(wt, (long)k * N + n);
+#pragma unroll
+                for (int r = 0; r < MT; ++r) acc[r] = __fmaf_rn(xs[r * K + k], w, acc[r]);
+            }
         }
     }
 #pragma unroll

@@ -12,7 +12,7 @@ from typing import Any
 from crucible.kernels.source import read_cuda_source
 
 SKINNY_ROWS = 4  # rows per skinny block (MT in linear.cu)
-SKINNY_MAX_M = 16  # up to here the skinny kernel; above, the tiled one (same bits)
+SKINNY_MAX_M = 128  # up to here the skinny kernel (more blocks); above, the tiled one (same bits)
 KC = 64
 _OPS = ("embed_rows", "rmsnorm_rows", "rope_store", "swiglu_rows", "add_rows", "gather_rows")
 

@@ -49,15 +49,15 @@ def check_linear(t: Tally, rng: np.random.Generator) -> None:
 
     for n, k in [(960, 576), (576, 1536), (300, 96), (49152, 576)]:
         w = rng.standard_normal((n, k)).astype(np.float32)
-        x = rng.standard_normal((80, k)).astype(np.float32)
+        x = rng.standard_normal((300, k)).astype(np.float32)
         qw = quantize_int8(w)
         for label, wt, scale, ref_w in [
                 ("f32", cp.asarray(np.ascontiguousarray(w.T)), None, w),
                 ("int8", cp.asarray(np.ascontiguousarray(qw.q.T)), cp.asarray(qw.scale),
                  qw.dequantize())]:
             xd = cp.asarray(x)
-            full = cp.asnumpy(ck.linear(xd, wt, scale, cp.empty((80, n), cp.float32)))
-            for m in (1, 2, 3, 4, 5, 15, 16, 17, 33, 64, 65, 80):
+            full = cp.asnumpy(ck.linear(xd, wt, scale, cp.empty((300, n), cp.float32)))
+            for m in (1, 2, 3, 4, 5, 15, 16, 17, 33, 64, 65, 127, 128, 129, 200, 300):
                 part = cp.asnumpy(ck.linear(cp.asarray(x[-m:]), wt, scale,
                                             cp.empty((m, n), cp.float32)))
                 t.check(np.array_equal(part, full[-m:]), f"linear {label} {n}x{k} M={m}")

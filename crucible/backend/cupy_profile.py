@@ -1,0 +1,93 @@
+"""Per-stage GPU time of one forward, from CUDA events, summed over layers.
+
+``ProfiledBackend(backend)`` stands in for a CupyBackend in ``llama.forward``: each backend
+call is bracketed by two events. A spin kernel queued first holds the GPU while the host
+queues the whole forward, so the events time the kernels back to back, not the host's
+launch overhead (which the graph path removes anyway). Stage names follow the forward:
+embed, norm, qkv, rope_kv_store, attention, o, residual, gate_up, swiglu, down, final.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from typing import Any
+
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
+"""
+_LINEAR_STAGE = {"qkv": "qkv", "o": "o", "gate_up": "gate_up", "down": "down",
+                 "lm_head": "final"}
+
+
+@functools.cache
+def _spin_kernel() -> Any:
+    import cupy as cp
+
+    return cp.RawKernel(_SPIN, "spin")
+
+
+class ProfiledBackend:
+    def __init__(self, backend: Any) -> None:
+        self.be = backend
+        self.marks: list[tuple[str, Any, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.be, name)
+
+    def _timed(self, stage: str, fn: Any, *args: Any) -> Any:
+        import cupy as cp
+
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        out = fn(*args)
+        end.record()
+        self.marks.append((stage, start, end))
+        return out
+
+    def prepare(self, batch: Any) -> Any:
+        import cupy as cp
+
+        meta = self.be.prepare(batch)
+        _spin_kernel()((1,), (1,), (cp.int64(40_000_000),))  # ~20 ms at ~2 GHz
+        return meta
+
+    def embed(self, meta: Any) -> Any:
+        return self._timed("embed", self.be.embed, meta)
+
+    def rmsnorm(self, x: Any, weight: str) -> Any:
+        return self._timed("final" if weight == "final_norm" else "norm", self.be.rmsnorm, x,
+                           weight)
+
+    def linear(self, x: Any, weight: str) -> Any:
+        return self._timed(_LINEAR_STAGE[weight.split(".")[-1]], self.be.linear, x, weight)
+
+    def rope_and_store(self, qkv: Any, layer: int, meta: Any) -> Any:
+        return self._timed("rope_kv_store", self.be.rope_and_store, qkv, layer, meta)
+
+    def attention(self, q: Any, layer: int, meta: Any) -> Any:
+        return self._timed("attention", self.be.attention, q, layer, meta)
+
+    def swiglu(self, gate_up: Any) -> Any:
+        return self._timed("swiglu", self.be.swiglu, gate_up)
+
+    def add(self, x: Any, y: Any) -> Any:
+        return self._timed("residual", self.be.add, x, y)
+
+    def gather_rows(self, x: Any, meta: Any) -> Any:
+        return self._timed("final", self.be.gather_rows, x, meta)
+
+    def stage_ms(self) -> dict[str, float]:
+        """Milliseconds per stage (synchronizes); clears the marks."""
+        import cupy as cp
+
+        if self.marks:
+            self.marks[-1][2].synchronize()
+        totals: dict[str, float] = defaultdict(float)
+        for stage, start, end in self.marks:
+            totals[stage] += cp.cuda.get_elapsed_time(start, end)
+        self.marks.clear()
+        return dict(totals)
