@@ -9,10 +9,11 @@
 // rmsnorm_rows: grid (T), block 256 (8 warps): thread j squares-and-adds x[j], x[j+256], ...
 //   with fma; shuffle-down tree 16,8,4,2,1 per warp; warp 0 lane 0 adds the 8 warp partials
 //   in ascending order; inv = 1 / sqrt(ss / D + eps); y = (x * inv) * w.
-// rope_store:   grid (T), block 128: rotate-half RoPE of every Q head (in place) and K head
-//   (x1*c - x2*s, x2*c + x1*s), then K and V scattered to (pages[t], slots[t]) of `layer`.
+// rope_store:   grid (T), block 128: rotate-half RoPE (x1*c - x2*s, x2*c + x1*s) of every Q
+//   head into q_out [T, H*hd] (contiguous, for attention) and of every K head straight into
+//   the K pool at (pages[t], slots[t]) of `layer`; V is copied to the V pool.
 // swiglu_rows:  y[t, f] = g / (1 + exp(-g)) * u with g = gu[t, f], u = gu[t, F + f].
-// add_rows:     y = a + b.   gather_rows: y[r, :] = x[rows[r], :].
+// gather_rows:  y[r, :] = x[rows[r], :]. (Residual adds are fused into linear.cu's epilogue.)
 
 __global__ void embed_rows(const float* __restrict__ table, const int* __restrict__ ids,
                            float* __restrict__ y, int D) {
@@ -45,33 +46,31 @@ __global__ void __launch_bounds__(256) rmsnorm_rows(const float* __restrict__ x,
     for (int d = threadIdx.x; d < D; d += 256) out[d] = __fmul_rn(__fmul_rn(row[d], inv), w[d]);
 }
 
-__device__ __forceinline__ void rotate_pair(float* v, int i, int half, float c, float s) {
-    float x1 = v[i], x2 = v[i + half];
-    v[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-    v[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
-}
-
-__global__ void rope_store(float* __restrict__ qkv, const int* __restrict__ positions,
-                           const int* __restrict__ pages, const int* __restrict__ slots,
-                           const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-                           float* __restrict__ k_pool, float* __restrict__ v_pool, int layer,
-                           int n_layers, int n_heads, int n_kv, int hd) {
+__global__ void rope_store(const float* __restrict__ qkv, float* __restrict__ q_out,
+                           const int* __restrict__ positions, const int* __restrict__ pages,
+                           const int* __restrict__ slots, const float* __restrict__ cos_t,
+                           const float* __restrict__ sin_t, float* __restrict__ k_pool,
+                           float* __restrict__ v_pool, int layer, int n_layers, int n_heads,
+                           int n_kv, int hd) {
     const long t = blockIdx.x;
     const int half = hd / 2;
     const int q_dim = n_heads * hd, kv_dim = n_kv * hd;
-    float* row = qkv + t * (q_dim + 2 * kv_dim);
+    const float* row = qkv + t * (q_dim + 2 * kv_dim);
     const float* c = cos_t + (long)positions[t] * half;
     const float* s = sin_t + (long)positions[t] * half;
+    const long base = (((long)pages[t] * n_layers + layer) * 16 + slots[t]) * kv_dim;
     for (int i = threadIdx.x; i < (n_heads + n_kv) * half; i += blockDim.x) {
         int head = i / half, j = i % half;
-        rotate_pair(row + head * hd, j, half, c[j], s[j]);  // K heads follow Q heads in qkv
+        const float* v = row + head * hd;  // K heads follow Q heads in qkv
+        float x1 = v[j], x2 = v[j + half];
+        float r1 = __fsub_rn(__fmul_rn(x1, c[j]), __fmul_rn(x2, s[j]));
+        float r2 = __fadd_rn(__fmul_rn(x2, c[j]), __fmul_rn(x1, s[j]));
+        float* dst = head < n_heads ? q_out + t * q_dim + head * hd
+                                    : k_pool + base + (head - n_heads) * hd;
+        dst[j] = r1;
+        dst[j + half] = r2;
     }
-    __syncthreads();
-    const long base = (((long)pages[t] * n_layers + layer) * 16 + slots[t]) * kv_dim;
-    for (int d = threadIdx.x; d < kv_dim; d += blockDim.x) {
-        k_pool[base + d] = row[q_dim + d];
-        v_pool[base + d] = row[q_dim + kv_dim + d];
-    }
+    for (int d = threadIdx.x; d < kv_dim; d += blockDim.x) v_pool[base + d] = row[q_dim + kv_dim + d];
 }
 
 __global__ void swiglu_rows(const float* __restrict__ gu, float* __restrict__ y, int F, long n) {
@@ -82,12 +81,6 @@ __global__ void swiglu_rows(const float* __restrict__ gu, float* __restrict__ y,
     float g = gu[t * 2 * F + f], u = gu[t * 2 * F + F + f];
     float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
     y[i] = __fmul_rn(silu, u);
-}
-
-__global__ void add_rows(const float* __restrict__ a, const float* __restrict__ b,
-                         float* __restrict__ y, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __fadd_rn(a[i], b[i]);
 }
 
 __global__ void gather_rows(const float* __restrict__ x, const int* __restrict__ rows,

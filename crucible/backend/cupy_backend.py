@@ -155,22 +155,25 @@ class CupyBackend:
         out = self._new((x.shape[0], wt.shape[1]))
         return ck.linear(x, wt, scale, out)
 
+    def linear_add(self, x: Any, weight: str, residual: Any) -> Any:
+        wt, scale = self._linear[weight]
+        out = self._new((x.shape[0], wt.shape[1]))
+        return ck.linear(x, wt, scale, out, residual=residual)
+
     def rope_and_store(self, qkv: Any, layer: int, meta: CupyMeta) -> Any:
         cfg = self.cfg
+        q = self._new((meta.num_rows, cfg.q_dim))
         ck.rows_launch("rope_store", meta.num_rows,
-                       (qkv, meta.positions, meta.pages, meta.slots, self._cos, self._sin,
+                       (qkv, q, meta.positions, meta.pages, meta.slots, self._cos, self._sin,
                         self.k_pool, self.v_pool, np.int32(layer), np.int32(cfg.n_layers),
                         np.int32(cfg.n_heads), np.int32(cfg.n_kv_heads),
                         np.int32(cfg.head_dim)), threads=128)
-        return qkv[:, : cfg.q_dim]
+        return q
 
     def attention(self, q: Any, layer: int, meta: CupyMeta) -> Any:
         from crucible.kernels.attention import paged_attention
 
         cfg = self.cfg
-        q_c = self._new(q.shape)
-        q_c[...] = q  # the kernel wants contiguous rows; qkv[:, :q_dim] is a strided view
-        q = q_c
         out = self._new(q.shape)
         paged_attention(q, self.k_pool, self.v_pool, layer, meta.segments, meta.page_tables,
                         out, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
@@ -183,11 +186,6 @@ class CupyBackend:
         y = self._new((gate_up.shape[0], f))
         ck.flat_launch("swiglu_rows", y.size, (gate_up, y, np.int32(f), np.int64(y.size)))
         return y
-
-    def add(self, x: Any, y: Any) -> Any:
-        out = self._new(x.shape)
-        ck.flat_launch("add_rows", x.size, (x, y, out, np.int64(x.size)))
-        return out
 
     def gather_rows(self, x: Any, meta: CupyMeta) -> Any:
         y = self._new((meta.num_final, x.shape[1]))

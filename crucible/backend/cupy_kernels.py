@@ -9,12 +9,14 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import numpy as np
+
 from crucible.kernels.source import read_cuda_source
 
 SKINNY_ROWS = 4  # rows per skinny block (MT in linear.cu)
 SKINNY_MAX_M = 128  # up to here the skinny kernel (more blocks); above, the tiled one (same bits)
 KC = 64
-_OPS = ("embed_rows", "rmsnorm_rows", "rope_store", "swiglu_rows", "add_rows", "gather_rows")
+_OPS = ("embed_rows", "rmsnorm_rows", "rope_store", "swiglu_rows", "gather_rows")
 
 
 def _cupy() -> Any:
@@ -48,8 +50,9 @@ def _need(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def linear(x: Any, wt: Any, scale: Any, out: Any) -> Any:
-    """out[M, N] = x[M, K] @ W (wt = W^T [K, N], f32 or int8 with f32 scale[N])."""
+def linear(x: Any, wt: Any, scale: Any, out: Any, residual: Any = None) -> Any:
+    """out[M, N] = x[M, K] @ W (wt = W^T [K, N], f32 or int8 with f32 scale[N]), plus
+    ``residual[M, N]`` when given (added last, as a separate add would)."""
     cp = _cupy()
     m, k = x.shape
     k2, n = wt.shape
@@ -62,9 +65,13 @@ def linear(x: Any, wt: Any, scale: Any, out: Any) -> Any:
           "linear: int8 weights need scale[N]")
     if m == 0:
         return out
+    _need(residual is None or (residual.shape == (m, n) and residual.dtype == cp.float32
+                                and residual.flags.c_contiguous),
+          f"linear: residual must be contiguous f32 {(m, n)}")
     skinny, tiled = _linear_names(str(wt.dtype))
     scale_arg = scale if scale is not None else out  # unused by the f32 instantiation
-    args = (x, wt, scale_arg, out, cp.int32(m), cp.int32(n), cp.int32(k))
+    res_arg = residual if residual is not None else np.uint64(0)  # a null pointer
+    args = (x, wt, scale_arg, res_arg, out, cp.int32(m), cp.int32(n), cp.int32(k))
     if m <= SKINNY_MAX_M:
         chunks = -(-k // KC)
         _need(chunks <= 32, f"linear: K={k} is above the skinny kernel's 2048")

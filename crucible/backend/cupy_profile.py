@@ -4,7 +4,8 @@
 call is bracketed by two events. A spin kernel queued first holds the GPU while the host
 queues the whole forward, so the events time the kernels back to back, not the host's
 launch overhead (which the graph path removes anyway). Stage names follow the forward:
-embed, norm, qkv, rope_kv_store, attention, o, residual, gate_up, swiglu, down, final.
+embed, norm, qkv, rope_kv_store, attention, o (+residual), gate_up, swiglu, down (+residual),
+final.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class ProfiledBackend:
     def linear(self, x: Any, weight: str) -> Any:
         return self._timed(_LINEAR_STAGE[weight.split(".")[-1]], self.be.linear, x, weight)
 
+    def linear_add(self, x: Any, weight: str, residual: Any) -> Any:
+        return self._timed(_LINEAR_STAGE[weight.split(".")[-1]], self.be.linear_add, x, weight,
+                           residual)
+
     def rope_and_store(self, qkv: Any, layer: int, meta: Any) -> Any:
         return self._timed("rope_kv_store", self.be.rope_and_store, qkv, layer, meta)
 
@@ -73,9 +78,6 @@ class ProfiledBackend:
 
     def swiglu(self, gate_up: Any) -> Any:
         return self._timed("swiglu", self.be.swiglu, gate_up)
-
-    def add(self, x: Any, y: Any) -> Any:
-        return self._timed("residual", self.be.add, x, y)
 
     def gather_rows(self, x: Any, meta: Any) -> Any:
         return self._timed("final", self.be.gather_rows, x, meta)

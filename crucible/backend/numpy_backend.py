@@ -99,6 +99,9 @@ class NumpyBackend:
         y = gemm_rows(w, x, LM_HEAD_TILE if weight == "lm_head" else LAYER_TILE)
         return y if scale is None else y * scale
 
+    def linear_add(self, x: np.ndarray, weight: str, residual: np.ndarray) -> np.ndarray:
+        return residual + self.linear(x, weight)
+
     def rope_and_store(self, qkv: np.ndarray, layer: int, meta: NumpyMeta) -> np.ndarray:
         cfg = self.cfg
         q = qkv[:, : cfg.q_dim].reshape(-1, cfg.n_heads, cfg.head_dim)
@@ -119,9 +122,6 @@ class NumpyBackend:
         f = gate_up.shape[1] // 2
         g, u = gate_up[:, :f], gate_up[:, f:]
         return (g / (np.float32(1.0) + np.exp(-g))) * u
-
-    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return x + y
 
     def gather_rows(self, x: np.ndarray, meta: NumpyMeta) -> np.ndarray:
         return x[meta.final_rows]

@@ -43,6 +43,9 @@ class Backend(Protocol):
     def linear(self, x: Array, weight: str) -> Array:  # [T, in] -> [T, out]
         ...
 
+    def linear_add(self, x: Array, weight: str, residual: Array) -> Array:
+        """residual + linear(x, weight), rounded exactly as the two steps would be."""
+
     def rope_and_store(self, qkv: Array, layer: int, meta: StepMeta) -> Array:
         """Rotate Q and K by absolute position, scatter K/V into the pool; return Q [T, H*hd]."""
 
@@ -50,9 +53,6 @@ class Backend(Protocol):
         ...
 
     def swiglu(self, gate_up: Array) -> Array:  # [T, 2F] -> [T, F]
-        ...
-
-    def add(self, x: Array, y: Array) -> Array:
         ...
 
     def gather_rows(self, x: Array, meta: StepMeta) -> Array:  # the final rows

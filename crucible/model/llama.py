@@ -31,8 +31,8 @@ def forward_meta(cfg: ModelConfig, be: Backend, meta: Any) -> Any:
         qkv = be.linear(h, f"l{i}.qkv")  # [T, (H + 2 KV) hd]
         q = be.rope_and_store(qkv, i, meta)  # [T, H hd]; K/V now in the pool
         a = be.attention(q, i, meta)  # [T, H hd]
-        x = be.add(x, be.linear(a, f"l{i}.o"))
+        x = be.linear_add(a, f"l{i}.o", x)  # residual fused where the backend can
         h = be.rmsnorm(x, f"l{i}.ffn_norm")
-        x = be.add(x, be.linear(be.swiglu(be.linear(h, f"l{i}.gate_up")), f"l{i}.down"))
+        x = be.linear_add(be.swiglu(be.linear(h, f"l{i}.gate_up")), f"l{i}.down", x)
     rows = be.gather_rows(x, meta)  # [R, D]
     return be.linear(be.rmsnorm(rows, "final_norm"), "lm_head")
