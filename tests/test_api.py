@@ -152,6 +152,8 @@ def test_async_queue_full_refuses_at_once():
         assert accepted in (2, 3)
         with pytest.raises(RequestError):
             ae.add([], greedy(2))
+        with pytest.raises(QueueFullError):  # generate() refuses when called, not later
+            ae.generate([1, 2, 3], long)
         await ae.shutdown()
         s = ae.stats()
         assert s["pages_free"] == s["pages_total"] and s["running"] == s["waiting"] == 0

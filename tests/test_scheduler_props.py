@@ -189,3 +189,18 @@ def test_abort_frees_pages_before_next_step():
     assert eng.abort(short)  # mid-decode
     assert eng.allocator.num_free == 32 and not eng.has_unfinished()
     assert eng.step() == [] and not eng.abort(short)
+
+
+def test_scheduler_layer_never_touches_arrays():
+    # Policy code (scheduler, request state, pages) must not import numpy or the model side.
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "crucible" / "engine"
+    for name in ("scheduler.py", "request.py", "pages.py"):
+        tree = ast.parse((root / name).read_text())
+        mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        mods |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        bad = {m for m in mods if m.split(".")[0] in ("numpy", "cupy")
+               or m.startswith(("crucible.model", "crucible.backend", "crucible.server"))}
+        assert not bad, f"{name} imports {bad}"

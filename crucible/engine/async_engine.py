@@ -54,9 +54,13 @@ class AsyncLLMEngine:
         self._wake.set()
         return rid, queue
 
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestDelta]:
+    def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
+                 request_id: str | None = None) -> AsyncIterator[RequestDelta]:
+        """Register now (so a refusal raises here, at once) and stream the increments."""
         rid, queue = self.add(prompt_token_ids, params, request_id)
+        return self._stream(rid, queue)
+
+    async def _stream(self, rid: str, queue: asyncio.Queue) -> AsyncIterator[RequestDelta]:
         finished = False
         try:
             while True:
