@@ -38,7 +38,7 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(self, model: Any = None, *, device: str = "cpu", weights: str | None = None,
+    def __init__(self, model: Any = None, *, device: str = "auto", weights: str | None = None,
                  token_budget: int = 1024, chunk_cap: int | None = None, max_queue: int = 64,
                  max_running: int = 256, num_pages: int | None = None, seed: int = 0) -> None:
         """``model``: a known name, a .gguf path, an HF directory, or a LoadedModel.
