@@ -76,6 +76,7 @@ async def _poll(session: aiohttp.ClientSession, url: str, samples: list[dict],
                 m = parse_metrics(await r.text())
             samples.append({"t": time.perf_counter() - t0,
                             "waiting": m["crucible_requests_waiting"],
+                            "preempted_waiting": m["crucible_requests_waiting_preempted"],
                             "running": m["crucible_requests_running"],
                             "pages_used": m["crucible_pages_used"]})
         except aiohttp.ClientError:
@@ -126,9 +127,12 @@ async def play(url: str, model: str, arrivals: list[Arrival], seed: int = 0
         r.t_end = None if r.t_end is None else r.t_end - t0
         r.chunk_times = [c - t0 for c in r.chunk_times]
     server = {
-        "queue_peak_polled": max((s["waiting"] for s in samples), default=0),
+        "queue_peak_polled": max((s["waiting"] - s["preempted_waiting"] for s in samples),
+                                 default=0),
+        "waiting_peak_polled": max((s["waiting"] for s in samples), default=0),
         "pages_used_peak_polled": max((s["pages_used"] for s in samples), default=0),
         "queue_peak_server": after["crucible_queue_peak"],
+        "waiting_peak_server": after["crucible_requests_waiting_peak"],
         "queue_bound": after["crucible_queue_bound"],
         "pages_total": after["crucible_pages_total"],
         "pages_used_after": after["crucible_pages_used"],

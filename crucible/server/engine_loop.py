@@ -6,7 +6,10 @@ live request with the exception when a step raises. This thin adapter adds, on t
 loop side only:
 - one pump task per request that moves deltas from the engine's queue into a
   ``RequestStream``, stamped with their arrival time (TTFT / inter-token metrics);
-- queue and page-use peaks for /metrics, sampled at each admission and each delivery;
+- queue and page-use peaks for /metrics, sampled at each admission and each delivery.
+  The scheduler re-queues preempted requests at the head of the waiting queue, beyond the
+  bound if need be (they were accepted already), so two peaks are kept: new requests
+  waiting (never above the bound) and all waiting requests;
 - health: after a failed step, once no request is live, every page must be free again;
   if not, the pool can no longer be trusted and the loop reports unhealthy (503).
 """
@@ -41,7 +44,8 @@ class EngineLoop:
         self.healthy = True
         self.unhealthy_reason = ""
         self.num_failures = 0  # failed requests seen (each failed step fails >= 1)
-        self.queue_peak = 0
+        self.queue_peak = 0  # new (never admitted) requests waiting: <= the bound
+        self.waiting_peak = 0  # all waiting requests, preempted ones included
         self.pages_peak = 0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -64,11 +68,22 @@ class EngineLoop:
         # Plain reads of ints/lengths owned by the worker: a monitoring snapshot, not a lock.
         st: dict[str, Any] = dict(self.engine.stats())
         used = st["pages_total"] - st["pages_free"]
+        preempted = self._preempted_waiting()
         self.pages_peak = max(self.pages_peak, used)
-        self.queue_peak = max(self.queue_peak, st["waiting"])
+        self.waiting_peak = max(self.waiting_peak, st["waiting"])
+        self.queue_peak = max(self.queue_peak, st["waiting"] - preempted)
         st.update(pages_used=used, queue_peak=self.queue_peak, pages_peak=self.pages_peak,
+                  waiting_preempted=preempted, waiting_peak=self.waiting_peak,
                   failures=self.num_failures)
         return st
+
+    def _preempted_waiting(self) -> int:
+        for _ in range(3):  # copying the deque races with the worker; retry, then give up
+            try:
+                return sum(1 for r in list(self.engine.scheduler.waiting) if r.num_preemptions)
+            except RuntimeError:
+                continue
+        return 0
 
     async def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
                      request_id: str) -> RequestStream:

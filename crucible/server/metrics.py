@@ -91,8 +91,15 @@ class Metrics:
                stats.get("waiting", 0))
         metric("crucible_queue_bound", "gauge", "Waiting-queue bound (429 beyond it).",
                queue_bound)
-        metric("crucible_queue_peak", "gauge", "Most requests ever waiting at once.",
+        metric("crucible_requests_waiting_preempted", "gauge",
+               "Waiting requests that were preempted (re-queued beyond the bound).",
+               stats.get("waiting_preempted", 0))
+        metric("crucible_queue_peak", "gauge",
+               "Most new (never admitted) requests waiting at once; never above the bound.",
                stats.get("queue_peak", 0))
+        metric("crucible_requests_waiting_peak", "gauge",
+               "Most requests waiting at once, preempted ones included.",
+               stats.get("waiting_peak", 0))
         metric("crucible_pages_total", "gauge", "Pages in the KV pool.",
                stats.get("pages_total", 0))
         metric("crucible_pages_used", "gauge", "Pages held by requests now.",
