@@ -1,9 +1,9 @@
 """Plots for the load generator: latency CDFs and throughput over time.
 
 matplotlib is not a dependency. When it imports, it draws labelled figures; otherwise a
-small stdlib rasterizer (zlib + struct PNG) draws the same curves without text: axes from
-zero, one colour per series in the order the JSON lists them (COLOURS below), and the
-caller records the axis ranges next to the image.
+small stdlib rasterizer (zlib + struct PNG) draws the same curves: axes from zero with their
+end values, and a legend of numbered colour swatches; the JSON names series 0, 1, ... in
+``series_colour_order``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ from pathlib import Path
 COLOURS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
            (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
 Series = dict[str, list[tuple[float, float]]]
+# A 3x5 bitmap font for axis numbers and legend indices (rows top to bottom, 3 bits each).
+_GLYPHS = {"0": (7, 5, 5, 5, 7), "1": (2, 6, 2, 2, 7), "2": (7, 1, 7, 4, 7),
+           "3": (7, 1, 7, 1, 7), "4": (5, 5, 7, 1, 1), "5": (7, 4, 7, 1, 7),
+           "6": (7, 4, 7, 5, 7), "7": (7, 1, 1, 1, 1), "8": (7, 5, 7, 5, 7),
+           "9": (7, 5, 7, 1, 7), ".": (0, 0, 0, 0, 2), " ": (0, 0, 0, 0, 0)}
 
 
 def _png(path: Path, w: int, h: int, pixels: bytearray) -> None:
@@ -51,10 +56,26 @@ def _raster(path: Path, series: Series, w: int = 640, h: int = 400) -> dict[str,
     def to_px(x: float, y: float) -> tuple[int, int]:
         return (pad + int(x / xmax * (w - 2 * pad)), h - pad - int(y / ymax * (h - 2 * pad)))
 
+    def text(x: int, y: int, s: str, c: tuple[int, int, int] = (0, 0, 0), k: int = 2) -> None:
+        for ch in s:
+            for row, bits in enumerate(_GLYPHS.get(ch, _GLYPHS[" "])):
+                for col in range(3):
+                    if bits >> (2 - col) & 1:
+                        for dy in range(k):
+                            for dx in range(k):
+                                put(x + col * k + dx, y + row * k + dy, c)
+            x += 4 * k
+
     line(pad, h - pad, w - pad, h - pad, (0, 0, 0))
     line(pad, pad, pad, h - pad, (0, 0, 0))
+    text(w - pad - 40, h - pad + 8, f"{xmax:.4g}")  # x axis end value
+    text(2, pad - 14, f"{ymax:.4g}")  # y axis end value
     for i, pts in enumerate(series.values()):
         c = COLOURS[i % len(COLOURS)]
+        for dy in range(8):  # legend: series number i in its colour, top right
+            for dx in range(8):
+                put(w - 60 + dx, pad + 14 * i + dy, c)
+        text(w - 48, pad + 14 * i - 1, str(i), c)
         for (a, b) in zip(pts, pts[1:]):
             line(*to_px(*a), *to_px(*b), c)
     _png(path, w, h, px)
