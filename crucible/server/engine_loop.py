@@ -6,7 +6,8 @@ live request with the exception when a step raises. This thin adapter adds, on t
 loop side only:
 - one pump task per request that moves deltas from the engine's queue into a
   ``RequestStream``, stamped with their arrival time (TTFT / inter-token metrics);
-- queue and page-use peaks for /metrics, sampled at each admission and each delivery.
+- queue and page-use peaks for /metrics, sampled at each submission and at most once per
+  millisecond while deltas arrive (a step delivers all its deltas at once).
   The scheduler re-queues preempted requests at the head of the waiting queue, beyond the
   bound if need be (they were accepted already), so two peaks are kept: new requests
   waiting (never above the bound) and all waiting requests;
@@ -47,6 +48,7 @@ class EngineLoop:
         self.queue_peak = 0  # new (never admitted) requests waiting: <= the bound
         self.waiting_peak = 0  # all waiting requests, preempted ones included
         self.pages_peak = 0
+        self._last_sample = 0.0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop  # the worker thread itself starts with the first request
@@ -65,7 +67,11 @@ class EngineLoop:
 
     @property
     def stats(self) -> dict[str, Any]:
+        return self._sample()
+
+    def _sample(self) -> dict[str, Any]:
         # Plain reads of ints/lengths owned by the worker: a monitoring snapshot, not a lock.
+        self._last_sample = time.monotonic()
         st: dict[str, Any] = dict(self.engine.stats())
         used = st["pages_total"] - st["pages_free"]
         preempted = self._preempted_waiting()
@@ -92,10 +98,7 @@ class EngineLoop:
             raise EngineUnavailable(self.unhealthy_reason or "the engine is not running")
         rid, queue = self.async_engine.add(prompt_token_ids, params, request_id)
         stream = RequestStream(rid, list(prompt_token_ids), params)
-        # The new request is pending or waiting now; count it even if the worker has not
-        # moved it into the scheduler's queue yet (the bound caps what can be reported).
-        waiting = len(self.engine.scheduler.waiting) + 1
-        self.queue_peak = max(self.queue_peak, min(waiting, self.engine.config.max_queue))
+        self._sample()  # the new request is counted once the worker has queued it
         task = asyncio.get_running_loop().create_task(self._pump(queue, stream))
         self._pumps.add(task)
         task.add_done_callback(self._pumps.discard)
@@ -112,8 +115,10 @@ class EngineLoop:
                 self._on_failure(item)
                 stream.fail(EngineFailure(f"the engine failed: {type(item).__name__}: {item}"))
                 return
-            stream.put(item, time.monotonic())
-            _ = self.stats  # sample the peaks while the request holds its pages
+            now = time.monotonic()
+            stream.put(item, now)
+            if now - self._last_sample > 1e-3:
+                self._sample()
             if item.finished:
                 return
 
