@@ -19,6 +19,7 @@ from aiohttp import web
 
 from crucible.engine.engine import LLMEngine
 from crucible.engine.scheduler import SchedulerConfig
+from crucible.errors import CrucibleError
 from crucible.server.app import build_app
 from crucible.server.engine_loop import EngineLoop
 from crucible.server.state import ServerConfig, ServerState
@@ -80,7 +81,10 @@ async def start_server(state: ServerState, host: str, port: int,
         try:
             engine, info = await loop.run_in_executor(None, make_engine)
         except Exception as exc:
-            log.exception("model load failed")
+            if isinstance(exc, CrucibleError):  # a user-facing problem: the message says it
+                log.error("model load failed: %s", exc)
+            else:
+                log.exception("model load failed")
             state.load_error = f"{type(exc).__name__}: {exc}"
             return
         engine_loop = EngineLoop(engine)
