@@ -89,6 +89,25 @@ def test_generate_stream_equals_non_stream(server):
     assert [e["finish_reason"] for e in events] == [None] * (len(events) - 1) + ["length"]
 
 
+def test_streamed_text_is_utf8_safe_and_equals_a_full_decode(server):
+    # A strong repetition penalty walks the tiny model through its byte tokens, so the
+    # output contains multi-byte characters split across tokens; a token-by-token decode
+    # would turn each into replacement characters. Frames must add up to the full decode.
+    body = dict(prompt="日本語 – émoji 🎉 ✓", max_tokens=120, temperature=1.0, seed=3,
+                ignore_eos=True, repetition_penalty=10.0, frequency_penalty=2.0, stream=True)
+    status, _, text = call(server.url + "/generate", body)
+    assert status == 200
+    events = [json.loads(f[6:]) for f in text.split("\n\n") if f and f != "data: [DONE]"]
+    ids = [t for e in events for t in e["token_ids"]]
+    tok = server.engine.tokenizer
+    full = tok.decode(ids, skip_special_tokens=True)
+    naive = "".join(tok.decode([t], skip_special_tokens=True) for t in ids)
+    assert any(ord(c) > 127 and c != "\ufffd" for c in full) and naive != full  # precondition
+    assert "".join(e["text"] for e in events) == full
+    whole = generate(server, **{**body, "stream": False})
+    assert whole["token_ids"] == ids and whole["text"] == full
+
+
 def test_generate_from_token_ids_matches_text_prompt(server):
     ids = json.loads(call(server.url + "/tokenize", {"prompt": "abc def"})[2])["tokens"]
     a = generate(server, prompt="abc def", max_tokens=6, temperature=0)
