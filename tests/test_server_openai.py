@@ -141,6 +141,25 @@ def test_n_choices_echo_and_logprobs(client):
     assert all(t.logprob == t.top_logprobs[0].logprob for t in content)
 
 
+def test_chat_n_choices_stream_like_non_stream(client):
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "pick"}], n=3, max_tokens=5,
+              temperature=1.0, seed=21, extra_body=NO_EOS)
+    whole = client.chat.completions.create(**kw)
+    texts = {c.index: c.message.content for c in whole.choices}
+    assert sorted(texts) == [0, 1, 2] and whole.usage.completion_tokens == 15
+    streamed: dict[int, str] = {0: "", 1: "", 2: ""}
+    roles, finishes = [], []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            if c.delta.role:
+                roles.append(c.index)
+            streamed[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finishes.append((c.index, c.finish_reason))
+    assert roles == [0, 1, 2] and streamed == texts
+    assert sorted(finishes) == [(0, "length"), (1, "length"), (2, "length")]
+
+
 def test_penalties_and_seed_accepted_and_reproducible(client):
     kw = dict(model=MODEL, prompt="zz", max_tokens=8, temperature=0.8, seed=5,
               presence_penalty=0.5, frequency_penalty=0.5, extra_body=NO_EOS)

@@ -249,6 +249,13 @@ def test_engine_failure_fails_requests_with_500_and_server_recovers():
                                                            data=body)) as r:
             frames = [f for f in r.read().decode().split("\n\n") if f]
         assert "injected device fault" in frames[-2] and frames[-1] == "data: [DONE]"
+        body = json.dumps({"model": MODEL, "max_tokens": 3, "stream": True,
+                           "messages": [{"role": "user", "content": "x"}]}).encode()
+        with urllib.request.urlopen(urllib.request.Request(srv.url + "/v1/messages",
+                                                           data=body)) as r:
+            frames = [f for f in r.read().decode().split("\n\n") if f]
+        assert frames[0].startswith("event: message_start")
+        assert frames[-1].startswith("event: error") and '"api_error"' in frames[-1]
         fail.clear()
         assert client.completions.create(model=MODEL, prompt="x", max_tokens=3,
                                          extra_body={"ignore_eos": True}
@@ -258,8 +265,8 @@ def test_engine_failure_fails_requests_with_500_and_server_recovers():
         with urllib.request.urlopen(srv.url + "/health") as r:
             assert r.status == 200
         m = metrics(srv)
-        assert m["crucible_engine_failures_total"] == 2
-        assert m['crucible_requests_finished_total{reason="error"}'] == 2
+        assert m["crucible_engine_failures_total"] == 3
+        assert m['crucible_requests_finished_total{reason="error"}'] == 3
     finally:
         srv.stop()
 
