@@ -73,7 +73,7 @@ async def wait_for(cond, timeout: float = 10.0) -> None:
 
 @pytest.mark.parametrize("bound", [1, 2, 3, 4])
 def test_burst_of_24_against_queue_bound(bound):
-    srv = start(max_queue=bound, num_pages=128, step_delay=0.01)
+    srv = start(max_queue=bound, num_pages=128, step_delay=0.02)
     try:
         async def run() -> list[tuple[int, dict, dict]]:
             async with aiohttp.ClientSession() as s:
@@ -112,7 +112,7 @@ def test_burst_of_24_against_queue_bound(bound):
 
 
 def test_sdk_overload_errors_openai_429_and_anthropic_529():
-    srv = start(max_queue=1, num_pages=128, step_delay=0.01)
+    srv = start(max_queue=1, num_pages=128, step_delay=0.02)
     try:
         async def run() -> None:
             async with aiohttp.ClientSession() as s:
