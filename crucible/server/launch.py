@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -59,9 +58,15 @@ def build_engine(spec: EngineSpec, loaded: Any = None) -> tuple[LLMEngine, dict]
             "weights": model.weights_mode, "context": model.config.max_context,
             "pages": spec.num_pages, "token_budget": cfg.token_budget,
             "chunk_cap": cfg.chunk_cap, "max_queue": cfg.max_queue,
-            "attention": os.environ.get("CRUCIBLE_PREFILL_ATTN", "exact")
-            if runner.device == "cuda" else "numpy reference"}
+            "attention": _attention_name(runner)}
     return engine, info
+
+
+def _attention_name(runner: Any) -> str:
+    variant = getattr(runner.backend, "variant", None)  # the CuPy backend's selection
+    if variant is None:
+        return "numpy reference order"
+    return str(getattr(variant, "name", variant))
 
 
 async def start_server(state: ServerState, host: str, port: int,
