@@ -298,3 +298,29 @@ def test_failure_that_loses_pages_makes_health_503():
         assert exc.value.status_code == 503
     finally:
         srv.stop()
+
+
+def test_a_refusal_made_by_the_worker_is_still_a_429_not_a_failure(server):
+    # AsyncLLMEngine checks the bound when a request arrives; the worker inserts it later.
+    # If a preemption filled the queue in between, the worker refuses: that is overload.
+    engine = server.engine
+    real_add = engine.add_request
+
+    def refuse(*args, **kwargs):
+        from crucible.errors import QueueFullError
+
+        raise QueueFullError("waiting queue is full (raced with a preemption)")
+
+    engine.add_request = refuse
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    try:
+        failures = metrics(server)["crucible_engine_failures_total"]
+        with pytest.raises(openai.RateLimitError) as exc:
+            client.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert exc.value.response.headers["retry-after"] == "1"
+        assert metrics(server)["crucible_engine_failures_total"] == failures
+    finally:
+        engine.add_request = real_add
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2,
+                                     extra_body={"ignore_eos": True}).usage.completion_tokens == 2
+    assert wait_idle(engine)

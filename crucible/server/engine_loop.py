@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from crucible.engine.async_engine import AsyncLLMEngine
 from crucible.engine.engine import LLMEngine, RequestDelta
 from crucible.engine.sampling import SamplingParams
+from crucible.errors import QueueFullError, RequestError
 from crucible.server.stream import EngineFailure, RequestStream
 
 log = logging.getLogger("crucible.server")
@@ -111,9 +112,13 @@ class EngineLoop:
     async def _pump(self, queue: asyncio.Queue, stream: RequestStream) -> None:
         while True:
             item: RequestDelta | BaseException = await queue.get()
+            if isinstance(item, (QueueFullError, RequestError)):
+                stream.fail(EngineFailure(str(item), cause=item))  # refused, not a fault
+                return
             if isinstance(item, BaseException):
                 self._on_failure(item)
-                stream.fail(EngineFailure(f"the engine failed: {type(item).__name__}: {item}"))
+                stream.fail(EngineFailure(f"the engine failed: {type(item).__name__}: {item}",
+                                          cause=item))
                 return
             now = time.monotonic()
             stream.put(item, now)

@@ -51,6 +51,9 @@ def from_exception(exc: BaseException) -> ApiError:
     """Map an engine-side exception to the status the client should see."""
     if isinstance(exc, ApiError):
         return exc
+    cause = getattr(exc, "cause", None)  # EngineFailure: the worker's refusal, if it was one
+    if isinstance(cause, (QueueFullError, RequestError)):
+        exc = cause
     if isinstance(exc, QueueFullError):
         return ApiError(429, str(exc), code="queue_full")
     if isinstance(exc, RequestError):

@@ -18,7 +18,13 @@ from crucible.engine.sampling import SamplingParams
 
 
 class EngineFailure(Exception):
-    """The engine failed while this request was in flight (HTTP 500)."""
+    """The engine ended this request with an error: a failed step (HTTP 500), or, rarely, a
+    refusal that only the worker could make (``cause`` QueueFullError -> 429, RequestError
+    -> 400, e.g. when a preemption filled the queue between admission check and insert)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class RequestStream:
