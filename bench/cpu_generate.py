@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from crucible.backend import numpy_backend
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.model.loader import load_model
 from crucible.model.runner import ModelRunner
@@ -57,7 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default="64,256")
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--json", default="bench/cpu-generate.json")
+    p.add_argument("--layer-tile", type=int, default=None,
+                   help="experiment: GEMM column-tile width of the layers (default: the "
+                        "backend's LAYER_TILE); changes the arithmetic order, not just speed")
     args = p.parse_args(argv)
+    if args.layer_tile is not None:
+        numpy_backend.LAYER_TILE = args.layer_tile
     model = load_model(args.model, args.weights)
     runner = ModelRunner(model, num_pages=64)
     rng = np.random.default_rng(0)
@@ -77,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": "python3 bench/cpu_generate.py " + " ".join(argv or sys.argv[1:]),
         "model": args.model, "weights": args.weights, "rounds": args.rounds,
+        "layer_tile": numpy_backend.LAYER_TILE,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "numpy": np.__version__, "processor": platform.processor() or platform.machine()},
         "prefill_tok_s": {str(n): summary(v) for n, v in pre.items()},

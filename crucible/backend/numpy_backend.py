@@ -22,7 +22,11 @@ from crucible.engine.batch import PackedBatch
 from crucible.model.config import ModelConfig
 from crucible.model.weights import ModelWeights, quantize_int8
 
-LAYER_TILE = 16
+# Tile widths are part of the arithmetic order, so they are constants, not per-step choices.
+# On the 2-core CI machine 8 balances single-stream decode (a 1-row step still pays for a
+# whole tile) against prefill (wider tiles repack the weight less often); see
+# docs/cpu-performance.md. The LM head only sees final rows (often one): narrower still.
+LAYER_TILE = 8
 LM_HEAD_TILE = 4
 
 
@@ -95,7 +99,6 @@ class NumpyBackend:
 
     def linear(self, x: np.ndarray, weight: str) -> np.ndarray:
         w, scale = self._linear[weight]
-        # The LM head only sees final rows (often one): a narrow tile keeps decode cheap.
         y = gemm_rows(w, x, LM_HEAD_TILE if weight == "lm_head" else LAYER_TILE)
         return y if scale is None else y * scale
 
