@@ -22,6 +22,11 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
     model = load_model(args.model, args.weights)
     pages = args.num_pages or 2 * pages_for(model.config.max_context)
     runner = ModelRunner(model, num_pages=pages, device=device)
+    variant = getattr(runner.backend, "variant", None)
+    if variant is not None:  # the GPU path: say which attention kernel runs
+        from crucible.kernels.variants import startup_report
+
+        print(f"crucible: {startup_report(variant)}", file=sys.stderr)
     config = SchedulerConfig(token_budget=args.token_budget, chunk_cap=args.chunk_cap)
     return LLMEngine(runner, model.tokenizer, config)
 
