@@ -18,7 +18,10 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
     from crucible.model.loader import load_model
     from crucible.model.runner import ModelRunner
 
-    device = resolve_device(args.device)  # fail fast, before a slow model load
+    from crucible.kernels.variants import variant_from_env
+
+    variant_from_env()  # fail fast on bad settings, before a slow model load
+    device = resolve_device(args.device)
     model = load_model(args.model, args.weights)
     pages = args.num_pages or 2 * pages_for(model.config.max_context)
     runner = ModelRunner(model, num_pages=pages, device=device)

@@ -60,3 +60,25 @@ def test_default_model_continues_with_paris(default_model_path) -> None:
     assert "Paris" in out.stdout
     assert "prompt 5 tok" in out.stderr and "generated 8 tok" in out.stderr
     assert "device cpu" in out.stderr and "weights int8" in out.stderr
+
+
+def test_unknown_attention_variant_is_a_startup_error() -> None:
+    import os
+
+    env = dict(os.environ, CRUCIBLE_PREFILL_ATTN="fastest-please")
+    out = subprocess.run([sys.executable, "-m", "crucible", "generate", "--prompt", "hi",
+                          "--model", "no-such-model-needed", "--device", "cpu"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 2
+    assert "fastest-please" in out.stderr and "exact-q4-k64" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_unknown_attention_variant_rejected_by_the_runner(monkeypatch) -> None:
+    from crucible.errors import ConfigError
+    from crucible.model.runner import ModelRunner
+    from crucible.model.tiny import tiny_random_model
+
+    monkeypatch.setenv("CRUCIBLE_PREFILL_ATTN", "fastest-please")
+    with pytest.raises(ConfigError, match="exact-q4-k64"):
+        ModelRunner(tiny_random_model(seed=0), num_pages=4)

@@ -11,6 +11,7 @@ import numpy as np
 from crucible.backend.select import make_backend
 from crucible.engine.batch import PackedBatch
 from crucible.errors import ConfigError
+from crucible.kernels.variants import variant_from_env
 from crucible.model import llama
 from crucible.model.config import ModelConfig
 from crucible.model.loader import LoadedModel
@@ -20,6 +21,8 @@ class ModelRunner:
     def __init__(self, model: LoadedModel, *, num_pages: int, device: str = "cpu") -> None:
         if num_pages <= 0:
             raise ConfigError(f"num_pages must be positive, got {num_pages}")
+        # A bad CRUCIBLE_PREFILL_ATTN is a start-up error on every device, not only on GPUs.
+        variant_from_env()
         self.model = model
         self.num_pages = num_pages
         self.backend = make_backend(device)
