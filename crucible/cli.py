@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("crucible.server.cli", "serve_main", "serve the HTTP APIs"),
     "gpu-engine-check": ("crucible.gpu.engine_check", "main",
                          "check the CuPy backend against the numpy oracle and itself"),
+    "gpu-packed-prefill-check": ("crucible.gpu.packed_check", "main",
+                                 "packed generation == one-at-a-time reference, bitwise"),
     "gpu-prefill-attention-check": ("crucible.kernels.attention_check", "main",
                                     "check every attention variant against the reference"),
     "gpu-prefill-attention-bench": ("crucible.kernels.attention_bench", "main",

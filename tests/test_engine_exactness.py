@@ -17,8 +17,8 @@ import pytest
 from crucible.engine.engine import LLMEngine
 from crucible.engine.pages import pages_for
 from crucible.engine.sampling import SamplingParams
-from crucible.engine.scheduler import SchedulerConfig
 from crucible.errors import RequestError
+from crucible.gpu.packed_check import one_at_a_time as packed_one_at_a_time, run_workload
 from crucible.model.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
@@ -48,37 +48,16 @@ def make_params(kinds, max_tokens, seed_offset=0):
                            **kinds[i % len(kinds)]) for i, m in enumerate(max_tokens)]
 
 
-def run(model, prompts, params, *, budget=1024, chunk_cap=None, num_pages=128, order=None,
-        aborts=None, max_running=256):
-    """Run a workload; returns ({rid: (tokens, logprobs, prompt_logprobs, reason)}, stats)."""
-    eng = LLMEngine(ModelRunner(model, num_pages=num_pages), model.tokenizer,
-                    SchedulerConfig(token_budget=budget, chunk_cap=chunk_cap,
-                                    max_running=max_running))
-    order = list(range(len(prompts))) if order is None else order
-    for i in order:
-        eng.add_request(prompts[i], params[i], request_id=str(i))
-    out = {str(i): ([], [], None, None) for i in order}
-    step = 0
-    while eng.has_unfinished():
-        for rid in (aborts or {}).get(step, ()):
-            eng.abort(rid)
-        for d in eng.step():
-            toks, lps, _, _ = out[d.request_id]
-            toks.extend(d.new_token_ids)
-            lps.extend(d.new_logprobs or ())
-            plp = d.prompt_logprobs if d.prompt_logprobs is not None else out[d.request_id][2]
-            out[d.request_id] = (toks, lps, plp, d.finish_reason)
-        step += 1
-    assert eng.allocator.num_free == num_pages, "pages leaked"
-    return out, eng.stats()
+def run(model, prompts, params, **kw):
+    """Run a workload; returns ({rid: (tokens, logprobs, prompt_logprobs, reason)}, stats).
+
+    The same harness drives ``llm-engine gpu-packed-prefill-check`` on the GPU.
+    """
+    return run_workload(model, prompts, params, **kw)
 
 
 def one_at_a_time(model, prompts, params):
-    out = {}
-    for i in range(len(prompts)):
-        r, _ = run(model, [prompts[i]], [params[i]], num_pages=16)
-        out[str(i)] = r["0"]
-    return out
+    return packed_one_at_a_time(model, prompts, params)
 
 
 @pytest.fixture(scope="module")

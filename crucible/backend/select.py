@@ -43,11 +43,12 @@ def resolve_device(device: str) -> str:
     return "cuda"
 
 
-def make_backend(device: str):
+def make_backend(device: str, attention: str | None = None):
     if resolve_device(device) == "cuda":
         from crucible.backend.cupy_backend import CupyBackend
+        from crucible.kernels.variants import parse_variant
 
-        return CupyBackend()
+        return CupyBackend(variant=parse_variant(attention) if attention else None)
     from crucible.backend.numpy_backend import NumpyBackend
 
     return NumpyBackend()

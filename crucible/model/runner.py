@@ -18,14 +18,17 @@ from crucible.model.loader import LoadedModel
 
 
 class ModelRunner:
-    def __init__(self, model: LoadedModel, *, num_pages: int, device: str = "cpu") -> None:
+    def __init__(self, model: LoadedModel, *, num_pages: int, device: str = "cpu",
+                 attention: str | None = None) -> None:
+        """``attention``: an attention variant name for the GPU backend (default: the
+        CRUCIBLE_PREFILL_ATTN setting); the numpy backend has one canonical attention."""
         if num_pages <= 0:
             raise ConfigError(f"num_pages must be positive, got {num_pages}")
         # A bad CRUCIBLE_PREFILL_ATTN is a start-up error on every device, not only on GPUs.
         variant_from_env()
         self.model = model
         self.num_pages = num_pages
-        self.backend = make_backend(device)
+        self.backend = make_backend(device, attention)
         self.device = "cuda" if self.backend.name != "numpy" else "cpu"
         self.backend.load_weights(model.config, model.weights, model.weights_mode)
         self.backend.allocate_pool(num_pages)
