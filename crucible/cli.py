@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                          "check the CuPy backend against the numpy oracle and itself"),
     "gpu-packed-prefill-check": ("crucible.gpu.packed_check", "main",
                                  "packed generation == one-at-a-time reference, bitwise"),
+    "gpu-eval": ("crucible.gpu.eval", "main",
+                 "cross-entropy and perplexity on the shipped held-out text"),
     "gpu-prefill-attention-check": ("crucible.kernels.attention_check", "main",
                                     "check every attention variant against the reference"),
     "gpu-prefill-attention-bench": ("crucible.kernels.attention_bench", "main",
