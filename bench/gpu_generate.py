@@ -72,7 +72,7 @@ def prefill_seconds(runner: ModelRunner, segs: list[tuple[int, int]],
 def profile(runner: ModelRunner, batch_size: int, prompt: int, rng: np.random.Generator,
             reps: int = 3) -> dict[str, float]:
     """Per-stage GPU ms of one eager step (min over reps): decode or a single prefill."""
-    from crucible.backend.cupy_profile import ProfiledBackend
+    from crucible.backend.profile import ProfiledBackend
     from crucible.model import llama
 
     vocab = runner.config.vocab_size

@@ -30,8 +30,23 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
         from crucible.kernels.variants import startup_report
 
         print(f"crucible: {startup_report(variant)}", file=sys.stderr)
+    if getattr(args, "profile", False):
+        from crucible.backend.profile import ProfiledBackend
+
+        runner.backend = ProfiledBackend(runner.backend)
     config = SchedulerConfig(token_budget=args.token_budget, chunk_cap=args.chunk_cap)
     return LLMEngine(runner, model.tokenizer, config)
+
+
+def profile_line(engine: LLMEngine) -> str | None:
+    """Per-stage milliseconds summed over the run's steps and layers (with --profile)."""
+    be = engine.runner.backend
+    if not hasattr(be, "stage_ms"):
+        return None
+    ms = be.stage_ms()
+    kind = "GPU kernel" if be.gpu else "wall"
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1]))
+    return f"[profile ({kind} ms, {engine.num_steps} steps, eager): total {sum(ms.values()):.2f}: {parts}]"
 
 
 def sampling_from_args(args: argparse.Namespace, stop_ids: tuple[int, ...] = ()) -> SamplingParams:
@@ -85,6 +100,8 @@ def generate_main(argv: list[str]) -> int:
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user turn in the model's chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--profile", action="store_true",
+                   help="time each forward stage (runs eagerly: no decode graphs)")
     add_sampling_options(p, max_tokens=128)
     add_model_options(p)
     args = p.parse_args(argv)
@@ -100,6 +117,8 @@ def generate_main(argv: list[str]) -> int:
     stats = stream(engine, ids, sampling_from_args(args))
     print()
     print(stats_line(stats, engine), file=sys.stderr)
+    if (line := profile_line(engine)) is not None:
+        print(line, file=sys.stderr)
     return 0
 
 

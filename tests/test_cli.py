@@ -82,3 +82,16 @@ def test_unknown_attention_variant_rejected_by_the_runner(monkeypatch) -> None:
     monkeypatch.setenv("CRUCIBLE_PREFILL_ATTN", "fastest-please")
     with pytest.raises(ConfigError, match="exact-q4-k64"):
         ModelRunner(tiny_random_model(seed=0), num_pages=4)
+
+
+def test_generate_profile_on_cpu(tmp_path) -> None:
+    from crucible.model.tiny import save_hf_dir, tiny_random_model
+
+    save_hf_dir(tiny_random_model(seed=0), tmp_path / "tiny")
+    out = run_cli("generate", "--prompt", "the cat", "--max-tokens", "4", "--temperature", "0",
+                  "--device", "cpu", "--model", str(tmp_path / "tiny"), "--profile")
+    assert out.returncode == 0, out.stderr
+    line = [x for x in out.stderr.splitlines() if x.startswith("[profile")]
+    assert len(line) == 1
+    for stage in ("qkv", "attention", "gate_up", "down", "norm", "final"):
+        assert f" {stage} " in line[0]

@@ -1,9 +1,11 @@
-"""Per-stage GPU time of one forward, from CUDA events, summed over layers.
+"""Per-stage time of the forward, summed over layers (``--profile``).
 
-``ProfiledBackend(backend)`` stands in for a CupyBackend in ``llama.forward``: each backend
-call is bracketed by two events. A spin kernel queued first holds the GPU while the host
-queues the whole forward, so the events time the kernels back to back, not the host's
-launch overhead (which the graph path removes anyway). Stage names follow the forward:
+``ProfiledBackend(backend)`` stands in for a backend in ``llama.forward``; each backend call
+is bracketed by two timestamps. On the GPU they are CUDA events, and a spin kernel queued
+first holds the GPU while the host queues the whole forward, so the events time the
+kernels back to back, not the host's launch overhead (which the graph path removes
+anyway). On the numpy backend every call is synchronous and the wall clock does. It has no
+``run_step``, so a ModelRunner using it runs eagerly. Stage names follow the forward:
 embed, norm, qkv, rope_kv_store, attention, o (+residual), gate_up, swiglu, down (+residual),
 final.
 """
@@ -11,6 +13,7 @@ final.
 from __future__ import annotations
 
 import functools
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -32,14 +35,23 @@ def _spin_kernel() -> Any:
 
 
 class ProfiledBackend:
+    run_step = None  # no fast path: the runner calls llama.forward, one timed op at a time
+
     def __init__(self, backend: Any) -> None:
         self.be = backend
+        self.gpu = backend.name != "numpy"
         self.marks: list[tuple[str, Any, Any]] = []
+        self.totals: dict[str, float] = defaultdict(float)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.be, name)
 
     def _timed(self, stage: str, fn: Any, *args: Any) -> Any:
+        if not self.gpu:
+            t0 = time.perf_counter()
+            out = fn(*args)
+            self.totals[stage] += (time.perf_counter() - t0) * 1000.0
+            return out
         import cupy as cp
 
         start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -50,10 +62,11 @@ class ProfiledBackend:
         return out
 
     def prepare(self, batch: Any) -> Any:
-        import cupy as cp
-
         meta = self.be.prepare(batch)
-        _spin_kernel()((1,), (1,), (cp.int64(40_000_000),))  # ~20 ms at ~2 GHz
+        if self.gpu:
+            import cupy as cp
+
+            _spin_kernel()((1,), (1,), (cp.int64(40_000_000),))  # ~20 ms at ~2 GHz
         return meta
 
     def embed(self, meta: Any) -> Any:
@@ -83,13 +96,13 @@ class ProfiledBackend:
         return self._timed("final", self.be.gather_rows, x, meta)
 
     def stage_ms(self) -> dict[str, float]:
-        """Milliseconds per stage (synchronizes); clears the marks."""
-        import cupy as cp
-
+        """Milliseconds per stage since the last call (synchronizes on the GPU)."""
+        totals, self.totals = self.totals, defaultdict(float)
         if self.marks:
+            import cupy as cp
+
             self.marks[-1][2].synchronize()
-        totals: dict[str, float] = defaultdict(float)
-        for stage, start, end in self.marks:
-            totals[stage] += cp.cuda.get_elapsed_time(start, end)
-        self.marks.clear()
+            for stage, start, end in self.marks:
+                totals[stage] += cp.cuda.get_elapsed_time(start, end)
+            self.marks.clear()
         return dict(totals)
