@@ -1,0 +1,170 @@
+"""``gpu-graph-check`` and ``gpu-decode-prefill``: two more ways of computing the same rows.
+
+gpu-graph-check   decode steps replayed from CUDA graphs (padded up to a bucket) == the same
+                  steps run eagerly, bitwise. Two runners (graphs on / graphs off) run the
+                  same schedule: the live batch walks through sizes 1..64 across the bucket
+                  edges (8/9, 15/16/17, 23/24/25, 31/32/33, 47/48/49, 63/64) for ``--steps``
+                  decode steps each; between steps requests finish (their budget is spent, or
+                  one is cut off) and new ones join on the freed pages at once, their prefill in
+                  a step of its own. On the GPU every decode step must also be a replay. Where
+                  there are no graphs (the numpy backend, CRUCIBLE_DECODE_GRAPHS=0) it says so
+                  and compares eager against eager: the harness and pool reuse still run.
+gpu-decode-prefill  teacher forcing: the logits of decode step t equal the prefill logits of
+                  prompt + generated[:t], bitwise (DESIGN.md 5.3). Checked against one
+                  prefill per request with every row wanted, and against a packed step of
+                  prefills truncated at random t.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.gpu.batch_check import Counts, Req, add_common, load, pages_for, report, run_step
+from crucible.model.runner import ModelRunner
+
+GRAPH_SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 32, 33, 47, 48, 49, 63, 64,
+               17, 1)
+PROMPT_LENGTHS = (1, 2, 5, 15, 16, 17, 31, 33, 64, 100)
+NO_GRAPHS = "graphs: not available on this device, checked eager only"
+
+
+def make_pair(model: object, device: str, num_pages: int) -> tuple[ModelRunner, ModelRunner]:
+    """(candidate, eager reference): one model, two pools; the reference never replays."""
+    cand = ModelRunner(model, num_pages=num_pages, device=device)
+    ref = ModelRunner(model, num_pages=num_pages, device=device)
+    if hasattr(ref.backend, "graphs"):
+        ref.backend.graphs = None
+    return cand, ref
+
+
+def graphs_of(runner: ModelRunner) -> object | None:
+    return getattr(runner.backend, "graphs", None)
+
+
+def check_graphs(cand: ModelRunner, ref: ModelRunner, sizes: list[int], steps: int,
+                 max_prompt: int, seed: int) -> tuple[int, int]:
+    # The schedule comes from rng alone, never from tokens, so both runners see the same one.
+    rng = np.random.default_rng(seed)
+    vocab = cand.config.vocab_size
+    graphs = graphs_of(cand)
+    c = Counts()
+    free = rng.permutation(cand.num_pages).tolist()
+    live: list[tuple[Req, Req, int]] = []  # candidate's, reference's, tokens to generate
+    serial = finished = 0
+    for size in sizes:
+        for s in range(steps):
+            cut = int(rng.integers(len(live))) if s == 1 and live else -1  # one leaves early
+            done = [x for i, x in enumerate(live)
+                    if i == cut or len(x[0].tokens) - x[0].prompt_len >= x[2]]
+            while len(live) - len(done) > size:
+                extra = [x for x in live if x not in done]
+                done.append(extra[int(rng.integers(len(extra)))])
+            finished += len(done)
+            for x in done:
+                live.remove(x)
+                free.extend(x[0].pages)  # reused at once by the next joiner
+            joiners = []
+            while len(live) + len(joiners) < size:
+                toks = rng.integers(0, vocab, int(rng.integers(1, max_prompt + 1))).tolist()
+                pages = [free.pop() for _ in range(pages_for(len(toks)))]
+                a, b = Req(f"q{serial}", list(toks), pages), Req(f"q{serial}", list(toks), pages)
+                joiners.append((a, b, int(rng.integers(1, 3 * steps + 2))))
+                serial += 1
+            if joiners:
+                run_step(cand, [x[0] for x in joiners])
+                run_step(ref, [x[1] for x in joiners])
+                for a, b, _ in joiners:
+                    c.compare(f"size {size} step {s}: join prefill {a.rid}", a.logits[-1],
+                              b.logits[-1])
+                live += joiners
+            order = [live[i] for i in rng.permutation(len(live))]
+            for a, _, _ in order:
+                while len(a.pages) * 16 < len(a.tokens):
+                    a.pages.append(free.pop())  # one list shared by both runners' Req
+            before = graphs.num_replays if graphs is not None else 0
+            run_step(cand, [x[0] for x in order])
+            run_step(ref, [x[1] for x in order])
+            if graphs is not None:
+                c.check(graphs.num_replays == before + 1, f"size {size} step {s}: not replayed")
+            for a, b, _ in order:
+                c.compare(f"size {size} step {s}: decode {a.rid} at {a.done - 1}",
+                          a.logits[-1], b.logits[-1])
+    print(f"schedule: {serial} requests joined, {finished} finished between steps")
+    return c.result()
+
+
+def check_decode_prefill(runner: ModelRunner, lengths: list[int], steps: int,
+                         seed: int) -> tuple[int, int]:
+    rng = np.random.default_rng(seed)
+    vocab, ctx = runner.config.vocab_size, runner.config.max_context
+    lengths = [min(n, ctx - steps - 1) for n in lengths]
+    free = rng.permutation(runner.num_pages).tolist()
+    take = lambda n: [free.pop() for _ in range(pages_for(n))]  # noqa: E731
+    reqs = [Req(f"r{i}", rng.integers(0, vocab, n).tolist(), take(n + steps))
+            for i, n in enumerate(lengths)]
+    run_step(runner, reqs)  # packed prefill: logits of step 0
+    for _ in range(steps):  # decode steps (graph replays on the GPU)
+        run_step(runner, reqs)
+    c = Counts()
+    for r in reqs:  # alone: one prefill of prompt + generated[:steps], every row from prompt-1
+        toks, first = r.tokens[: r.prompt_len + steps], r.prompt_len - 1
+        out = runner.forward(build_packed_batch([SegmentSpec(
+            "tf", toks, 0, take(len(toks)), list(range(first, len(toks))))]))
+        for t in range(steps + 1):
+            c.compare(f"{r.rid} (prompt {r.prompt_len}) decode step {t} vs prefill",
+                      r.logits[t][-1], out[t])
+    # Packed, truncated at a random t per request, in reverse order: t's last row only.
+    cut = [int(rng.integers(0, steps + 1)) for _ in reqs]
+    specs = [SegmentSpec(r.rid, r.tokens[: r.prompt_len + t], 0, take(r.prompt_len + t),
+                         [r.prompt_len + t - 1]) for r, t in zip(reqs, cut)][::-1]
+    out = runner.forward(build_packed_batch(specs))[::-1]
+    for r, t, row in zip(reqs, cut, out):
+        c.compare(f"{r.rid} decode step {t} vs packed prefill of prompt + generated[:{t}]",
+                  r.logits[t][-1], row)
+    return c.result()
+
+
+def graph_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="llm-engine gpu-graph-check")
+    add_common(p, steps=3)
+    p.add_argument("--sizes", type=int, nargs="+", default=list(GRAPH_SIZES),
+                   help="live batch sizes in order (at most 64: the largest bucket)")
+    args = p.parse_args(argv)
+    t0 = time.time()
+    model = load(args)
+    max_prompt = min(args.max_prompt, model.config.max_context - 3 * args.steps - 3)
+    per_req = pages_for(max_prompt + 3 * args.steps + 2)
+    cand, ref = make_pair(model, args.device, max(args.sizes) * per_req + 16)
+    graphs = graphs_of(cand)
+    if graphs is None:
+        print(NO_GRAPHS)
+    passed, failed = check_graphs(cand, ref, args.sizes, args.steps, max_prompt, args.seed)
+    if graphs is not None:
+        print(f"graphs: {graphs.num_captures} captures, {graphs.num_replays} replays")
+    print(f"{'graph replay' if graphs is not None else 'eager'} vs eager, sizes {args.sizes}, "
+          f"{args.steps} decode steps each, requests finishing and joining")
+    return report("gpu-graph-check", cand, args, passed, failed, t0)
+
+
+def decode_prefill_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="llm-engine gpu-decode-prefill")
+    add_common(p, steps=8)
+    p.add_argument("--lengths", type=int, nargs="+", default=list(PROMPT_LENGTHS))
+    args = p.parse_args(argv)
+    t0 = time.time()
+    model = load(args)
+    n_pages = 3 * sum(pages_for(n + args.steps) for n in args.lengths) + 4
+    runner = ModelRunner(model, num_pages=n_pages, device=args.device)
+    passed, failed = check_decode_prefill(runner, args.lengths, args.steps, args.seed)
+    print(f"decode step t vs prefill of prompt + generated[:t], prompts {args.lengths}, "
+          f"{args.steps} decode steps")
+    return report("gpu-decode-prefill", runner, args, passed, failed, t0)
+
+
+if __name__ == "__main__":
+    sys.exit(graph_main(sys.argv[1:]))

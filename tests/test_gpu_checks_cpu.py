@@ -1,0 +1,159 @@
+"""The issue-5 validation commands, run on the numpy backend (the GPU runs them for real).
+
+Each command must pass with exact counts on the tiny model, and each kind of comparison has a
+negative control: a realistic bug (batch-dependent rounding, a pool read that assumes
+contiguous pages, a graph that rounds differently, a decode path that differs from prefill,
+a decode step that was not replayed) must be counted as a failure and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from crucible.backend import numpy_attention
+from crucible.gpu import batch_check, graph_check, validate
+from crucible.gpu.batch_check import Counts, bits_equal
+from crucible.model.runner import ModelRunner
+
+BATCH = ["--device", "cpu", "--sizes", "1", "3", "16", "17", "--steps", "3", "--max-prompt", "40"]
+PAGED = ["--device", "cpu", "--requests", "6", "--steps", "2", "--max-prompt", "40"]
+GRAPH = ["--device", "cpu", "--sizes", "1", "3", "17", "2", "--steps", "3", "--max-prompt", "40"]
+DECODE = ["--device", "cpu", "--lengths", "1", "16", "33", "--steps", "2"]
+
+
+def bump(out: np.ndarray) -> np.ndarray:
+    """One ulp on one logit of every row: the smallest difference a bitwise check must see."""
+    out = out.copy()
+    out[:, 0] = np.nextafter(out[:, 0], np.float32(np.inf))
+    return out
+
+
+def test_bits_equal_and_counts() -> None:
+    a = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    assert bits_equal(a, a.copy())
+    assert not bits_equal(a, bump(a))
+    assert not bits_equal(np.float32([0.0]), np.float32([-0.0]))  # equal as numbers, not bits
+    assert bits_equal(np.float32([np.nan]), np.float32([np.nan]))
+    assert not bits_equal(a, a[:2])
+    c = Counts()
+    assert c.compare("same", a, a.copy()) and not c.compare("bumped", bump(a), a)
+    c.check(False, "flag")
+    assert c.result() == (1, 2)
+
+
+def test_batch_passes(capsys) -> None:
+    assert batch_check.batch_main(BATCH) == 0
+    assert "gpu-batch: device cpu, weights int8, model tiny-random: 16 passed, 0 failed" in (
+        capsys.readouterr().out)  # 4 sizes x (prefill + 3 decode steps)
+
+
+def test_batch_catches_batch_dependent_rounding(monkeypatch, capsys) -> None:
+    forward = ModelRunner.forward
+    monkeypatch.setattr(ModelRunner, "forward", lambda self, batch: (
+        bump(forward(self, batch)) if batch.num_segments > 1 else forward(self, batch)))
+    assert batch_check.batch_main(BATCH) == 1
+    # Only the batch of 1 matches the needle alone.
+    assert "4 passed, 12 failed" in capsys.readouterr().out
+
+
+def test_paged_passes(capsys) -> None:
+    assert batch_check.paged_main(PAGED) == 0
+    # 4 layouts x 6 requests x (chunk, rest or decode, 2 more steps, token check)
+    assert "gpu-paged: device cpu, weights int8, model tiny-random: 120 passed, 0 failed" in (
+        capsys.readouterr().out)
+
+
+def test_paged_catches_contiguous_assumption(monkeypatch, capsys) -> None:
+    def contiguous_only(pool, layer, table, length):  # reads pages table[0], table[0] + 1, ...
+        n = -(-length // 16)
+        return real(pool, layer, np.arange(table[0], table[0] + n), length)
+
+    real = numpy_attention.gather_history
+    monkeypatch.setattr(numpy_attention, "gather_history", contiguous_only)
+    assert batch_check.paged_main(PAGED) == 1
+    out = capsys.readouterr().out
+    assert "FAIL interleaved" in out and "FAIL contiguous" not in out
+
+
+def test_graph_check_passes_eager_only(capsys) -> None:
+    assert graph_check.graph_main(GRAPH) == 0
+    out = capsys.readouterr().out
+    assert "graphs: not available on this device, checked eager only" in out
+    assert "schedule: 25 requests joined, 23 finished between steps" in out
+    # decode rows (1 + 3 + 17 + 2) x 3 steps = 69, plus one prefill comparison per joiner
+    assert "model tiny-random: 94 passed, 0 failed" in out
+
+
+class _Graphs:
+    num_captures = num_replays = 0  # a graphs object that never replays
+
+
+@pytest.mark.parametrize("bug", ["rounding", "no-replay"])
+def test_graph_check_catches(bug, monkeypatch, capsys) -> None:
+    make_pair = graph_check.make_pair
+
+    def pair(model, device, num_pages):
+        cand, ref = make_pair(model, device, num_pages)
+        if bug == "no-replay":
+            cand.backend.graphs = _Graphs()  # the numpy backend never consults it
+        else:  # a "graph" whose 3-row decode steps round differently
+            forward = cand.forward
+            cand.forward = lambda b: bump(forward(b)) if b.num_rows == b.num_segments == 3 \
+                else forward(b)
+        return cand, ref
+
+    monkeypatch.setattr(graph_check, "make_pair", pair)
+    assert graph_check.graph_main(GRAPH) == 1
+    out = capsys.readouterr().out
+    if bug == "no-replay":
+        assert "not replayed" in out and "graphs: 0 captures, 0 replays" in out
+    else:
+        fails = [ln for ln in out.splitlines() if ln.startswith("FAIL")]
+        assert fails and all(ln.startswith("FAIL size 3 ") for ln in fails)
+
+
+def test_decode_prefill_passes(capsys) -> None:
+    assert graph_check.decode_prefill_main(DECODE) == 0
+    # 3 prompts x (step 0 + 2 decode steps) alone, plus 3 packed truncated prefills
+    assert "gpu-decode-prefill: device cpu, weights int8, model tiny-random: 12 passed, 0 failed" \
+        in capsys.readouterr().out
+
+
+def test_decode_prefill_catches_decode_path(monkeypatch, capsys) -> None:
+    forward = ModelRunner.forward
+
+    def decode_differs(self, batch):
+        out = forward(self, batch)
+        return bump(out) if (batch.segments[:, 1] == 1).all() and batch.num_segments > 1 else out
+
+    monkeypatch.setattr(ModelRunner, "forward", decode_differs)
+    assert graph_check.decode_prefill_main(DECODE) == 1
+    out = capsys.readouterr().out
+    assert "FAIL r0 (prompt 1) decode step 1 vs prefill" in out
+    assert "FAIL r0 (prompt 1) decode step 0" not in out  # step 0 came from a prefill step
+
+
+def test_validate_quick_passes(capsys) -> None:
+    assert validate.main(["--device", "cpu", "--quick"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gpu-packed-prefill-check", "gpu-batch", "gpu-paged", "gpu-graph-check",
+                 "gpu-decode-prefill"):
+        assert f"== {name} " in out and f"{name} " in out.split("summary")[1]
+    assert "gpu-validate: 5 passed, 0 failed, 2 skipped" in out
+
+
+def test_validate_reports_failures(monkeypatch, capsys) -> None:
+    """A failing check and a crashing check both fail the suite; the others still run."""
+    def boom(argv):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(batch_check, "paged_main", lambda argv: 1)
+    monkeypatch.setattr(graph_check, "graph_main", boom)
+    monkeypatch.setattr("crucible.gpu.packed_check.main", lambda argv: 0)  # speed: 4 s saved
+    assert validate.main(["--device", "cpu", "--quick"]) == 1
+    cap = capsys.readouterr()
+    table = cap.out.split("summary")[1]
+    assert "gpu-paged" in table and "FAIL (exit 1)" in table and "ERROR" in table
+    assert "kernel exploded" in cap.err
+    assert "gpu-validate: 3 passed, 2 failed, 2 skipped" in cap.out
