@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from crucible.backend.numpy_attention import paged_attention
-from crucible.backend.numpy_gemm import calibrate_tile, gemm_rows
+from crucible.backend.numpy_gemm import gemm_rows
 from crucible.backend.rope import rope_table
 from crucible.engine.batch import PackedBatch
 from crucible.model.config import ModelConfig
@@ -78,7 +78,8 @@ class NumpyBackend:
         self._norms["final_norm"] = weights.final_norm.astype(np.float32)
         # Calibrate every GEMM shape now, so the first request does not pay for it.
         for name, (w, _) in self._linear.items():
-            calibrate_tile(*w.shape, LM_HEAD_TILE if name == "lm_head" else LAYER_TILE)
+            gemm_rows(w, np.zeros((1, w.shape[1]), dtype=np.float32),
+                      LM_HEAD_TILE if name == "lm_head" else LAYER_TILE)
 
     def allocate_pool(self, num_pages: int) -> None:
         cfg = self.cfg

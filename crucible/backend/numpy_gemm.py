@@ -17,6 +17,7 @@ import threading
 import numpy as np
 
 TILE_CANDIDATES = (16, 8, 4, 2, 1)
+SLAB_ROWS = 768  # weight rows per BLAS call: ~1.8 MB of f32 at K = 576, cache-resident
 _lock = threading.Lock()
 _tiles: dict[tuple[int, int, int], int] = {}
 
@@ -67,11 +68,18 @@ def gemm_rows(w: np.ndarray, x: np.ndarray, max_tile: int = TILE_CANDIDATES[0]) 
     """y[m, :] = W @ x[m, :] for every row, each row computed independently of the others.
 
     ``max_tile`` trades batched throughput against single-row latency for one weight; it
-    must be a constant per weight (it is part of the arithmetic order).
+    must be a constant per weight (it is part of the arithmetic order). The weight's rows
+    are used in slabs of ``SLAB_ROWS`` (fixed boundaries, so also part of the order): BLAS
+    repacks the weight for every tile, and a slab that stays in cache makes that cheap.
     """
     n, k = w.shape
     m = x.shape[0]
     if m == 0:
         return np.zeros((0, n), dtype=np.float32)
-    tile = calibrate_tile(n, k, max_tile)
-    return untile_columns(np.matmul(w, tile_columns(x, tile)), m)
+    slabs = [(s0, min(n, s0 + SLAB_ROWS)) for s0 in range(0, n, SLAB_ROWS)]
+    tile = min(calibrate_tile(s1 - s0, k, max_tile) for s0, s1 in slabs[-2:])
+    xt = tile_columns(x, tile)
+    y = np.empty((m, n), dtype=np.float32)
+    for s0, s1 in slabs:
+        y[:, s0:s1] = untile_columns(np.matmul(w[s0:s1], xt), m)
+    return y
