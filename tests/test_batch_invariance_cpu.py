@@ -69,14 +69,17 @@ def test_chunked_prefill_and_decode_equal_one_shot(model, chunks: list[int]) -> 
     assert np.array_equal(np.concatenate(got), alone)
 
 
-def test_gemm_tiles_are_row_independent() -> None:
+@pytest.mark.parametrize("n", [300, 1000])  # one weight slab, and two (768 + 232)
+def test_gemm_tiles_are_row_independent(n: int) -> None:
     rng = np.random.default_rng(2)
-    w = rng.standard_normal((300, 96)).astype(np.float32)
+    w = rng.standard_normal((n, 96)).astype(np.float32)
     x = rng.standard_normal((53, 96)).astype(np.float32)
     full = gemm_rows(w, x)
     for m in (1, 2, 15, 16, 17, 40):
         assert np.array_equal(gemm_rows(w, x[:m]), full[:m])
     assert np.array_equal(gemm_rows(w, x[::-1])[::-1], full)
+    np.testing.assert_allclose(full, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4,
+                               atol=1e-4)
 
 
 def test_exp_is_position_independent() -> None:
