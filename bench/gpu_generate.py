@@ -31,8 +31,9 @@ def stat(v: list[float]) -> dict[str, float]:
 def decode_rate(runner: ModelRunner, batch_size: int, steps: int, graphs: bool,
                 rng: np.random.Generator) -> float:
     be = runner.backend
-    saved = be.graphs
-    be.graphs = saved if graphs else None
+    saved = getattr(be, "graphs", None)  # the numpy backend has no graphs
+    if saved is not None:
+        be.graphs = saved if graphs else None
     vocab = runner.config.vocab_size
     tables = [list(range(i * 16, i * 16 + 16)) for i in range(batch_size)]
     runner.forward(build_packed_batch([
@@ -49,7 +50,8 @@ def decode_rate(runner: ModelRunner, batch_size: int, steps: int, graphs: bool,
     for p in range(130, 130 + steps):
         step(p)
     dt = time.perf_counter() - t
-    be.graphs = saved
+    if saved is not None:
+        be.graphs = saved
     return batch_size * steps / dt
 
 
