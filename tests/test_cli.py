@@ -95,3 +95,21 @@ def test_generate_profile_on_cpu(tmp_path) -> None:
     assert len(line) == 1
     for stage in ("qkv", "attention", "gate_up", "down", "norm", "final"):
         assert f" {stage} " in line[0]
+
+
+def test_chat_session_over_stdin(tmp_path) -> None:
+    """Two turns, a /reset, then an empty line quits; every answer streams after 'assistant>'."""
+    from crucible.model.tiny import save_hf_dir, tiny_random_model
+
+    save_hf_dir(tiny_random_model(seed=0), tmp_path / "tiny")
+    out = subprocess.run([sys.executable, "-m", "crucible", "chat", "--model", str(tmp_path / "tiny"),
+                          "--device", "cpu", "--max-tokens", "5", "--temperature", "0", "--stats"],
+                         input="hello there\nand again\n/reset\nfresh start\n\n",
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("assistant> ") == 3
+    assert out.stdout.count("you> ") == 5  # three questions, /reset, the empty line
+    assert out.stderr.count("[prompt ") == 3
+    # the second turn carries the first as history; after /reset the prompt is short again
+    lens = [int(line.split()[1]) for line in out.stderr.splitlines() if line.startswith("[prompt")]
+    assert lens[1] > lens[0] and lens[2] < lens[1]
