@@ -11,14 +11,14 @@ over rounds with the min-max range; prompt lengths alternate order between round
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import statistics
 import sys
 import time
 
 import numpy as np
+
+from common import stat, write_json
 
 from crucible.backend import numpy_backend
 from crucible.engine.batch import SegmentSpec, build_packed_batch
@@ -44,10 +44,6 @@ def decode_tok_s(runner: ModelRunner, prompt: list[int], steps: int) -> float:
         logits = runner.forward(build_packed_batch(
             [SegmentSpec("d", [nxt], len(prompt) + i, pages, [0])]))
     return steps / (time.perf_counter() - t)
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,13 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         "layer_tile": numpy_backend.LAYER_TILE,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "numpy": np.__version__, "processor": platform.processor() or platform.machine()},
-        "prefill_tok_s": {str(n): summary(v) for n, v in pre.items()},
-        "decode_tok_s": summary(dec), "decode_steps": args.decode_steps,
+        "prefill_tok_s": {str(n): stat(v) for n, v in pre.items()},
+        "decode_tok_s": stat(dec), "decode_steps": args.decode_steps,
         "decode_prompt_tokens": lengths[0],
     }
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=2)
-    print(json.dumps(result, indent=2))
+    write_json(args.json, result)
     return 0
 
 

@@ -12,20 +12,16 @@ rounds. Ratios are paired within a round.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import time
 
 import numpy as np
 
+from common import stat, write_json
+
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.model.loader import load_model
 from crucible.model.runner import ModelRunner
-
-
-def stat(v: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(v), "min": min(v), "max": max(v)}
 
 
 def decode_rate(runner: ModelRunner, batch_size: int, steps: int, graphs: bool,
@@ -125,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
            "weights": args.weights, "rounds": args.rounds, "decode_steps": args.steps,
            "results": {k: stat(v) for k, v in res.items()},
            "profile_ms": profiles}
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=2)
-    print(json.dumps(out, indent=2))
+    write_json(args.json, out)
     return 0
 
 

@@ -17,8 +17,6 @@ round.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import time
 
@@ -98,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from crucible.model.loader import load_model
     from crucible.model.runner import ModelRunner
+    from common import stat, write_json
     from gpu_generate import decode_rate
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -135,11 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     out = {"command": "python3 bench/hf_peer.py " + " ".join(argv or sys.argv[1:]),
            "device": device, "weights": args.weights, "torch": torch.__version__,
            "agreement_max_rel_logit_diff": agree,
-           "results": {k: {"median": statistics.median(v), "min": min(v), "max": max(v)}
-                       for k, v in res.items()}}
-    with open(args.json, "w") as f:
-        json.dump(out, f, indent=2)
-    print(json.dumps(out, indent=2))
+           "results": {k: stat(v) for k, v in res.items()}}
+    write_json(args.json, out)
     return 0
 
 

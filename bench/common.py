@@ -1,0 +1,18 @@
+"""What every benchmark script writes the same way: median/min-max summaries and the JSON."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+
+def stat(values: list[float]) -> dict[str, float]:
+    """Median and min-max over rounds (the figures the docs quote)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def write_json(path: str, result: dict) -> None:
+    """Write the result where asked and echo it, so a remote run's log holds it too."""
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    print(json.dumps(result, indent=2))
