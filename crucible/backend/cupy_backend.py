@@ -101,14 +101,20 @@ class CupyBackend:
             self.graphs = DecodeGraphs(self, table_width=width, scratch_page=num_pages)
 
     def run_step(self, batch: PackedBatch) -> np.ndarray:
-        """Decode steps replay a CUDA graph; everything else runs eagerly."""
+        """f32 logits of the final rows, on the host."""
+        return self.to_host(self.run_step_device(batch))
+
+    def run_step_device(self, batch: PackedBatch) -> Any:
+        """Logits [R, vocab] of the final rows as a device array. Decode steps replay a CUDA
+        graph, everything else runs eagerly. The array belongs to the backend and is only
+        valid until the next step (a graph's logits buffer is reused by its next replay)."""
         from crucible.backend.cupy_graphs import is_decode_step
         from crucible.kernels.variants import score_capacity
-        from crucible.model.llama import forward
+        from crucible.model.llama import forward_meta
 
         if self.graphs is not None and is_decode_step(batch):
             return self.graphs.run(batch, score_capacity(batch.max_end))
-        return forward(self.cfg, self, batch)
+        return forward_meta(self.cfg, self, self.prepare(batch))
 
     def _new(self, shape: tuple[int, ...]) -> Any:
         y = _cp().empty(shape, dtype=np.float32)
