@@ -65,34 +65,7 @@ attn_reference(const float* __restrict__ q, const float* __restrict__ k_pool,
         if (lane == 0) scores[j] = cru_scale(s);
     }
     __syncthreads();
-    float m = CRU_NEG_INF;
-    for (int j = tid; j < len; j += 256) m = fmaxf(m, scores[j]);
-    m = cru_warp_max(m);
-    if (lane == 0) red[warp] = m;
-    __syncthreads();
-    if (tid == 0) {
-        float t = red[0];
-        for (int w = 1; w < 8; ++w) t = fmaxf(t, red[w]);
-        bcast = t;
-    }
-    __syncthreads();
-    m = bcast;
-    float sum = 0.0f;
-    for (int j = tid; j < len; j += 256) {
-        const float e = cru_exp_shifted(scores[j], m);
-        scores[j] = e;
-        sum = cru_add(sum, e);
-    }
-    sum = cru_warp_sum(sum);
-    __syncthreads();  // thread 0 finished reading red[] and everyone read bcast
-    if (lane == 0) red[warp] = sum;
-    __syncthreads();
-    if (tid == 0) {
-        float t = red[0];
-        for (int w = 1; w < 8; ++w) t = cru_add(t, red[w]);
-        bcast = cru_recip(t);
-    }
-    __syncthreads();
+    const float inv = cru_ref_softmax(scores, len, red, &bcast);
     if (tid < CRU_HEAD_DIM) {
         float acc = 0.0f;
         for (int page0 = 0; page0 < len; page0 += 16) {  // translate each page once
@@ -100,7 +73,7 @@ attn_reference(const float* __restrict__ q, const float* __restrict__ k_pool,
             const int n = min(16, len - page0);
             for (int s = 0; s < n; ++s) acc = cru_pv(scores[page0 + s], vp[s * kv_dim + tid], acc);
         }
-        out[((long long)row * n_heads + head) * CRU_HEAD_DIM + tid] = __fmul_rn(acc, bcast);
+        out[((long long)row * n_heads + head) * CRU_HEAD_DIM + tid] = __fmul_rn(acc, inv);
     }
 }
 

@@ -55,6 +55,47 @@ __device__ __forceinline__ float cru_warp_max(float v) {
     return v;
 }
 
+// The reference's softmax over scores[0..len) for a 256-thread CTA (8 warps): max over a
+// strided sweep, warp max, warp maxima in order; then exp(s - max) written back in place,
+// summed by thread j over j, j + 256, ... ascending, xor-butterfly per warp, warp sums
+// added in ascending order. Returns 1 / sum in every thread. `red` is 8 shared floats and
+// `bcast` one; both are free again when this returns.
+__device__ __forceinline__ float cru_ref_softmax(float* scores, int len, float* red,
+                                                 float* bcast) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float m = CRU_NEG_INF;
+    for (int j = tid; j < len; j += 256) m = fmaxf(m, scores[j]);
+    m = cru_warp_max(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    if (tid == 0) {
+        float t = red[0];
+        for (int w = 1; w < 8; ++w) t = fmaxf(t, red[w]);
+        *bcast = t;
+    }
+    __syncthreads();
+    m = *bcast;
+    float sum = 0.0f;
+    for (int j = tid; j < len; j += 256) {
+        const float e = cru_exp_shifted(scores[j], m);
+        scores[j] = e;
+        sum = cru_add(sum, e);
+    }
+    sum = cru_warp_sum(sum);
+    __syncthreads();  // thread 0 finished reading red[] and everyone read bcast
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        float t = red[0];
+        for (int w = 1; w < 8; ++w) t = cru_add(t, red[w]);
+        *bcast = cru_recip(t);
+    }
+    __syncthreads();
+    const float inv = *bcast;
+    __syncthreads();  // everyone read bcast before a caller reuses it
+    return inv;
+}
+
 // Reverse the low five bits. Visiting leaves in bit-reversed order is a depth-first walk
 // of the xor butterfly above, which lets one thread replay a warp's dot tree alone.
 __device__ __forceinline__ int cru_bitrev5(int i) { return (int)(__brev((unsigned)i) >> 27); }

@@ -10,13 +10,9 @@
 //   int8: y = total * scale[n] (the int8 code is converted to float exactly);
 //   with a residual: y = residual[m, n] + y (the transformer's skip connection, fused).
 // All steps use explicit-rounding intrinsics, so nvcc cannot contract them differently in
-// the two kernels. Both kernels therefore give identical bits, and the host may pick
-// either by M without changing any result.
+// different kernels. linear_rows.cu (small M: decode, with fused norm/SwiGLU/RoPE stages)
+// keeps the same order, so the host may pick either kernel by M without changing any result.
 //
-// linear_skinny<T, MT> (small M, decode): block (32, n_chunks): threadIdx.x -> one output
-//   column n, threadIdx.y -> one K chunk; MT rows per block (grid.y walks row groups). Each
-//   thread computes its chunk's partial for the MT rows, partials go through shared memory,
-//   and warp y == 0 adds them in chunk order. Dynamic shared: 4*(MT*K + n_chunks*MT*32).
 // linear_tiled<T> (large M, prefill): 64x64 output tile per 256-thread block, 4x4 per
 //   thread; one K chunk (64) of x and w staged in shared memory per iteration; each thread
 //   forms the chunk partials of its 16 outputs from zero, then adds them to its totals.
@@ -34,63 +30,6 @@ __device__ __forceinline__ float cru_finish<float>(float total, const float*, in
 template <>
 __device__ __forceinline__ float cru_finish<signed char>(float total, const float* scale, int n) {
     return __fmul_rn(total, scale[n]);
-}
-
-template <typename T, int MT>
-__global__ void linear_skinny(const float* __restrict__ x, const T* __restrict__ wt,
-                              const float* __restrict__ scale,
-                              const float* __restrict__ residual, float* __restrict__ y,
-                              int M, int N, int K) {
-    extern __shared__ float smem[];
-    const int n_chunks = blockDim.y;
-    float* xs = smem;                 // [MT][K]
-    float* part = smem + MT * K;      // [n_chunks][MT][32]
-    const int m0 = blockIdx.y * MT;
-    const int tid = threadIdx.y * 32 + threadIdx.x;
-    for (int i = tid; i < MT * K; i += 32 * n_chunks) {
-        int m = m0 + i / K;
-        xs[i] = (m < M) ? x[(long)m * K + (i % K)] : 0.0f;
-    }
-    __syncthreads();
-    const int n = blockIdx.x * 32 + threadIdx.x;
-    const int c = threadIdx.y;
-    const int k0 = c * CRU_KC;
-    const int k1 = min(K, k0 + CRU_KC);
-    float acc[MT];
-#pragma unroll
-    for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
-    if (n < N) {
-        if (k1 - k0 == CRU_KC) {
-            // Full chunk: a fixed trip count lets the loads run ahead of the FMA chain
-            // (decode is load-latency bound); the arithmetic order is unchanged.
-#pragma unroll 16
-            for (int kk = 0; kk < CRU_KC; ++kk) {
-                float w = cru_w(wt, (long)(k0 + kk) * N + n);
-#pragma unroll
-                for (int r = 0; r < MT; ++r) acc[r] = __fmaf_rn(xs[r * K + k0 + kk], w, acc[r]);
-            }
-        } else {
-            for (int k = k0; k < k1; ++k) {
-                float w = cru_w(wt, (long)k * N + n);
-#pragma unroll
-                for (int r = 0; r < MT; ++r) acc[r] = __fmaf_rn(xs[r * K + k], w, acc[r]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < MT; ++r) part[(c * MT + r) * 32 + threadIdx.x] = acc[r];
-    __syncthreads();
-    if (threadIdx.y == 0 && n < N) {
-        for (int r = 0; r < MT; ++r) {
-            if (m0 + r >= M) break;
-            float total = part[r * 32 + threadIdx.x];
-            for (int cc = 1; cc < n_chunks; ++cc)
-                total = __fadd_rn(total, part[(cc * MT + r) * 32 + threadIdx.x]);
-            float v = cru_finish<T>(total, scale, n);
-            long at = (long)(m0 + r) * N + n;
-            y[at] = residual ? __fadd_rn(residual[at], v) : v;
-        }
-    }
 }
 
 template <typename T>

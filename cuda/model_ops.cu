@@ -14,6 +14,9 @@
 //   the K pool at (pages[t], slots[t]) of `layer`; V is copied to the V pool.
 // swiglu_rows:  y[t, f] = g / (1 + exp(-g)) * u with g = gu[t, f], u = gu[t, F + f].
 // gather_rows:  y[r, :] = x[rows[r], :]. (Residual adds are fused into linear.cu's epilogue.)
+// The arithmetic of RMSNorm, RoPE and SwiGLU is spelled once in rowops.cuh, shared with the
+// fused decode GEMM (linear_rows.cu), so both paths give the same bits.
+#include "rowops.cuh"
 
 __global__ void embed_rows(const float* __restrict__ table, const int* __restrict__ ids,
                            float* __restrict__ y, int D) {
@@ -28,22 +31,12 @@ __global__ void __launch_bounds__(256) rmsnorm_rows(const float* __restrict__ x,
     __shared__ float warp_part[8];
     __shared__ float inv_shared;
     const float* row = x + (long)blockIdx.x * D;
-    float acc = 0.0f;
-    for (int d = threadIdx.x; d < D; d += 256) acc = __fmaf_rn(row[d], row[d], acc);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, off));
-    if ((threadIdx.x & 31) == 0) warp_part[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float ss = warp_part[0];
-        for (int i = 1; i < 8; ++i) ss = __fadd_rn(ss, warp_part[i]);
-        float ms = __fdiv_rn(ss, (float)D);
-        inv_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
-    }
+    cru_rows_sumsq(row, 1, D, warp_part);
+    if (threadIdx.x == 0) inv_shared = cru_inv_rms(cru_rows_total(warp_part, 0), D, eps);
     __syncthreads();
     const float inv = inv_shared;
     float* out = y + (long)blockIdx.x * D;
-    for (int d = threadIdx.x; d < D; d += 256) out[d] = __fmul_rn(__fmul_rn(row[d], inv), w[d]);
+    for (int d = threadIdx.x; d < D; d += 256) out[d] = cru_norm_apply(row[d], inv, w[d]);
 }
 
 __global__ void rope_store(const float* __restrict__ qkv, float* __restrict__ q_out,
@@ -63,12 +56,11 @@ __global__ void rope_store(const float* __restrict__ qkv, float* __restrict__ q_
         int head = i / half, j = i % half;
         const float* v = row + head * hd;  // K heads follow Q heads in qkv
         float x1 = v[j], x2 = v[j + half];
-        float r1 = __fsub_rn(__fmul_rn(x1, c[j]), __fmul_rn(x2, s[j]));
-        float r2 = __fadd_rn(__fmul_rn(x2, c[j]), __fmul_rn(x1, s[j]));
+        const float2 r = cru_rope(x1, x2, c[j], s[j]);
         float* dst = head < n_heads ? q_out + t * q_dim + head * hd
                                     : k_pool + base + (head - n_heads) * hd;
-        dst[j] = r1;
-        dst[j + half] = r2;
+        dst[j] = r.x;
+        dst[j + half] = r.y;
     }
     for (int d = threadIdx.x; d < kv_dim; d += blockDim.x) v_pool[base + d] = row[q_dim + kv_dim + d];
 }
@@ -79,8 +71,7 @@ __global__ void swiglu_rows(const float* __restrict__ gu, float* __restrict__ y,
     long t = i / F;
     int f = (int)(i % F);
     float g = gu[t * 2 * F + f], u = gu[t * 2 * F + F + f];
-    float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-    y[i] = __fmul_rn(silu, u);
+    y[i] = cru_swiglu(g, u);
 }
 
 __global__ void gather_rows(const float* __restrict__ x, const int* __restrict__ rows,

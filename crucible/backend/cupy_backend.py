@@ -19,6 +19,7 @@ import numpy as np
 from crucible.backend import cupy_kernels as ck
 from crucible.backend.rope import rope_table
 from crucible.engine.batch import PackedBatch
+from crucible.model import llama
 from crucible.model.config import ModelConfig
 from crucible.model.weights import ModelWeights, quantize_int8
 
@@ -42,6 +43,7 @@ class CupyMeta:
     num_final: int
     max_chunk: int
     score_capacity: int
+    all_final: bool = False  # final_rows == 0..T-1 (a decode step)
 
 
 class CupyBackend:
@@ -54,7 +56,7 @@ class CupyBackend:
         self.cfg: ModelConfig | None = None
         self.keep: list | None = None  # while a graph is captured: every array it touches
         self.graphs = None  # DecodeGraphs once the pool exists (CRUCIBLE_DECODE_GRAPHS=0: off)
-        self._linear: dict[str, tuple[Any, Any]] = {}
+        self._linear: dict[str, ck.DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
     def load_weights(self, cfg: ModelConfig, weights: ModelWeights, mode: str) -> None:
@@ -69,11 +71,9 @@ class CupyBackend:
         def put(name: str, w: np.ndarray) -> None:
             if mode == "int8":
                 qw = quantize_int8(w)
-                self._linear[name] = (cp.asarray(np.ascontiguousarray(qw.q.T)),
-                                      cp.asarray(qw.scale))
+                self._linear[name] = ck.upload_weight(qw.q, qw.scale)
             else:
-                self._linear[name] = (cp.asarray(np.ascontiguousarray(w.T, dtype=np.float32)),
-                                      None)
+                self._linear[name] = ck.upload_weight(w)
 
         for i, lw in enumerate(weights.layers):
             put(f"l{i}.qkv", np.concatenate([lw.wq, lw.wk, lw.wv]))
@@ -110,11 +110,10 @@ class CupyBackend:
         valid until the next step (a graph's logits buffer is reused by its next replay)."""
         from crucible.backend.cupy_graphs import is_decode_step
         from crucible.kernels.variants import score_capacity
-        from crucible.model.llama import forward_meta
 
         if self.graphs is not None and is_decode_step(batch):
             return self.graphs.run(batch, score_capacity(batch.max_end))
-        return forward_meta(self.cfg, self, self.prepare(batch))
+        return llama.forward_meta(self.cfg, self, self.prepare(batch))
 
     def _new(self, shape: tuple[int, ...]) -> Any:
         y = _cp().empty(shape, dtype=np.float32)
@@ -136,11 +135,13 @@ class CupyBackend:
             views.append(dev[offset : offset + len(p)])
             offset += len(p)
         t = batch.num_rows
+        finals = np.asarray(batch.final_rows)
+        all_final = finals.shape[0] == t and bool((finals == np.arange(t)).all())
         return CupyMeta(t, views[0], views[1], views[2], views[3],
                         views[4].reshape(batch.segments.shape),
                         views[5].reshape(batch.page_tables.shape), views[6],
-                        int(batch.final_rows.shape[0]), batch.max_chunk,
-                        score_capacity(batch.max_end))
+                        int(finals.shape[0]), batch.max_chunk,
+                        score_capacity(batch.max_end), all_final)
 
     def embed(self, meta: CupyMeta) -> Any:
         d = self.cfg.hidden_size
@@ -157,14 +158,49 @@ class CupyBackend:
         return y
 
     def linear(self, x: Any, weight: str) -> Any:
-        wt, scale = self._linear[weight]
-        out = self._new((x.shape[0], wt.shape[1]))
-        return ck.linear(x, wt, scale, out)
+        wd = self._linear[weight]
+        return ck.linear(x, wd, self._new((x.shape[0], wd.shape[0])))
 
     def linear_add(self, x: Any, weight: str, residual: Any) -> Any:
-        wt, scale = self._linear[weight]
-        out = self._new((x.shape[0], wt.shape[1]))
-        return ck.linear(x, wt, scale, out, residual=residual)
+        wd = self._linear[weight]
+        return ck.linear(x, wd, self._new((x.shape[0], wd.shape[0])), residual=residual)
+
+    # -- fused stage groups (llama.py composes the primitives when a backend lacks them).
+    # Small M runs one row kernel per group (cuda/linear_rows.cu); large M runs the
+    # primitives. Both spell the arithmetic the same way, so the bits never depend on which.
+    def fuses(self, x: Any, group: str) -> bool:
+        """Whether ``group`` (attn_in, mlp_in, norm_linear) runs as one row kernel for x."""
+        ok = ck.use_rows(x.shape[0], x.shape[1])
+        return ok and (group != "attn_in" or self.cfg.head_dim == 64)
+
+    def attn_in(self, x: Any, layer: int, meta: CupyMeta) -> Any:
+        """RMSNorm -> QKV -> RoPE -> K/V into the pool; returns Q [T, H*hd]."""
+        if not self.fuses(x, "attn_in"):
+            return llama.compose_attn_in(self, x, layer, meta)
+        cfg = self.cfg
+        q = self._new((meta.num_rows, cfg.q_dim))
+        rope = ck.RopeStore(meta.positions, meta.pages, meta.slots, self._cos, self._sin,
+                            self.k_pool, self.v_pool, layer, cfg.n_heads, cfg.n_kv_heads)
+        return ck.linear_rows(x, self._linear[f"l{layer}.qkv"], q,
+                              norm=self._norms[f"l{layer}.attn_norm"], eps=cfg.rms_eps,
+                              epi=ck.EPI_ROPE, rope=rope)
+
+    def mlp_in(self, x: Any, layer: int) -> Any:
+        """RMSNorm -> gate/up -> SwiGLU; returns [T, F]."""
+        if not self.fuses(x, "mlp_in"):
+            return llama.compose_mlp_in(self, x, layer)
+        wd = self._linear[f"l{layer}.gate_up"]
+        out = self._new((x.shape[0], wd.shape[0] // 2))
+        return ck.linear_rows(x, wd, out, norm=self._norms[f"l{layer}.ffn_norm"],
+                              eps=self.cfg.rms_eps, epi=ck.EPI_SWIGLU)
+
+    def norm_linear(self, x: Any, norm: str, weight: str) -> Any:
+        """RMSNorm then a linear layer (the final norm and the LM head)."""
+        if not self.fuses(x, "norm_linear"):
+            return self.linear(self.rmsnorm(x, norm), weight)
+        wd = self._linear[weight]
+        out = self._new((x.shape[0], wd.shape[0]))
+        return ck.linear_rows(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps)
 
     def rope_and_store(self, qkv: Any, layer: int, meta: CupyMeta) -> Any:
         cfg = self.cfg
@@ -194,6 +230,8 @@ class CupyBackend:
         return y
 
     def gather_rows(self, x: Any, meta: CupyMeta) -> Any:
+        if meta.all_final:  # decode: every row is final, in order; a copy would change nothing
+            return x
         y = self._new((meta.num_final, x.shape[1]))
         ck.rows_launch("gather_rows", meta.num_final, (x, meta.final_rows, y,
                                                         np.int32(x.shape[1])))

@@ -89,7 +89,7 @@ class DecodeGraphs:
             v.append(meta_dev[o : o + n])
             o += n
         return CupyMeta(bucket, v[0], v[1], v[2], v[3], v[4].reshape(bucket, 4),
-                        v[5].reshape(bucket, self.width), v[6], bucket, 1, capacity)
+                        v[5].reshape(bucket, self.width), v[6], bucket, 1, capacity, True)
 
     def _capture(self, bucket: int, capacity: int) -> _Captured:
         import cupy as cp

@@ -1,4 +1,4 @@
-"""Compile the model kernels (cuda/linear.cu, cuda/model_ops.cu) once and launch them.
+"""Compile the model kernels (cuda/linear.cu, linear_rows.cu, model_ops.cu) once; launch them.
 
 Wrappers check dtypes, shapes and contiguity before every launch: a wrong array is a clear
 ValueError on the host, never a silent out-of-bounds read on the device.
@@ -7,16 +7,21 @@ ValueError on the host, never a silent out-of-bounds read on the device.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from crucible.kernels.source import read_cuda_source
+from crucible.kernels.source import cuda_source_dir, read_cuda_source
 
-SKINNY_ROWS = 4  # rows per skinny block (MT in linear.cu)
-SKINNY_MAX_M = 128  # up to here the skinny kernel (more blocks); above, the tiled one (same bits)
+ROWS_MAX_M = 128  # up to here the row kernels (linear_rows.cu); above, the tiled one
+ROWS_MAX_K = 1536  # the row kernels give each 64-wide K chunk its own warp (<= 24 warps)
 KC = 64
 _OPS = ("embed_rows", "rmsnorm_rows", "rope_store", "swiglu_rows", "gather_rows")
+# (prologue, epilogue) pairs the backend uses: plain/residual, norm + plain (LM head),
+# norm + SwiGLU (gate/up), norm + RoPE + K/V store (QKV).
+_ROWS_FORMS = ((0, 0), (1, 0), (1, 1), (1, 2))
+EPI_STORE, EPI_SWIGLU, EPI_ROPE = 0, 1, 2
 
 
 def _cupy() -> Any:
@@ -28,21 +33,36 @@ def _cupy() -> Any:
 @functools.cache
 def _module(name: str, expressions: tuple[str, ...]) -> Any:
     cp = _cupy()
-    return cp.RawModule(code=read_cuda_source(name), options=("-std=c++17",),
+    return cp.RawModule(code=read_cuda_source(name),
+                        options=("-std=c++17", f"-I{cuda_source_dir()}"),
                         name_expressions=expressions)
 
 
-def _linear_names(wdtype: str) -> tuple[str, str]:
-    t = "float" if wdtype == "float32" else "signed char"
-    return f"linear_skinny<{t}, {SKINNY_ROWS}>", f"linear_tiled<{t}>"
+def _ctype(wdtype: str) -> str:
+    return "float" if wdtype == "float32" else "signed char"
+
+
+def rows_mt(m: int) -> int:
+    """Rows per block of the row kernels: never more than needed for tiny M."""
+    return 1 if m == 1 else 4 if m <= 4 else 8
+
+
+def _rows_name(wdtype: str, mt: int, pro: int, epi: int) -> str:
+    return f"linear_rows<{_ctype(wdtype)}, {mt}, {pro}, {epi}>"
+
+
+_ROWS_NAMES = tuple(_rows_name(d, mt, pro, epi) for d in ("float32", "int8")
+                    for mt in (1, 4, 8) for pro, epi in _ROWS_FORMS)
+_TILED_NAMES = tuple(f"linear_tiled<{_ctype(d)}>" for d in ("float32", "int8"))
 
 
 @functools.cache
 def kernel(name: str) -> Any:
     if name in _OPS:
         return _module("model_ops.cu", _OPS).get_function(name)
-    names = _linear_names("float32") + _linear_names("int8")
-    return _module("linear.cu", names).get_function(name)
+    if name in _ROWS_NAMES:
+        return _module("linear_rows.cu", _ROWS_NAMES).get_function(name)
+    return _module("linear.cu", _TILED_NAMES).get_function(name)
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -50,36 +70,140 @@ def _need(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def linear(x: Any, wt: Any, scale: Any, out: Any, residual: Any = None) -> Any:
-    """out[M, N] = x[M, K] @ W (wt = W^T [K, N], f32 or int8 with f32 scale[N]), plus
-    ``residual[M, N]`` when given (added last, as a separate add would)."""
+@dataclass(frozen=True)
+class DeviceWeight:
+    """One linear weight on the device, in both layouts: W^T [K, N] for the tiled kernel
+    (neighbouring threads read neighbouring columns) and W [N, K] for the row kernels (one
+    thread reads a column's K chunk as contiguous vectors). f32, or int8 codes + scale[N]."""
+
+    wt: Any
+    w: Any
+    scale: Any | None
+
+    @property
+    def shape(self) -> tuple[int, int]:  # (N, K), as the weight is written
+        return tuple(self.w.shape)
+
+
+def upload_weight(w: np.ndarray, scale: np.ndarray | None = None) -> DeviceWeight:
+    """``w``: [N, K] f32 values, or int8 codes with ``scale`` [N]."""
     cp = _cupy()
-    m, k = x.shape
-    k2, n = wt.shape
-    _need(x.dtype == cp.float32 and x.flags.c_contiguous, "linear: x must be contiguous f32")
-    _need(k == k2, f"linear: x has K={k}, weight has K={k2}")
-    _need(out.shape == (m, n) and out.dtype == cp.float32 and out.flags.c_contiguous,
-          f"linear: out must be contiguous f32 {(m, n)}")
-    _need(wt.dtype in (cp.float32, cp.int8), f"linear: weight dtype {wt.dtype}")
-    _need(wt.dtype == cp.float32 or (scale is not None and scale.shape == (n,)),
-          "linear: int8 weights need scale[N]")
+    dt = np.int8 if scale is not None else np.float32
+    w = np.ascontiguousarray(w, dtype=dt)
+    return DeviceWeight(cp.asarray(np.ascontiguousarray(w.T)), cp.asarray(w),
+                        None if scale is None else cp.asarray(scale.astype(np.float32)))
+
+
+@dataclass(frozen=True)
+class RopeStore:
+    """Where the QKV epilogue rotates and stores: step metadata, tables, pools, layer."""
+
+    positions: Any
+    pages: Any
+    slots: Any
+    cos: Any
+    sin: Any
+    k_pool: Any
+    v_pool: Any
+    layer: int
+    n_heads: int
+    n_kv: int
+
+
+def use_rows(m: int, k: int) -> bool:
+    return m <= ROWS_MAX_M and k <= ROWS_MAX_K
+
+
+def _check_x(x: Any, k: int) -> None:
+    cp = _cupy()
+    _need(x.dtype == cp.float32 and x.ndim == 2 and x.flags.c_contiguous,
+          "linear: x must be contiguous 2-D f32")
+    _need(x.shape[1] == k, f"linear: x has K={x.shape[1]}, weight has K={k}")
+
+
+def _check_out(out: Any, shape: tuple[int, int], what: str) -> None:
+    cp = _cupy()
+    _need(out.shape == shape and out.dtype == cp.float32 and out.flags.c_contiguous,
+          f"linear: {what} must be contiguous f32 {shape}")
+
+
+def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None) -> Any:
+    """out[M, N] = x[M, K] @ W^T, plus ``residual[M, N]`` when given (added last)."""
+    cp = _cupy()
+    n, k = wd.shape
+    _check_x(x, k)
+    m = x.shape[0]
+    _check_out(out, (m, n), "out")
+    if residual is not None:
+        _check_out(residual, (m, n), "residual")
     if m == 0:
         return out
-    _need(residual is None or (residual.shape == (m, n) and residual.dtype == cp.float32
-                                and residual.flags.c_contiguous),
-          f"linear: residual must be contiguous f32 {(m, n)}")
-    skinny, tiled = _linear_names(str(wt.dtype))
-    scale_arg = scale if scale is not None else out  # unused by the f32 instantiation
+    if use_rows(m, k):
+        return linear_rows(x, wd, out, residual=residual)
+    scale_arg = wd.scale if wd.scale is not None else out  # unused by the f32 instantiation
     res_arg = residual if residual is not None else np.uint64(0)  # a null pointer
-    args = (x, wt, scale_arg, res_arg, out, cp.int32(m), cp.int32(n), cp.int32(k))
-    if m <= SKINNY_MAX_M:
-        chunks = -(-k // KC)
-        _need(chunks <= 32, f"linear: K={k} is above the skinny kernel's 2048")
-        smem = 4 * (SKINNY_ROWS * k + chunks * SKINNY_ROWS * 32)
-        kernel(skinny)((-(-n // 32), -(-m // SKINNY_ROWS)), (32, chunks), args, shared_mem=smem)
-    else:
-        kernel(tiled)((-(-n // 64), -(-m // 64)), (256,), args)
+    args = (x, wd.wt, scale_arg, res_arg, out, cp.int32(m), cp.int32(n), cp.int32(k))
+    kernel(f"linear_tiled<{_ctype(str(wd.wt.dtype))}>")((-(-n // 64), -(-m // 64)), (256,),
+                                                         args)
     return out
+
+
+def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
+                norm: Any = None, eps: float = 0.0, epi: int = EPI_STORE,
+                rope: RopeStore | None = None) -> Any:
+    """The fused row kernel (cuda/linear_rows.cu): optional RMSNorm of x with ``norm``
+    first, then the GEMM, then store (+ residual), SwiGLU, or RoPE + K/V store."""
+    from crucible.kernels.loader import ensure_dynamic_smem
+
+    cp = _cupy()
+    n_w, k = wd.shape
+    _check_x(x, k)
+    m = x.shape[0]
+    _need(k <= ROWS_MAX_K, f"linear_rows: K={k} is above {ROWS_MAX_K}")
+    null = np.uint64(0)
+    rope_args: tuple = (null,) * 7 + (cp.int32(0),) * 4
+    if epi == EPI_STORE:
+        n_out, grid_x, nc = n_w, -(-n_w // 32), 1
+        _check_out(out, (m, n_out), "out")
+        if residual is not None:
+            _check_out(residual, (m, n_out), "residual")
+    elif epi == EPI_SWIGLU:
+        _need(n_w % 2 == 0 and residual is None, "linear_rows: SwiGLU needs [2F, K], no residual")
+        n_out, grid_x, nc = n_w // 2, -(-(n_w // 2) // 32), 2
+        _check_out(out, (m, n_out), "out")
+    else:
+        _need(rope is not None and residual is None, "linear_rows: RoPE needs its RopeStore")
+        heads = rope.n_heads + 2 * rope.n_kv
+        _need(n_w == heads * 64, f"linear_rows: QKV width {n_w} != {heads} heads x 64")
+        n_out, grid_x, nc = n_w, heads, 2
+        _check_out(out, (m, rope.n_heads * 64), "q_out")
+        rope_args = (rope.positions, rope.pages, rope.slots, rope.cos, rope.sin, rope.k_pool,
+                     rope.v_pool, cp.int32(rope.layer), cp.int32(rope.k_pool.shape[1]),
+                     cp.int32(rope.n_heads), cp.int32(rope.n_kv))
+    _need(norm is None or norm.shape == (k,), f"linear_rows: norm weight must be [{k}]")
+    if m == 0:
+        return out
+    mt = rows_mt(m)
+    chunks = -(-k // KC)
+    row_groups = -(-m // mt)
+    # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
+    # once (the LM head); then each CTA stages and normalises x once for several blocks.
+    groups = max(1, -(-grid_x * row_groups // (4 * _sm_count())))
+    fn = kernel(_rows_name(str(wd.w.dtype), mt, 0 if norm is None else 1, epi))
+    smem = 4 * (mt * k + chunks * mt * nc * 32)
+    ensure_dynamic_smem(fn, smem)
+    args = (x, wd.w, wd.scale if wd.scale is not None else out,
+            norm if norm is not None else null, np.float32(eps),
+            residual if residual is not None else null, out, cp.int32(m), cp.int32(n_out),
+            cp.int32(k), cp.int32(groups)) + rope_args
+    fn((-(-grid_x // groups), row_groups), (32, max(chunks, 8)), args, shared_mem=smem)
+    return out
+
+
+@functools.cache
+def _sm_count() -> int:
+    cp = _cupy()
+    return int(cp.cuda.Device().attributes["MultiProcessorCount"])
 
 
 def rows_launch(name: str, rows: int, args: tuple, threads: int = 256) -> None:

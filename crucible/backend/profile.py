@@ -7,7 +7,8 @@ kernels back to back, not the host's launch overhead (which the graph path remov
 anyway). On the numpy backend every call is synchronous and the wall clock does. It has no
 ``run_step``, so a ModelRunner using it runs eagerly. Stage names follow the forward:
 embed, norm, qkv, rope_kv_store, attention, o (+residual), gate_up, swiglu, down (+residual),
-final.
+final. Where the backend fuses a stage group into one kernel (small batches on the GPU),
+the group is one stage: norm+qkv+rope_kv_store, norm+gate_up+swiglu.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import functools
 import time
 from collections import defaultdict
 from typing import Any
+
+from crucible.model import llama
 
 _SPIN = r"""
 extern "C" __global__ void spin(long long cycles) {
@@ -91,6 +94,27 @@ class ProfiledBackend:
 
     def swiglu(self, gate_up: Any) -> Any:
         return self._timed("swiglu", self.be.swiglu, gate_up)
+
+    # Fused stage groups: timed as one stage where the backend fuses them for this batch,
+    # else composed here from the timed primitives (so prefill keeps its breakdown).
+    def _fuses(self, x: Any, group: str) -> bool:
+        fuses = getattr(self.be, "fuses", None)
+        return fuses is not None and fuses(x, group)
+
+    def attn_in(self, x: Any, layer: int, meta: Any) -> Any:
+        if self._fuses(x, "attn_in"):
+            return self._timed("norm+qkv+rope_kv_store", self.be.attn_in, x, layer, meta)
+        return llama.compose_attn_in(self, x, layer, meta)
+
+    def mlp_in(self, x: Any, layer: int) -> Any:
+        if self._fuses(x, "mlp_in"):
+            return self._timed("norm+gate_up+swiglu", self.be.mlp_in, x, layer)
+        return llama.compose_mlp_in(self, x, layer)
+
+    def norm_linear(self, x: Any, norm: str, weight: str) -> Any:
+        if self._fuses(x, "norm_linear"):
+            return self._timed("final", self.be.norm_linear, x, norm, weight)
+        return self.linear(self.rmsnorm(x, norm), weight)
 
     def gather_rows(self, x: Any, meta: Any) -> Any:
         return self._timed("final", self.be.gather_rows, x, meta)

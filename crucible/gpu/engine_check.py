@@ -1,8 +1,9 @@
 """``llm-engine gpu-engine-check``: the CuPy backend against the numpy oracle and itself.
 
 Checks (each prints a count; any failure exits non-zero):
-  linear    skinny and tiled GEMM kernels give identical bits for every M (f32 and int8),
-            and agree with a float64 product within tolerance;
+  linear    row (decode) and tiled GEMM kernels give identical bits for every M (f32 and
+            int8), and agree with a float64 product within tolerance;
+  fused     each fused row kernel == its stages run as separate kernels (bitwise);
   agree     GPU logits vs the numpy backend on tiny random models (G = 3 and 4);
   needle    a request alone == the same request inside random packed batches (bitwise);
   chunked   chunked prefill (several chunkings) and decode == one-shot prefill (bitwise);
@@ -47,23 +48,55 @@ def check_linear(t: Tally, rng: np.random.Generator) -> None:
     from crucible.backend import cupy_kernels as ck
     from crucible.model.weights import quantize_int8
 
-    for n, k in [(960, 576), (576, 1536), (300, 96), (49152, 576)]:
+    for n, k in [(960, 576), (576, 1536), (300, 96), (70, 100), (49152, 576)]:
         w = rng.standard_normal((n, k)).astype(np.float32)
         x = rng.standard_normal((300, k)).astype(np.float32)
         qw = quantize_int8(w)
-        for label, wt, scale, ref_w in [
-                ("f32", cp.asarray(np.ascontiguousarray(w.T)), None, w),
-                ("int8", cp.asarray(np.ascontiguousarray(qw.q.T)), cp.asarray(qw.scale),
-                 qw.dequantize())]:
+        for label, wd, ref_w in [("f32", ck.upload_weight(w), w),
+                                 ("int8", ck.upload_weight(qw.q, qw.scale), qw.dequantize())]:
             xd = cp.asarray(x)
-            full = cp.asnumpy(ck.linear(xd, wt, scale, cp.empty((300, n), cp.float32)))
-            for m in (1, 2, 3, 4, 5, 15, 16, 17, 33, 64, 65, 127, 128, 129, 200, 300):
-                part = cp.asnumpy(ck.linear(cp.asarray(x[-m:]), wt, scale,
-                                            cp.empty((m, n), cp.float32)))
+            full = cp.asnumpy(ck.linear(xd, wd, cp.empty((300, n), cp.float32)))  # tiled
+            for m in (1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 33, 64, 65, 127, 128, 129, 200, 300):
+                part = cp.asnumpy(ck.linear(cp.asarray(x[-m:]), wd, cp.empty((m, n), cp.float32)))
                 t.check(np.array_equal(part, full[-m:]), f"linear {label} {n}x{k} M={m}")
             want = x.astype(np.float64) @ ref_w.astype(np.float64).T
             err = np.abs(full - want).max() / max(1.0, np.abs(want).max())
             t.check(err < 1e-5, f"linear {label} {n}x{k} vs float64: rel err {err:.2e}")
+
+
+def check_fused(t: Tally, name: str, geom: dict, rng: np.random.Generator) -> None:
+    """Each fused row kernel (norm+QKV+RoPE+store, norm+gate/up+SwiGLU, norm+LM head) ==
+    the same stages as separate kernels, bitwise, including what lands in the pool."""
+    import cupy as cp
+
+    from crucible.model import llama
+
+    model = tiny_random_model(seed=7, **geom)
+    cfg = model.config
+    gpu = ModelRunner(model, num_pages=600, device="cuda")
+    be = gpu.backend
+    for m in (1, 2, 3, 4, 5, 8, 9, 33, 128):
+        free = rng.permutation(600).tolist()
+        batch = build_packed_batch([
+            SegmentSpec(f"r{i}", [int(rng.integers(0, cfg.vocab_size))],
+                        int(rng.integers(0, 64)), [free.pop() for _ in range(4)], [0])
+            for i in range(m)])
+        meta = be.prepare(batch)
+        x = cp.asarray(rng.standard_normal((m, cfg.hidden_size)).astype(np.float32))
+        layer = int(rng.integers(0, cfg.n_layers))
+        k0, v0 = be.k_pool.copy(), be.v_pool.copy()
+        q_fused = be.attn_in(x, layer, meta)
+        kf, vf = be.k_pool.copy(), be.v_pool.copy()
+        be.k_pool[...], be.v_pool[...] = k0, v0
+        q_sep = llama.compose_attn_in(be, x, layer, meta)
+        same = (bool(cp.array_equal(q_fused, q_sep)) and bool(cp.array_equal(kf, be.k_pool))
+                and bool(cp.array_equal(vf, be.v_pool)))
+        t.check(same and not bool(cp.array_equal(kf, k0)), f"{name} fused attn_in M={m}")
+        t.check(bool(cp.array_equal(be.mlp_in(x, layer), llama.compose_mlp_in(be, x, layer))),
+                f"{name} fused mlp_in M={m}")
+        sep = be.linear(be.rmsnorm(x, "final_norm"), "lm_head")
+        t.check(bool(cp.array_equal(be.norm_linear(x, "final_norm", "lm_head"), sep)),
+                f"{name} fused norm+lm_head M={m}")
 
 
 def _alone(runner: ModelRunner, tokens: list[int], pages: list[int]) -> np.ndarray:
@@ -180,6 +213,7 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     check_linear(t, rng)
     for name, geom in GEOMS.items():
+        check_fused(t, name, geom, rng)
         check_model(t, name, geom, rng, args.online)
         check_graphs(t, name, geom, rng)
     if args.model:

@@ -24,7 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from crucible.kernels.loader import attention_kernel, ensure_dynamic_smem, smem_optin_limit
+from crucible.kernels.loader import (
+    attention_kernel,
+    decode_kernel,
+    ensure_dynamic_smem,
+    smem_optin_limit,
+)
 from crucible.kernels.variants import (
     DEFAULT_VARIANT,
     HEAD_DIM,
@@ -80,12 +85,18 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
                        n_kv_heads, max_chunk, score_capacity)
     requested = parse_variant(variant) if isinstance(variant, str) else variant
     plan = plan_launch(requested, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=HEAD_DIM,
-                       capacity=score_capacity, smem_limit=smem_optin_limit())
-    kernel = attention_kernel(plan.variant)
+                       capacity=score_capacity, smem_limit=smem_optin_limit(),
+                       decode=max_chunk == 1 and segments.shape[0] == q.shape[0])
+    kernel = decode_kernel() if plan.decode else attention_kernel(plan.variant)
     ensure_dynamic_smem(kernel, plan.smem_bytes)
     i32 = np.int32
     n_layers, stride = k_pool.shape[1], page_tables.shape[1]
-    if plan.variant.family == "reference":
+    if plan.decode:
+        grid = (n_heads, q.shape[0], 1)
+        args = (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables, i32(stride),
+                out, i32(n_heads), i32(n_kv_heads), i32(n_layers), i32(layer),
+                i32(score_capacity))
+    elif plan.variant.family == "reference":
         grid = (n_heads, q.shape[0], 1)
         args = (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables, i32(stride),
                 out, i32(n_heads), i32(n_kv_heads), i32(n_layers), i32(layer))

@@ -35,6 +35,10 @@ def fixed_cases() -> list[Case]:
         Case("decodes-16", h, kv, tuple((int(s), 1) for s in
                                          np.random.default_rng(5).integers(0, 1500, 16)),
              pages="interleaved", seed=12),
+        # Decode launch (attn_decode) edges: QK sweeps of 256 keys, V tiles of 128.
+        Case("decodes-tile-edges", *DEFAULT_MODEL,
+             tuple((s, 1) for s in (0, 126, 127, 128, 255, 256, 383, 1000, 4095, 8191)),
+             seed=14),
         Case("mixed-prefill-decode", h, kv, ((0, 100), (50, 1), (300, 1), (0, 33), (1023, 1)),
              pages="interleaved", seed=13),
     ]

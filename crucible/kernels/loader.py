@@ -50,6 +50,16 @@ def attention_module() -> Any:
 
 
 @functools.cache
+def decode_kernel() -> Any:
+    """attn_decode (cuda/attention_decode.cu): the exact family's launch for decode steps."""
+    cupy = _cupy()
+    module = cupy.RawModule(code=read_cuda_source("attention_decode.cu"),
+                            options=("-std=c++17", f"-I{cuda_source_dir()}"),
+                            name_expressions=("attn_decode",))
+    return module.get_function("attn_decode")
+
+
+@functools.cache
 def attention_kernel(variant: Variant) -> Any:
     return attention_module().get_function(kernel_name(variant))
 

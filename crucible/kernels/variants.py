@@ -113,6 +113,13 @@ def reference_smem_bytes(capacity: int) -> int:
     return 4 * capacity
 
 
+DECODE_V_TILE = 128  # attn_decode's staged V positions (CRU_DEC_VT)
+
+
+def decode_smem_bytes(capacity: int) -> int:
+    return 4 * (DECODE_V_TILE * HEAD_DIM + capacity + capacity // 16)
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     variant: Variant  # what actually runs
@@ -120,11 +127,15 @@ class LaunchPlan:
     smem_bytes: int  # dynamic shared memory per CTA
     threads: int
     reason: str | None = None  # why it differs from the request
+    decode: bool = False  # the exact family's decode launch (attn_decode, same bits)
 
 
 def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: int,
-                capacity: int, smem_limit: int) -> LaunchPlan:
-    """Pick the kernel for one call; the result is a pure function of its arguments."""
+                capacity: int, smem_limit: int, decode: bool = False) -> LaunchPlan:
+    """Pick the kernel for one call; the result is a pure function of its arguments.
+
+    ``decode``: every segment is one row. The exact family then runs attn_decode, which is
+    bit-identical to the reference (as every exact kernel is) and built for single rows."""
     ref = LaunchPlan(Variant("reference"), requested, reference_smem_bytes(capacity), 256)
     if ref.smem_bytes + REFERENCE_STATIC_BYTES > smem_limit:
         # Nothing can hold a score vector this long; refuse rather than launch out of bounds.
@@ -132,6 +143,8 @@ def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: 
                          f"memory ({smem_limit} B per CTA)")
     if requested.family == "reference":
         return ref
+    if decode and requested.family == "exact" and decode_smem_bytes(capacity) <= smem_limit:
+        return LaunchPlan(requested, requested, decode_smem_bytes(capacity), 256, decode=True)
     group = n_heads // n_kv_heads if n_kv_heads and n_heads % n_kv_heads == 0 else 0
     if head_dim != HEAD_DIM or not 1 <= group <= MAX_GROUP:
         return _reported(ref, f"geometry heads={n_heads}/{n_kv_heads} head_dim={head_dim} "

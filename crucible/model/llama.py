@@ -4,6 +4,8 @@
     residual -> RMSNorm -> gate/up -> SwiGLU -> down -> residual] -> final rows ->
     final RMSNorm -> LM head
 
+Three stage groups (attn_in, mlp_in, norm_linear) may be fused by a backend.
+
 Shapes: activations are packed rows [T, features]; only the final rows reach the LM head.
 """
 
@@ -27,12 +29,37 @@ def forward_meta(cfg: ModelConfig, be: Backend, meta: Any) -> Any:
     """The forward over already-uploaded step metadata; logits stay on the backend."""
     x = be.embed(meta)  # [T, D]
     for i in range(cfg.n_layers):
-        h = be.rmsnorm(x, f"l{i}.attn_norm")
-        qkv = be.linear(h, f"l{i}.qkv")  # [T, (H + 2 KV) hd]
-        q = be.rope_and_store(qkv, i, meta)  # [T, H hd]; K/V now in the pool
+        q = attn_in(be, x, i, meta)  # [T, H hd]; K/V now in the pool
         a = be.attention(q, i, meta)  # [T, H hd]
         x = be.linear_add(a, f"l{i}.o", x)  # residual fused where the backend can
-        h = be.rmsnorm(x, f"l{i}.ffn_norm")
-        x = be.linear_add(be.swiglu(be.linear(h, f"l{i}.gate_up")), f"l{i}.down", x)
+        x = be.linear_add(mlp_in(be, x, i), f"l{i}.down", x)
     rows = be.gather_rows(x, meta)  # [R, D]
-    return be.linear(be.rmsnorm(rows, "final_norm"), "lm_head")
+    return norm_linear(be, rows, "final_norm", "lm_head")
+
+
+# Stage groups a backend may fuse into one kernel (the CuPy backend does for small batches).
+# A backend without the method gets the composition of primitives below; a fused version
+# must give the same bits as the composition.
+def attn_in(be: Backend, x: Any, i: int, meta: Any) -> Any:
+    fused = getattr(be, "attn_in", None)
+    return fused(x, i, meta) if fused is not None else compose_attn_in(be, x, i, meta)
+
+
+def mlp_in(be: Backend, x: Any, i: int) -> Any:
+    fused = getattr(be, "mlp_in", None)
+    return fused(x, i) if fused is not None else compose_mlp_in(be, x, i)
+
+
+def norm_linear(be: Backend, x: Any, norm: str, weight: str) -> Any:
+    fused = getattr(be, "norm_linear", None)
+    return fused(x, norm, weight) if fused is not None else be.linear(be.rmsnorm(x, norm), weight)
+
+
+def compose_attn_in(be: Backend, x: Any, i: int, meta: Any) -> Any:
+    """RMSNorm -> QKV -> RoPE + K/V into the pages; returns Q."""
+    return be.rope_and_store(be.linear(be.rmsnorm(x, f"l{i}.attn_norm"), f"l{i}.qkv"), i, meta)
+
+
+def compose_mlp_in(be: Backend, x: Any, i: int) -> Any:
+    """RMSNorm -> gate/up -> SwiGLU."""
+    return be.swiglu(be.linear(be.rmsnorm(x, f"l{i}.ffn_norm"), f"l{i}.gate_up"))

@@ -1,0 +1,108 @@
+"""Per-kernel GPU time of one decode layer's kernels, measured the way decode runs them.
+
+    python3 bench/gpu_kernels.py [--json PATH] [--reps 50]
+
+Each kernel is launched ``reps`` times inside one CUDA graph and the graph is replayed; the
+time per launch is (replay time) / reps, which includes the graph's per-node cost, exactly
+as a decode step pays it. An empty kernel gives that per-node floor. Shapes are the default
+model's (SmolLM2-135M: hidden 576, 9/3 heads of 64, FFN 1536, vocab 49152) with random int8
+weights, at batch 1 and 64 and a 192-token history. Figures: min and median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from common import stat, write_json
+
+from crucible.backend import cupy_kernels as ck
+from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.model.runner import ModelRunner
+from crucible.model.tiny import tiny_random_model
+
+SMOLLM2 = dict(n_heads=9, n_kv_heads=3, head_dim=64, hidden_size=576, ffn_size=1536,
+               n_layers=2, vocab_size=49152)
+
+
+def time_graph(fn: Callable[[], Any], reps: int, rounds: int) -> list[float]:
+    """Microseconds per launch of ``fn`` over ``rounds`` replays of a ``reps``-launch graph."""
+    import cupy as cp
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()
+        stream.synchronize()
+        stream.begin_capture()
+        for _ in range(reps):
+            fn()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        out = []
+        for _ in range(rounds):
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record(stream)
+            graph.launch(stream)
+            b.record(stream)
+            b.synchronize()
+            out.append(cp.cuda.get_elapsed_time(a, b) * 1000.0 / reps)
+    return out
+
+
+def kernels(be: Any, meta: Any, m: int) -> dict[str, Callable[[], Any]]:
+    import cupy as cp
+
+    cfg = be.cfg
+    x = cp.asarray(np.random.default_rng(0).standard_normal((m, cfg.hidden_size)),
+                   dtype=cp.float32)
+    q = be.attn_in(x, 0, meta)
+    act = be.mlp_in(x, 0)
+    empty = cp.RawKernel('extern "C" __global__ void nop() {}', "nop")
+    return {
+        "empty kernel (graph node floor)": lambda: empty((1,), (32,), ()),
+        "norm+qkv+rope_kv_store": lambda: be.attn_in(x, 0, meta),
+        "attention": lambda: be.attention(q, 0, meta),
+        "o (+residual)": lambda: be.linear_add(q, "l0.o", x),
+        "norm+gate_up+swiglu": lambda: be.mlp_in(x, 0),
+        "down (+residual)": lambda: be.linear_add(act, "l0.down", x),
+        "final norm + lm_head": lambda: be.norm_linear(x, "final_norm", "lm_head"),
+        "rmsnorm alone": lambda: be.rmsnorm(x, "l0.attn_norm"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default="bench/gpu-kernels.json")
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--history", type=int, default=192)
+    args = p.parse_args(argv)
+    model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
+    runner = ModelRunner(model, num_pages=64 * 20, device="cuda")
+    be = runner.backend
+    be.graphs = None
+    res: dict[str, dict] = {}
+    for m in (1, 64):
+        n_pages = -(-(args.history + 1) // 16)
+        batch = build_packed_batch([SegmentSpec(f"r{i}", [7], args.history,
+                                                list(range(i * 20, i * 20 + n_pages)), [0])
+                                    for i in range(m)])
+        meta = be.prepare(batch)
+        for name, fn in kernels(be, meta, m).items():
+            us = time_graph(fn, args.reps, args.rounds)
+            res[f"b{m} {name}"] = stat(us)
+            print(f"b{m:<3} {name:32s} {min(us):8.2f} us  (median {np.median(us):.2f})",
+                  file=sys.stderr, flush=True)
+    write_json(args.json, {"command": "python3 bench/gpu_kernels.py " +
+                           " ".join(argv or sys.argv[1:]), "history": args.history,
+                           "us_per_launch": res, "time": time.strftime("%Y-%m-%d %H:%M")})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

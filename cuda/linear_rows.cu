@@ -1,0 +1,247 @@
+// linear_rows.cu: the decode GEMM, y[m, n] = sum_k x[m, k] * W[n, k], fused with the row
+// stages around it. Same canonical order, so the same bits, as linear.cu's kernels.
+//
+// Layout: x f32 [M, K] row-major; weights in their natural [N, K] row-major form (f32, or
+// int8 codes with f32 scale[N]), so one thread reads one column's 64-wide K chunk as
+// contiguous 16-byte vectors (4 loads for int8, 16 for f32) instead of 64 strided loads;
+// y f32 [M, N_out] row-major.
+//
+// Canonical order of every output element (the contract of linear.cu, restated):
+//   partial_c = sequential fma chain over the 64-wide chunk c from 0 (k ascending);
+//   total = partial_0 + partial_1 + ... in ascending c; int8: total * scale[n];
+//   residual (when given): residual[m, n] + that, last.
+//
+// Thread mapping: block (32, Y), Y = max(n_chunks, 8) <= 24 (so K <= 1536). threadIdx.y = c
+// owns K chunk c; lane owns NC output columns (below) of a column block. MT rows per block,
+// grid.y walks row groups; rows past M are zeros and never stored. Every thread first
+// stages the MT rows of x in shared memory (and normalises them in place when PRO is set);
+// then for each of the block's `groups` consecutive column blocks, each chunk's partials go
+// through shared memory and warp y adds row y's partials in chunk order. Several column
+// blocks per CTA amortise the staging and the norm when N is large (the LM head).
+//
+// Prologue PRO: 0 none; 1 RMSNorm (rowops.cuh's canonical tree; flat threads 0..255).
+// Epilogue EPI (the columns a lane owns):
+//   0 store   column blockIdx.x*32 + lane           -> y (+ residual)
+//   1 swiglu  columns f and F + f (f = blockIdx.x*32 + lane) of the [2F, K] gate/up
+//             weight -> y[m, f] = swiglu(gate, up)
+//   2 rope    blockIdx.x = one head of the fused QKV output (Q heads, then K, then V);
+//             columns j = lane and j + 32 of that head (head_dim 64). Q heads are rotated
+//             into q_out [M, H*64], K heads rotated into the K pool, V heads copied to the
+//             V pool, each at (pages[m], slots[m]) of `layer`.
+// Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32). No standard headers (NVRTC).
+#include "rowops.cuh"
+
+#define CRU_KC 64
+
+__device__ __forceinline__ void cru_unpack(int v, float* f) {
+    f[0] = (float)(signed char)(v & 0xff);
+    f[1] = (float)(signed char)((v >> 8) & 0xff);
+    f[2] = (float)(signed char)((v >> 16) & 0xff);
+    f[3] = (float)(signed char)((v >> 24) & 0xff);
+}
+
+// One column's 64-wide K chunk, as loaded. int8 chunks (64 B) are loaded whole into
+// registers at the very start of the kernel, so the loads overlap the staging and the
+// RMSNorm of x; f32 chunks (256 B) are loaded a quarter (16 values) at a time when used.
+template <typename T> struct RawChunk;
+template <> struct RawChunk<signed char> {
+    int4 v[4];
+    __device__ __forceinline__ void load(const signed char* p) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[q] = reinterpret_cast<const int4*>(p)[q];
+    }
+    __device__ __forceinline__ void quarter(int q, const signed char*, float* f) const {
+        cru_unpack(v[q].x, f); cru_unpack(v[q].y, f + 4);
+        cru_unpack(v[q].z, f + 8); cru_unpack(v[q].w, f + 12);
+    }
+};
+template <> struct RawChunk<float> {
+    __device__ __forceinline__ void load(const float*) {}
+    __device__ __forceinline__ void quarter(int q, const float* p, float* f) const {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float4 v = reinterpret_cast<const float4*>(p + 16 * q)[i];
+            f[4 * i] = v.x; f[4 * i + 1] = v.y; f[4 * i + 2] = v.z; f[4 * i + 3] = v.w;
+        }
+    }
+};
+__device__ __forceinline__ float cru_w1(const float* p, int i) { return p[i]; }
+__device__ __forceinline__ float cru_w1(const signed char* p, int i) { return (float)p[i]; }
+
+template <typename T>
+__device__ __forceinline__ float cru_rows_finish(float total, const float* scale, int n) {
+    return total;
+}
+template <>
+__device__ __forceinline__ float cru_rows_finish<signed char>(float total, const float* scale,
+                                                              int n) {
+    return __fmul_rn(total, scale[n]);
+}
+
+// Column j of this lane's NC columns in column block cb (see the epilogue table above).
+template <int EPI>
+__device__ __forceinline__ int cru_rows_col(int cb, int j, int lane, int F) {
+    if (EPI == 2) return cb * 64 + lane + 32 * j;
+    if (EPI == 1) return cb * 32 + lane + F * j;
+    return cb * 32 + lane;
+}
+
+template <typename T, int MT, int NC, int EPI>
+__device__ __forceinline__ void cru_rows_chunk(const RawChunk<T>* raw, bool preloaded,
+                                               const T* __restrict__ w, const float* xs,
+                                               float* part, int cb, int c, int lane, int K,
+                                               int N_out, int n_rows_w) {
+    const int k0 = c * CRU_KC, kn = min(CRU_KC, K - k0);
+    const bool vec = kn == CRU_KC && (K & 15) == 0;  // 16-byte loads need K % 16 == 0
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+        const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
+        float acc[MT];
+#pragma unroll
+        for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
+        if (col < n_rows_w) {
+            const T* wp = w + (long)col * K + k0;
+            if (vec) {
+                RawChunk<T> rc = raw[j];
+                if (!preloaded) rc.load(wp);
+#pragma unroll
+                for (int q = 0; q < CRU_KC / 16; ++q) {
+                    float f[16];
+                    rc.quarter(q, wp, f);
+                    // x as float4: one shared load per 4 fmas; each row's chain stays in
+                    // ascending k.
+#pragma unroll
+                    for (int r = 0; r < MT; ++r) {
+                        const float4* x4 = reinterpret_cast<const float4*>(xs + r * K + k0 + 16 * q);
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const float4 xv = x4[i];
+                            acc[r] = __fmaf_rn(xv.x, f[4 * i], acc[r]);
+                            acc[r] = __fmaf_rn(xv.y, f[4 * i + 1], acc[r]);
+                            acc[r] = __fmaf_rn(xv.z, f[4 * i + 2], acc[r]);
+                            acc[r] = __fmaf_rn(xv.w, f[4 * i + 3], acc[r]);
+                        }
+                    }
+                }
+            } else {
+                for (int kk = 0; kk < kn; ++kk) {
+                    const float wk = cru_w1(wp, kk);
+#pragma unroll
+                    for (int r = 0; r < MT; ++r) acc[r] = __fmaf_rn(xs[r * K + k0 + kk], wk, acc[r]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < MT; ++r) part[((c * MT + r) * NC + j) * 32 + lane] = acc[r];
+    }
+}
+
+template <typename T, int MT, int PRO, int EPI>
+__global__ void __launch_bounds__(768, 1)
+linear_rows(const float* __restrict__ x, const T* __restrict__ w,
+            const float* __restrict__ scale, const float* __restrict__ norm_w, float eps,
+            const float* __restrict__ residual, float* __restrict__ y, int M, int N_out, int K,
+            int groups, const int* __restrict__ positions, const int* __restrict__ pages,
+            const int* __restrict__ slots, const float* __restrict__ cos_t,
+            const float* __restrict__ sin_t, float* __restrict__ k_pool,
+            float* __restrict__ v_pool, int layer, int n_layers, int n_heads, int n_kv) {
+    constexpr int NC = EPI == 0 ? 1 : 2;
+    extern __shared__ float smem[];
+    __shared__ float red[MT * 8];
+    __shared__ float inv[MT];
+    const int n_chunks = (K + CRU_KC - 1) / CRU_KC;
+    float* xs = smem;             // [MT][K]
+    float* part = smem + MT * K;  // [n_chunks][MT][NC][32]
+    const int lane = threadIdx.x, c = threadIdx.y;
+    const int tid = c * 32 + lane, nthreads = 32 * blockDim.y;
+    const int m0 = blockIdx.y * MT;
+    // Rows of the weight: N_out, or 2F for SwiGLU, or the QKV width for RoPE.
+    const int n_rows_w = EPI == 1 ? 2 * N_out : N_out;
+    const int n_blocks = EPI == 2 ? n_heads + 2 * n_kv : (N_out + 31) / 32;
+
+    // The first column block's int8 weights load while x is staged and normalised.
+    RawChunk<T> raw[NC];
+    const int cb0 = blockIdx.x * groups;
+    if (c < n_chunks && K - c * CRU_KC >= CRU_KC && (K & 15) == 0) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j) {
+            const int col = cru_rows_col<EPI>(cb0, j, lane, N_out);
+            if (col < n_rows_w) raw[j].load(w + (long)col * K + c * CRU_KC);
+        }
+    }
+    for (int i = tid; i < MT * K; i += nthreads) {
+        const int m = m0 + i / K;
+        xs[i] = m < M ? x[(long)m * K + i % K] : 0.0f;
+    }
+    __syncthreads();
+    if (PRO == 1) {
+        cru_rows_sumsq(xs, MT, K, red);
+        if (tid < MT) inv[tid] = cru_inv_rms(cru_rows_total(red, tid), K, eps);
+        __syncthreads();
+        for (int i = tid; i < MT * K; i += nthreads)
+            xs[i] = cru_norm_apply(xs[i], inv[i / K], norm_w[i % K]);
+        __syncthreads();
+    }
+
+    for (int g = 0; g < groups; ++g) {
+        const int cb = cb0 + g;
+        if (cb >= n_blocks) break;  // uniform across the block
+        if (c < n_chunks)
+            cru_rows_chunk<T, MT, NC, EPI>(raw, g == 0, w, xs, part, cb, c, lane, K, N_out,
+                                           n_rows_w);
+        __syncthreads();
+        for (int r = c; r < MT; r += blockDim.y) {  // warp r finishes row r
+            const int m = m0 + r;
+            if (m >= M) break;
+            float v[NC];
+            bool ok = true;
+#pragma unroll
+            for (int j = 0; j < NC; ++j) {
+                const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
+                ok = ok && col < n_rows_w;
+                float total = part[(r * NC + j) * 32 + lane];
+                for (int cc = 1; cc < n_chunks; ++cc)
+                    total = __fadd_rn(total, part[((cc * MT + r) * NC + j) * 32 + lane]);
+                v[j] = col < n_rows_w ? cru_rows_finish<T>(total, scale, col) : 0.0f;
+            }
+            if (!ok) continue;
+            if (EPI == 0) {
+                const long at = (long)m * N_out + cb * 32 + lane;
+                y[at] = residual ? __fadd_rn(residual[at], v[0]) : v[0];
+            } else if (EPI == 1) {
+                y[(long)m * N_out + cb * 32 + lane] = cru_swiglu(v[0], v[1]);
+            } else {
+                const int kv_dim = n_kv * 64;
+                const long base = (((long)pages[m] * n_layers + layer) * 16 + slots[m]) * kv_dim;
+                if (cb < n_heads + n_kv) {
+                    const long t = (long)positions[m] * 32 + lane;
+                    const float2 rr = cru_rope(v[0], v[1], cos_t[t], sin_t[t]);
+                    float* dst = cb < n_heads ? y + (long)m * n_heads * 64 + cb * 64
+                                              : k_pool + base + (cb - n_heads) * 64;
+                    dst[lane] = rr.x;
+                    dst[lane + 32] = rr.y;
+                } else {
+                    float* dst = v_pool + base + (cb - n_heads - n_kv) * 64;
+                    dst[lane] = v[0];
+                    dst[lane + 32] = v[1];
+                }
+            }
+        }
+        __syncthreads();  // part is rewritten by the next column block
+    }
+}
+
+#ifndef __CUDACC_RTC__
+// Offline `nvcc -c` builds instantiate the decode shapes so `-Xptxas -v` reports their
+// resources; NVRTC instantiates what it needs through name expressions instead.
+#define CRU_ROWS_INSTANTIATE(T, MT, PRO, EPI)                                                  \
+    template __global__ void linear_rows<T, MT, PRO, EPI>(                                     \
+        const float*, const T*, const float*, const float*, float, const float*, float*, int, \
+        int, int, int, const int*, const int*, const int*, const float*, const float*, float*, \
+        float*, int, int, int, int);
+CRU_ROWS_INSTANTIATE(signed char, 1, 1, 2)
+CRU_ROWS_INSTANTIATE(signed char, 1, 1, 1)
+CRU_ROWS_INSTANTIATE(signed char, 1, 0, 0)
+CRU_ROWS_INSTANTIATE(signed char, 8, 0, 0)
+CRU_ROWS_INSTANTIATE(float, 8, 1, 1)
+#endif
