@@ -1,7 +1,8 @@
 """Bitwise batch invariance of the numpy backend (DESIGN section 5, on the CPU oracle).
 
 A request's logits must not change, bit for bit, with its neighbours in the step, where it
-sits in the packed rows, how its prompt was chunked, or which physical pages hold it.
+sits in the packed rows, how its prompt was chunked, or which physical pages hold it. Both
+CPU paths are checked: the compiled kernels and the BLAS tile fallback.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crucible.backend import numpy_backend
+from crucible.backend import cpu_ext, numpy_backend
 from crucible.backend.numpy_gemm import gemm_rows
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.model.runner import ModelRunner
@@ -20,6 +21,17 @@ from crucible.model.tiny import tiny_random_model
 def model(request):
     return tiny_random_model(seed=11, weights=request.param, n_heads=6, n_kv_heads=2,
                              hidden_size=96)
+
+
+@pytest.fixture(autouse=True, params=["compiled", "blas-tiles"])
+def cpu_path(request, monkeypatch):
+    """Run every test on both CPU paths (the compiled one only where it is built)."""
+    if request.param == "compiled" and cpu_ext.extension() is None:
+        pytest.skip("compiled CPU kernels not built")
+    if request.param == "blas-tiles":
+        monkeypatch.setattr(cpu_ext, "_ext", None)
+        monkeypatch.setattr(cpu_ext, "_warned", True)  # the fallback notice is tested elsewhere
+    return request.param
 
 
 def _run_alone(model, tokens: list[int], pages: list[int]) -> np.ndarray:
@@ -100,7 +112,11 @@ def test_plain_blas_would_not_be_invariant(model, monkeypatch) -> None:
     these shapes (then the control cannot show anything).
     """
     def plain(self, x, weight):
-        w, scale = self._linear[weight]
+        if self.compiled:
+            packed = self._packed[weight]
+            w, scale = packed.dense(), packed.scale
+        else:
+            w, scale = self._linear[weight]
         y = x @ w.T
         return y if scale is None else y * scale
 

@@ -1,12 +1,19 @@
 """The numpy backend: the CPU oracle, batch-invariant by construction.
 
-- GEMMs go through fixed-shape column tiles (``numpy_gemm``), so a row's result never
-  depends on how many rows the step has.
-- Row reductions (RMSNorm's sum of squares) are running sums in index order.
-- Attention is ``numpy_attention``: canonical per-distribution order, history read only
-  through page tables.
-- int8 weights keep their int8 codes as exact f32 values with per-channel scales and compute
-  ``(W_q @ x) * scale`` in f32: the same numerics a GPU int8 kernel has, at f32 speed.
+Two implementations of the same promise (a row's result never depends on the other rows of
+the step, its position among them, the prompt's chunking or the pages holding its history):
+
+- **compiled** (the extension ``crucible.backend._cpu`` is built, the normal install): GEMMs
+  run the canonical order of cuda/linear.cu (``cpu_gemm``: the same bits as the GPU for the
+  same inputs), on weights packed at load time, int8 codes kept as int8. RMSNorm, SwiGLU,
+  RoPE and attention run compiled too (``cpu_ops``), each in its own fixed order.
+- **BLAS tiles** (no extension, e.g. a source checkout on PYTHONPATH): GEMMs through
+  fixed-shape column tiles (``numpy_gemm``), RMSNorm as a running sum in index order,
+  attention in ``numpy_attention``'s BLAS blocks; int8 codes held as f32. Slower, and its
+  bits differ from the compiled path's (both are invariant; docs/numerics.md).
+
+int8 weights are computed as ``(sum_k x_k * q_k) * scale`` in f32 on both paths, the same
+numerics the GPU int8 kernel has.
 """
 
 from __future__ import annotations
@@ -15,17 +22,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crucible.backend.numpy_attention import paged_attention
+from crucible.backend import cpu_ext, cpu_ops
+from crucible.backend.cpu_gemm import PackedWeight, gemm, pack_weight
+from crucible.backend.numpy_attention import paged_attention, paged_attention_compiled
 from crucible.backend.numpy_gemm import gemm_rows
 from crucible.backend.rope import rope_table
 from crucible.engine.batch import PackedBatch
 from crucible.model.config import ModelConfig
 from crucible.model.weights import ModelWeights, quantize_int8
 
-# Tile widths are part of the arithmetic order, so they are constants, not per-step choices.
-# On the 2-core CI machine 8 balances single-stream decode (a 1-row step still pays for a
-# whole tile) against prefill (wider tiles repack the weight less often); see
-# docs/cpu-performance.md. The LM head only sees final rows (often one): narrower still.
+# BLAS tile path only. Tile widths are part of the arithmetic order, so they are constants,
+# not per-step choices. On the 2-core CI machine 8 balances single-stream decode (a 1-row
+# step still pays for a whole tile) against prefill (wider tiles repack the weight less
+# often); see docs/cpu-performance.md. The LM head only sees final rows: narrower still.
 LAYER_TILE = 8
 LM_HEAD_TILE = 4
 
@@ -47,11 +56,22 @@ class NumpyBackend:
     def __init__(self) -> None:
         self.cfg: ModelConfig | None = None
         self.mode = "f32"
-        self._linear: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        self.threads = cpu_ext.cpu_threads()  # a bad CRUCIBLE_CPU_THREADS fails here
+        self.compiled = cpu_ext.extension() is not None
+        if not self.compiled:
+            cpu_ext.announce_fallback()
+        self.scalar = False  # compiled path: force the portable kernels (same bits, slower)
+        self._linear: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}  # BLAS path
+        self._packed: dict[str, PackedWeight] = {}  # compiled path
         self._norms: dict[str, np.ndarray] = {}
         self.embedding: np.ndarray | None = None
         self.k_pool: np.ndarray | None = None
         self.v_pool: np.ndarray | None = None
+
+    @property
+    def kernel(self) -> str:
+        """'avx2', 'scalar' (compiled) or 'blas-tiles': what the forward runs on."""
+        return cpu_ext.kernel_name(self.scalar) if self.compiled else "blas-tiles"
 
     def load_weights(self, cfg: ModelConfig, weights: ModelWeights, mode: str) -> None:
         if mode not in ("f32", "int8"):
@@ -61,7 +81,13 @@ class NumpyBackend:
         self._cos, self._sin = rope_table(cfg.max_context, cfg.head_dim, cfg.rope_theta)
 
         def put(name: str, w: np.ndarray) -> None:
-            if mode == "int8":
+            if self.compiled:
+                if mode == "int8":
+                    qw = quantize_int8(w)
+                    self._packed[name] = pack_weight(qw.q, qw.scale)
+                else:
+                    self._packed[name] = pack_weight(np.ascontiguousarray(w, dtype=np.float32))
+            elif mode == "int8":
                 qw = quantize_int8(w)
                 self._linear[name] = (qw.q.astype(np.float32), qw.scale)
             else:
@@ -76,7 +102,7 @@ class NumpyBackend:
             self._norms[f"l{i}.ffn_norm"] = lw.ffn_norm.astype(np.float32)
         put("lm_head", weights.head)
         self._norms["final_norm"] = weights.final_norm.astype(np.float32)
-        # Calibrate every GEMM shape now, so the first request does not pay for it.
+        # BLAS path: calibrate every GEMM shape now, so the first request does not pay.
         for name, (w, _) in self._linear.items():
             gemm_rows(w, np.zeros((1, w.shape[1]), dtype=np.float32),
                       LM_HEAD_TILE if name == "lm_head" else LAYER_TILE)
@@ -96,36 +122,56 @@ class NumpyBackend:
         return self.embedding[meta.token_ids]
 
     def rmsnorm(self, x: np.ndarray, weight: str) -> np.ndarray:
+        if self.compiled:
+            return cpu_ops.rmsnorm(x, self._norms[weight], self.cfg.rms_eps,
+                                   threads=self.threads, scalar=self.scalar)
         # Running sum in index order: the same rounding for every row whatever the batch.
         ss = np.cumsum(x * x, axis=1)[:, -1:]
         inv = np.float32(1.0) / np.sqrt(ss / np.float32(x.shape[1]) + np.float32(self.cfg.rms_eps))
         return (x * inv) * self._norms[weight]
 
     def linear(self, x: np.ndarray, weight: str) -> np.ndarray:
+        if self.compiled:
+            return gemm(x, self._packed[weight], threads=self.threads, scalar=self.scalar)
         w, scale = self._linear[weight]
         y = gemm_rows(w, x, LM_HEAD_TILE if weight == "lm_head" else LAYER_TILE)
         return y if scale is None else y * scale
 
     def linear_add(self, x: np.ndarray, weight: str, residual: np.ndarray) -> np.ndarray:
+        if self.compiled:  # the residual is the order's last step, fused in the kernel
+            return gemm(x, self._packed[weight], residual, threads=self.threads,
+                        scalar=self.scalar)
         return residual + self.linear(x, weight)
 
     def rope_and_store(self, qkv: np.ndarray, layer: int, meta: NumpyMeta) -> np.ndarray:
         cfg = self.cfg
-        q = qkv[:, : cfg.q_dim].reshape(-1, cfg.n_heads, cfg.head_dim)
-        k = qkv[:, cfg.q_dim : cfg.q_dim + cfg.kv_dim].reshape(-1, cfg.n_kv_heads, cfg.head_dim)
+        cos, sin = self._cos[meta.positions], self._sin[meta.positions]  # [T, hd/2]
         v = qkv[:, cfg.q_dim + cfg.kv_dim :]
-        cos = self._cos[meta.positions][:, None, :]
-        sin = self._sin[meta.positions][:, None, :]
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if self.compiled:
+            q = cpu_ops.rope(qkv, 0, cfg.n_heads, cfg.head_dim, cos, sin, threads=self.threads)
+            k = cpu_ops.rope(qkv, cfg.q_dim, cfg.n_kv_heads, cfg.head_dim, cos, sin,
+                             threads=self.threads)
+        else:
+            q = _rotate(qkv[:, : cfg.q_dim].reshape(-1, cfg.n_heads, cfg.head_dim),
+                        cos[:, None, :], sin[:, None, :]).reshape(-1, cfg.q_dim)
+            k = _rotate(qkv[:, cfg.q_dim : cfg.q_dim + cfg.kv_dim].reshape(
+                -1, cfg.n_kv_heads, cfg.head_dim), cos[:, None, :], sin[:, None, :])
         self.k_pool[meta.pages, layer, meta.slots] = k.reshape(-1, cfg.kv_dim)
         self.v_pool[meta.pages, layer, meta.slots] = v
-        return q.reshape(-1, cfg.q_dim)
+        return q
 
     def attention(self, q: np.ndarray, layer: int, meta: NumpyMeta) -> np.ndarray:
+        cfg = self.cfg
+        if self.compiled and cfg.head_dim % 8 == 0:
+            return paged_attention_compiled(q, self.k_pool, self.v_pool, layer, meta.segments,
+                                            meta.page_tables, cfg.n_kv_heads, cfg.head_dim,
+                                            threads=self.threads, scalar=self.scalar)
         return paged_attention(q, self.k_pool, self.v_pool, layer, meta.segments,
-                               meta.page_tables, self.cfg.n_kv_heads, self.cfg.head_dim)
+                               meta.page_tables, cfg.n_kv_heads, cfg.head_dim)
 
     def swiglu(self, gate_up: np.ndarray) -> np.ndarray:
+        if self.compiled:
+            return cpu_ops.swiglu(gate_up, threads=self.threads, scalar=self.scalar)
         f = gate_up.shape[1] // 2
         g, u = gate_up[:, :f], gate_up[:, f:]
         return (g / (np.float32(1.0) + np.exp(-g))) * u

@@ -1,0 +1,75 @@
+"""The compiled CPU kernels (``crucible.backend._cpu``): loading, fallback notice, threads.
+
+The extension is built by ``pip install`` (setup.py) when a C compiler is present. A
+source checkout used through PYTHONPATH without a build has no extension; the numpy
+backend then falls back to its BLAS tile path and says so once. The two paths give
+different CPU bits (each is batch-invariant on its own; docs/numerics.md).
+
+``CRUCIBLE_CPU_THREADS`` sets how many threads the kernels use (default: the cores this
+process may run on). Threads split output columns or rows, never a reduction, so the
+setting changes speed only, never a bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import ModuleType
+
+from crucible.errors import ConfigError
+
+ENV_THREADS = "CRUCIBLE_CPU_THREADS"
+MAX_THREADS = 256  # the pool's limit (pool.c: 255 workers + the caller)
+log = logging.getLogger("crucible.backend")
+
+try:
+    from crucible.backend import _cpu as _ext
+    _import_error: str | None = None
+except ImportError as e:  # not built: a plain source checkout, or no compiler at install
+    _ext = None
+    _import_error = str(e)
+_warned = False
+
+
+def extension() -> ModuleType | None:
+    """The compiled module, or None when it is not built."""
+    return _ext
+
+
+def kernel_name(scalar: bool = False) -> str:
+    """What the CPU GEMMs run on: 'avx2', 'scalar' (compiled, portable) or 'blas-tiles'."""
+    if _ext is None:
+        return "blas-tiles"
+    return "avx2" if _ext.have_avx2() and not scalar else "scalar"
+
+
+def announce_fallback() -> None:
+    """Say once per process that the compiled kernels are missing, and what that costs."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    log.warning("crucible: compiled CPU kernels not built (%s); the numpy backend uses its "
+                "slower BLAS tile path. Build them with: pip install -e .", _import_error)
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_threads() -> int:
+    """Threads for the CPU kernels: CRUCIBLE_CPU_THREADS, or the available cores."""
+    raw = os.environ.get(ENV_THREADS, "").strip()
+    if not raw:
+        return min(default_threads(), MAX_THREADS)
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_THREADS:
+        raise ConfigError(f"{ENV_THREADS} must be a whole number from 1 to {MAX_THREADS}, "
+                          f"got {raw!r}")
+    return value
