@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                         "decode graph replay == eager, bitwise"),
     "gpu-decode-prefill": ("crucible.gpu.graph_check", "decode_prefill_main",
                            "decode step t == prefill of prompt + generated[:t], bitwise"),
+    "gpu-sampling": ("crucible.gpu.sampling_check", "main",
+                     "device sampler == host sampler (RNG bits, matrix, batches, chi-square)"),
     "gpu-validate": ("crucible.gpu.validate", "main", "run every gpu-* check, summary table"),
     "gpu-prefill-attention-check": ("crucible.kernels.attention_check", "main",
                                     "check every attention variant against the reference"),

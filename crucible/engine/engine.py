@@ -4,26 +4,38 @@ The engine owns the requests, the page allocator and the scheduler; the runner o
 validated PackedBatch into logits. One ``step()`` is one packed forward. Output comes back
 as ``RequestDelta`` increments (new tokens/text since the last step), which the offline API
 accumulates and the async engine streams.
+
+Sampling runs where the logits are. When the runner has a device sampler (``runner.sampler``,
+the CuPy backend's), each sampling row goes down as a ``RowSampling`` (params plus distinct
+history ids, see crucible/backend/sampling_meta.py) and only token ids and requested top-N
+logprobs come back; rows that feed prompt logprobs are the only logits fetched to the host.
+Otherwise the host sampler (crucible/engine/sampling.py) runs on the returned logits. Both
+run the same pipeline on the same (seed, n) draw, so deltas, stop handling and stats do not
+depend on which one ran (the device's exactness contract: crucible/backend/cupy_sampling.py).
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from crucible.engine.batch import build_packed_batch
+from crucible.backend.sampling_meta import RowSampling, SampleOutput, row_sampling
+from crucible.engine.batch import PackedBatch, build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.request import Request, RequestStatus
 from crucible.engine.rng import derive_seed
-from crucible.engine.sampling import SamplingParams, log_softmax, sample_row, top_logprobs
-from crucible.engine.scheduler import ScheduledSlice, Scheduler, SchedulerConfig
+from crucible.engine.sampling import (SampleResult, SamplingParams, log_softmax, sample_row,
+                                      top_logprobs)
+from crucible.engine.scheduler import ScheduledSlice, Scheduler, SchedulerConfig, StepPlan
 from crucible.engine.validate import validate_packed_batch
 from crucible.errors import RequestError
 
 Logprobs = dict[int, float]
+# One slice's update: (slice, logits of its prompt-logprob rows, its sample when it samples).
+_Update = tuple[ScheduledSlice, np.ndarray, Callable[[], SampleResult | None]]
 
 
 @dataclass(frozen=True)
@@ -114,34 +126,76 @@ class LLMEngine:
         validate_packed_batch(batch, num_pages=self.allocator.num_pages,
                               vocab_size=self.vocab_size,
                               max_pages_per_table=pages_for(self.max_context))
-        logits = self.runner.forward(batch)
-        if logits.shape != (batch.final_rows.shape[0], self.vocab_size):
-            raise RuntimeError(f"runner returned logits of shape {logits.shape}, expected "
-                               f"{(batch.final_rows.shape[0], self.vocab_size)}")
+        if getattr(self.runner, "sampler", None) is not None:
+            updates = self._sample_on_device(plan, batch)
+        else:
+            updates = self._sample_on_host(plan, batch)
         self.num_steps += 1
         self.num_rows += batch.num_rows
         deltas = []
-        row = 0
-        for sl in plan.slices:
-            n = len(sl.logits_rows)
-            delta = self._update(sl, logits[row : row + n])
-            row += n
+        for sl, prompt_logits, sample in updates:
+            delta = self._update(sl, prompt_logits, sample)
             if delta is not None:
                 deltas.append(delta)
         return deltas
 
-    def _update(self, sl: ScheduledSlice, logits: np.ndarray) -> RequestDelta | None:
+    def _sample_on_host(self, plan: StepPlan, batch: PackedBatch) -> list[_Update]:
+        logits = self.runner.forward(batch)
+        if logits.shape != (batch.final_rows.shape[0], self.vocab_size):
+            raise RuntimeError(f"runner returned logits of shape {logits.shape}, expected "
+                               f"{(batch.final_rows.shape[0], self.vocab_size)}")
+        updates = []
+        row = 0
+        for sl in plan.slices:
+            n = len(sl.prompt_rows)
+            last, req = logits[row + n] if sl.sample else None, sl.request
+            updates.append((sl, logits[row : row + n], lambda last=last, req=req: sample_row(
+                last, req.params, prompt=req.prompt_token_ids, output=req.output_token_ids,
+                seed=req.seed, stop_ids=req.stop_ids)))
+            row += len(sl.logits_rows)
+        return updates
+
+    def _sample_on_device(self, plan: StepPlan, batch: PackedBatch) -> list[_Update]:
+        # Every request appears once per step, so its state here is the state at its update.
+        rows: list[RowSampling] = []
+        host_rows: list[int] = []
+        row = 0
+        for sl in plan.slices:
+            req = sl.request
+            host_rows += range(row, row + len(sl.prompt_rows))
+            if sl.sample:
+                rows.append(row_sampling(row + len(sl.prompt_rows), req.params,
+                                         prompt=req.prompt_token_ids,
+                                         output=req.output_token_ids, seed=req.seed,
+                                         stop_ids=req.stop_ids, vocab_size=self.vocab_size))
+            row += len(sl.logits_rows)
+        out, host = self.runner.forward_sample(batch, rows, host_rows)
+        if len(out.token_ids) != len(rows) or host.shape != (len(host_rows), self.vocab_size):
+            raise RuntimeError(f"device sampler returned {len(out.token_ids)} tokens and "
+                               f"{host.shape} host rows, expected {len(rows)} and "
+                               f"{(len(host_rows), self.vocab_size)}")
+        updates = []
+        hrow = k = 0
+        for sl in plan.slices:
+            n = len(sl.prompt_rows)
+            res = SampleResult(out.token_ids[k], out.logprobs[k]) if sl.sample else None
+            updates.append((sl, host[hrow : hrow + n], lambda res=res: res))
+            hrow += n
+            k += sl.sample
+        return updates
+
+    def _update(self, sl: ScheduledSlice, prompt_logits: np.ndarray,
+                sample: Callable[[], SampleResult | None]) -> RequestDelta | None:
         req = sl.request
         req.num_computed_tokens += sl.length
         for i, r in enumerate(sl.prompt_rows):
             p = sl.start + r  # row p predicts prompt token p + 1
-            lp = log_softmax(logits[i])
+            lp = log_softmax(prompt_logits[i])
             req.prompt_logprobs.append(top_logprobs(lp, req.params.prompt_logprobs,
                                                     req.token_ids[p + 1]))
         if not sl.sample:
             return None
-        res = sample_row(logits[-1], req.params, prompt=req.prompt_token_ids,
-                         output=req.output_token_ids, seed=req.seed, stop_ids=req.stop_ids)
+        res = sample()
         req.token_ids.append(res.token_id)
         self.num_generated += 1
         if req.logprobs is not None:

@@ -1,13 +1,19 @@
 """ModelRunner: a loaded model bound to a backend and a page pool.
 
-The engine hands it validated packed batches; it returns logits of the final rows. It
-makes no policy decision (which rows, which pages): that is the scheduler's.
+The engine hands it validated packed batches; it returns logits of the final rows
+(``forward``), or, when the backend has a device sampler, samples them where they are
+(``forward_sample``: only token ids, requested top-N logprobs and the few rows the engine
+asks for come back to the host). It makes no policy decision (which rows, which pages, how
+to sample): that is the scheduler's and the request's.
 """
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import numpy as np
 
+from crucible.backend.sampling_meta import RowSampler, RowSampling, SampleOutput
 from crucible.backend.select import make_backend
 from crucible.engine.batch import PackedBatch
 from crucible.errors import ConfigError
@@ -19,9 +25,10 @@ from crucible.model.loader import LoadedModel
 
 class ModelRunner:
     def __init__(self, model: LoadedModel, *, num_pages: int, device: str = "cpu",
-                 attention: str | None = None) -> None:
+                 attention: str | None = None, device_sampling: bool = True) -> None:
         """``attention``: an attention variant name for the GPU backend (default: the
-        CRUCIBLE_PREFILL_ATTN setting); the numpy backend has one canonical attention."""
+        CRUCIBLE_PREFILL_ATTN setting); the numpy backend has one canonical attention.
+        ``device_sampling``: sample on the device where the backend can (CuPy)."""
         if num_pages <= 0:
             raise ConfigError(f"num_pages must be positive, got {num_pages}")
         # A bad CRUCIBLE_PREFILL_ATTN is a start-up error on every device, not only on GPUs.
@@ -32,6 +39,12 @@ class ModelRunner:
         self.device = "cuda" if self.backend.name != "numpy" else "cpu"
         self.backend.load_weights(model.config, model.weights, model.weights_mode)
         self.backend.allocate_pool(num_pages)
+        # None: the engine samples on the host from ``forward``'s logits.
+        self.sampler: RowSampler | None = None
+        if device_sampling and self.backend.name == "cupy":
+            from crucible.backend.cupy_sampling import CupySampler
+
+            self.sampler = CupySampler()
 
     @property
     def config(self) -> ModelConfig:
@@ -43,3 +56,27 @@ class ModelRunner:
         if step is not None:
             return step(batch)
         return llama.forward(self.model.config, self.backend, batch)
+
+    def forward_device(self, batch: PackedBatch) -> Any:
+        """Logits [len(batch.final_rows), vocab] where the backend made them (a CuPy array
+        on the GPU; valid until the next step)."""
+        be = self.backend
+        step = getattr(be, "run_step_device", None)
+        if step is not None and getattr(be, "run_step", None) is not None:
+            return step(batch)
+        # No fast path (the numpy backend, or a profiling wrapper): the op-by-op forward.
+        return llama.forward_meta(self.model.config, be, be.prepare(batch))
+
+    def forward_sample(self, batch: PackedBatch, rows: Sequence[RowSampling],
+                       host_rows: Sequence[int] = ()) -> tuple[SampleOutput, np.ndarray]:
+        """One step sampled by ``self.sampler``: (the sampled rows' ids and logprobs, in the
+        order of ``rows``; f32 logits of the final rows listed in ``host_rows``)."""
+        if self.sampler is None:
+            raise RuntimeError("forward_sample: this runner has no device sampler")
+        logits = self.forward_device(batch)
+        want = (int(batch.final_rows.shape[0]), self.config.vocab_size)
+        if tuple(logits.shape) != want:
+            raise RuntimeError(f"backend returned logits of shape {tuple(logits.shape)}, "
+                               f"expected {want}")
+        out = self.sampler.sample(logits, rows) if rows else SampleOutput((), ())
+        return out, self.sampler.rows_to_host(logits, host_rows)

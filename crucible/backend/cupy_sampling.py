@@ -1,0 +1,142 @@
+"""The device sampler (cuda/sampling.cu): sample rows of device logits, return only the ids.
+
+One launch samples every row of a step; each 512-thread block takes one row at a time. The
+step's sampling metadata (``sampling_meta.pack_rows``) goes up in one host-to-device copy;
+the int32 token ids come back, plus the small top-N logprob arrays only when a row asked.
+
+Exactness contract (what ``llm-engine gpu-sampling`` checks). Per row the device runs the
+pipeline of ``crucible.engine.sampling.sample_row`` in f64, in the same order, with the same
+counter-based draw u = uniform(seed, n) computed on the device bit for bit (SplitMix64):
+  * penalties, masking, temperature division, candidate order (value desc, id asc, ties at
+    the k-th value by id), greedy argmax: exactly the host's f64 values and decisions;
+  * the weights exp(y - y_max) use CUDA's exp and the candidates' total is a fixed tree,
+    not numpy's pairwise sum, so weights and totals may differ from the host's in the last
+    bits. Every top_p / min_p / draw decision is otherwise the host's own: cumulative sums
+    are taken with an error bound that covers the host's sequential rounding, and when the
+    bound cannot decide, one thread recomputes the sums in the host's order. Where all
+    weights are exact (tied logits: weights 1 and 0), the tokens equal the host's exactly;
+    otherwise they differ only when u * total (or top_p) lands within rounding of a
+    cumulative-weight boundary, about 1e-13 per draw;
+  * logprobs (raw log-softmax, top-N by (logprob desc, id asc) plus the sampled token) are
+    within 1e-9 of the host's f64 values (in practice a few ulps);
+  * a row's result depends only on its own logits and metadata (fixed reduction trees, no
+    order-dependent atomics): batch invariant and identical run to run, bitwise.
+NaN logits are outside the contract (the host sampler does not define them either).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import numpy as np
+
+from crucible.backend.sampling_meta import (LP_WORDS, RowSampling, SampleOutput, pack_rows)
+from crucible.kernels.source import read_cuda_source
+
+THREADS = 512  # THREADS in sampling.cu
+MAX_VOCAB = 1 << 24  # ids are u32 in the sort; far above any real vocabulary
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
+
+
+@functools.cache
+def _module() -> Any:
+    # No fast-math: the kernels spell out f64 rounding with intrinsics.
+    return _cupy().RawModule(code=read_cuda_source("sampling.cu"), options=("-std=c++17",))
+
+
+@functools.cache
+def _sm_count() -> int:
+    cp = _cupy()
+    # cudaDevAttrMultiProcessorCount is 16 in every CUDA release.
+    return int(cp.cuda.runtime.deviceGetAttribute(16, cp.cuda.runtime.getDevice()))
+
+
+class CupySampler:
+    """Samples rows of a CuPy f32 logits array [rows, vocab] on the device.
+
+    Scratch (four [slots, vocab] arrays, 24 bytes per entry) is allocated on first use and
+    again only when a step needs more concurrent blocks or a larger vocabulary."""
+
+    name = "cupy"
+
+    def __init__(self, max_slots: int | None = None) -> None:
+        self.max_slots = max_slots  # concurrent blocks (default: one per SM)
+        self._scratch: tuple[Any, ...] | None = None
+        self._shape = (0, 0)
+
+    def _scratch_for(self, slots: int, vocab: int) -> tuple[Any, ...]:
+        cp = _cupy()
+        have_slots, have_vocab = self._shape
+        if self._scratch is None or slots > have_slots or vocab != have_vocab:
+            slots = max(slots, have_slots if vocab == have_vocab else 0)
+            self._scratch = (cp.empty((slots, vocab), cp.uint64), cp.empty((slots, vocab), cp.uint64),
+                             cp.empty((slots, vocab), cp.uint32), cp.empty((slots, vocab), cp.uint32))
+            self._shape = (slots, vocab)
+        return self._scratch
+
+    def sample(self, logits: Any, rows: Sequence[RowSampling]) -> SampleOutput:
+        cp = _cupy()
+        if not isinstance(logits, cp.ndarray) or logits.dtype != cp.float32 or logits.ndim != 2 \
+                or not logits.flags.c_contiguous:
+            raise ValueError("device sampler: logits must be a C-contiguous f32 CuPy array "
+                             f"[rows, vocab], got {type(logits).__name__} "
+                             f"{getattr(logits, 'dtype', '?')} {getattr(logits, 'shape', '?')}")
+        num_logits, vocab = logits.shape
+        if not 1 <= vocab <= MAX_VOCAB:
+            raise ValueError(f"device sampler: vocabulary of {vocab} outside [1, {MAX_VOCAB}]")
+        meta = cp.asarray(pack_rows(rows, num_logits, vocab))  # the one upload
+        r = len(rows)
+        slots = min(r, self.max_slots or _sm_count())
+        keys, keys2, ids1, ids2 = self._scratch_for(slots, vocab)
+        tokens = cp.empty(r, cp.int32)
+        want_lp = any(row.num_logprobs is not None for row in rows)
+        lp = cp.empty((r, LP_WORDS), cp.int64) if want_lp else cp.empty((1, LP_WORDS), cp.int64)
+        _module().get_function("sample_rows")(
+            (slots,), (THREADS,),
+            (logits, np.int32(vocab), meta, np.int32(r), keys, keys2, ids1, ids2, tokens, lp))
+        ids = cp.asnumpy(tokens)
+        lps: list[dict[int, float] | None] = [None] * r
+        if want_lp:
+            lps = unpack_logprobs(cp.asnumpy(lp), rows)
+        return SampleOutput(tuple(int(t) for t in ids), tuple(lps))
+
+    def rows_to_host(self, logits: Any, rows: Sequence[int]) -> np.ndarray:
+        cp = _cupy()
+        if not rows:
+            return np.empty((0, logits.shape[1]), np.float32)
+        return cp.asnumpy(logits[cp.asarray(np.asarray(rows, np.int64))])
+
+
+def unpack_logprobs(lp: np.ndarray, rows: Sequence[RowSampling]) -> list[dict[int, float] | None]:
+    """The kernel's [R, 43] words -> {token: logprob} per row (rank order, then the sample)."""
+    out: list[dict[int, float] | None] = []
+    half = (LP_WORDS - 1) // 2
+    for i, row in enumerate(rows):
+        if row.num_logprobs is None:
+            out.append(None)
+            continue
+        n = int(lp[i, 0])
+        if not 1 <= n <= half:
+            raise RuntimeError(f"device sampler returned {n} logprobs for row {i}")
+        vals = lp[i, 1 + half : 1 + half + n].view(np.float64)
+        out.append({int(t): float(v) for t, v in zip(lp[i, 1 : 1 + n], vals)})
+    return out
+
+
+def device_draws(seeds: Sequence[int], counters: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(bits u64, uniforms f64) of rng.random_bits / rng.uniform computed on the device."""
+    cp = _cupy()
+    s = cp.asarray(np.array([x & ((1 << 64) - 1) for x in seeds], dtype=np.uint64))
+    c = cp.asarray(np.asarray(counters, dtype=np.uint64))
+    n = int(s.size)
+    bits, uni = cp.empty(n, cp.uint64), cp.empty(n, cp.float64)
+    if n:
+        _module().get_function("rng_draws")((-(-n // 256),), (256,),
+                                            (s, c, bits, uni, np.int32(n)))
+    return cp.asnumpy(bits), cp.asnumpy(uni)

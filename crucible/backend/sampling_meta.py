@@ -1,0 +1,193 @@
+"""What a device sampler needs to know about one row, and its one-buffer upload layout.
+
+The engine turns each sampling row (a request's params and token history) into a
+``RowSampling``: plain numbers plus the row's *distinct* penalised token ids with their output
+counts and the stop ids that ``min_tokens`` masks. So the sampler never sees a request, and
+the per-row work is independent of how long the history is beyond its distinct ids.
+
+``pack_rows`` lays every row of a step out in ONE int64 buffer, uploaded with one
+host-to-device copy (cuda/sampling.cu reads the same layout):
+
+    words [16 * r, 16 * r + 16): row r's record (f64 fields stored as their bit patterns)
+        0 temperature   1 top_p   2 min_p   3 repetition_penalty   4 presence_penalty
+        5 frequency_penalty   6 seed (64 bits)   7 counter n (the draw index)
+        8 top_k (0: off)   9 num_logprobs (-1: none)   10 first entry   11 entry count
+        12 logits row   13..15 zero
+    then the entries, two int64 words each, read as four int32: (token id, output count,
+    flags, 0) with flags REP (divide/multiply by the repetition penalty), PEN (subtract
+    presence + frequency * count) and MASK (-inf: a stop id before min_tokens). A token id
+    appears in at most one entry, so the device applies each entry with no write conflicts.
+
+Penalties follow ``crucible.engine.sampling`` exactly: REP on every distinct prompt + output
+id when the penalty is not 1; PEN on every distinct output id when the output is non-empty and
+a presence or frequency penalty is set; MASK on every stop id inside the vocabulary while
+fewer than ``min_tokens`` tokens were generated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol, Sequence
+
+import numpy as np
+
+ROW_WORDS = 16
+ENTRY_WORDS = 2  # int64 words per entry (four int32)
+REP, PEN, MASK = 1, 2, 4
+MAX_LOGPROBS = 20
+LP_WORDS = 2 * (MAX_LOGPROBS + 1) + 1  # device output per row: count, ids, f64 logprob bits
+MASK64 = (1 << 64) - 1
+Logprobs = dict[int, float]
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """One row to sample: ``logits_row`` of the step's final-row logits, and how."""
+
+    logits_row: int
+    temperature: float
+    top_k: int  # 0: off
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int  # reduced to 64 bits
+    counter: int  # n in uniform(seed, n): the number of tokens generated so far
+    num_logprobs: int | None
+    entry_ids: np.ndarray  # int32, ascending, distinct
+    entry_counts: np.ndarray  # int32, output occurrences (used with PEN)
+    entry_flags: np.ndarray  # int32, REP | PEN | MASK
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def row_sampling(logits_row: int, params: Any, *, prompt: Sequence[int], output: Sequence[int],
+                 seed: int, stop_ids: Iterable[int], vocab_size: int) -> RowSampling:
+    """The RowSampling of one request (``params``: a SamplingParams) at its next draw."""
+    flags: dict[int, int] = {}
+    counts: dict[int, int] = {}
+    if params.repetition_penalty != 1.0:
+        for t in set(prompt) | set(output):
+            flags[int(t)] = REP
+    if output and (params.presence_penalty or params.frequency_penalty):
+        for t in output:
+            counts[int(t)] = counts.get(int(t), 0) + 1
+        for t in counts:
+            flags[t] = flags.get(t, 0) | PEN
+    if len(output) < params.min_tokens:
+        for t in stop_ids:
+            if 0 <= t < vocab_size:
+                flags[int(t)] = flags.get(int(t), 0) | MASK
+    ids = np.array(sorted(flags), dtype=np.int64)
+    if ids.size and (ids[0] < 0 or ids[-1] >= vocab_size):
+        bad = int(ids[0] if ids[0] < 0 else ids[-1])
+        raise ValueError(f"token id {bad} in the history is outside the vocabulary "
+                         f"[0, {vocab_size})")
+    return RowSampling(
+        logits_row=int(logits_row), temperature=float(params.temperature),
+        top_k=int(params.top_k or 0), top_p=float(params.top_p), min_p=float(params.min_p),
+        repetition_penalty=float(params.repetition_penalty),
+        presence_penalty=float(params.presence_penalty),
+        frequency_penalty=float(params.frequency_penalty), seed=int(seed) & MASK64,
+        counter=len(output), num_logprobs=params.logprobs,
+        entry_ids=ids.astype(np.int32),
+        entry_counts=np.array([counts.get(int(t), 0) for t in ids], dtype=np.int32),
+        entry_flags=np.array([flags[int(t)] for t in ids], dtype=np.int32))
+
+
+def _f64_word(x: float) -> int:
+    return int(np.float64(x).view(np.int64))
+
+
+def pack_rows(rows: Sequence[RowSampling], num_logits_rows: int, vocab_size: int) -> np.ndarray:
+    """The step's sampling metadata as one int64 buffer (layout in the module docstring).
+
+    Raises ValueError for anything the device could not sample safely."""
+    if not rows:
+        raise ValueError("pack_rows: no rows to sample")
+    entries = sum(int(r.entry_ids.size) for r in rows)
+    buf = np.zeros(ROW_WORDS * len(rows) + ENTRY_WORDS * entries, dtype=np.int64)
+    ent = buf[ROW_WORDS * len(rows):].view(np.int32).reshape(entries, 4)
+    first = 0
+    for i, r in enumerate(rows):
+        _check_row(r, num_logits_rows, vocab_size)
+        n = int(r.entry_ids.size)
+        rec = buf[ROW_WORDS * i : ROW_WORDS * (i + 1)]
+        rec[:6] = [_f64_word(v) for v in (r.temperature, r.top_p, r.min_p, r.repetition_penalty,
+                                          r.presence_penalty, r.frequency_penalty)]
+        rec[6] = np.uint64(r.seed & MASK64).view(np.int64)
+        rec[7:13] = [r.counter, r.top_k, -1 if r.num_logprobs is None else r.num_logprobs,
+                     first, n, r.logits_row]
+        ent[first : first + n, 0] = r.entry_ids
+        ent[first : first + n, 1] = r.entry_counts
+        ent[first : first + n, 2] = r.entry_flags
+        first += n
+    return buf
+
+
+def _check_row(r: RowSampling, num_logits_rows: int, vocab_size: int) -> None:
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ValueError(f"sampling row for logits row {r.logits_row}: {msg}")
+
+    need(0 <= r.logits_row < num_logits_rows,
+         f"logits row outside [0, {num_logits_rows})")
+    need(np.isfinite(r.temperature) and r.temperature >= 0, "temperature must be >= 0")
+    need(0 <= r.top_k, "top_k must be >= 0 (0: off)")
+    need(0 < r.top_p <= 1, "top_p must be in (0, 1]")
+    need(0 <= r.min_p <= 1, "min_p must be in [0, 1]")
+    need(np.isfinite(r.repetition_penalty) and r.repetition_penalty > 0,
+         "repetition_penalty must be > 0")
+    need(0 <= r.counter < 2**62, "counter out of range")
+    need(r.num_logprobs is None or 0 <= r.num_logprobs <= MAX_LOGPROBS,
+         f"num_logprobs must be in [0, {MAX_LOGPROBS}] or None")
+    n = r.entry_ids.size
+    need(r.entry_counts.size == n and r.entry_flags.size == n, "entry arrays differ in length")
+    if n:
+        need(bool(np.all(np.diff(r.entry_ids.astype(np.int64)) > 0)),
+             "entry ids must be distinct and ascending")
+        need(0 <= int(r.entry_ids[0]) and int(r.entry_ids[-1]) < vocab_size,
+             f"entry id outside the vocabulary [0, {vocab_size})")
+        need(bool(np.all((r.entry_flags > 0) & (r.entry_flags <= REP | PEN | MASK))),
+             "entry flags must be a non-empty subset of REP|PEN|MASK")
+        need(bool(np.all(r.entry_counts >= 0)), "entry counts must be >= 0")
+
+
+def unpack_rows(buf: np.ndarray, num_rows: int) -> list[dict[str, Any]]:
+    """Read ``pack_rows``' buffer back (for the numpy twin and tests): one dict per row."""
+    buf = np.asarray(buf, dtype=np.int64)
+    ent = buf[ROW_WORDS * num_rows:].view(np.int32).reshape(-1, 4)
+    out = []
+    for i in range(num_rows):
+        rec = buf[ROW_WORDS * i : ROW_WORDS * (i + 1)]
+        f = rec[:6].view(np.float64)
+        a, n = int(rec[10]), int(rec[11])
+        out.append(dict(
+            temperature=float(f[0]), top_p=float(f[1]), min_p=float(f[2]),
+            repetition_penalty=float(f[3]), presence_penalty=float(f[4]),
+            frequency_penalty=float(f[5]), seed=int(rec[6:7].view(np.uint64)[0]),
+            counter=int(rec[7]), top_k=int(rec[8]),
+            num_logprobs=None if rec[9] < 0 else int(rec[9]), logits_row=int(rec[12]),
+            entry_ids=ent[a : a + n, 0].copy(), entry_counts=ent[a : a + n, 1].copy(),
+            entry_flags=ent[a : a + n, 2].copy()))
+    return out
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    """A sampler's answer for a step's rows, in the order they were given."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[Logprobs | None, ...]  # top-N (rank order) plus the sampled token
+
+
+class RowSampler(Protocol):
+    """What ``ModelRunner.forward_sample`` needs: sample rows of a logits array that stays
+    where the backend made it, and fetch a few raw rows to the host (prompt logprobs)."""
+
+    def sample(self, logits: Any, rows: Sequence[RowSampling]) -> SampleOutput: ...
+
+    def rows_to_host(self, logits: Any, rows: Sequence[int]) -> np.ndarray: ...
