@@ -4,7 +4,8 @@
 
 Decode: batches of 1 and 64 requests with 128-token histories; per round, graphs off and on
 alternate in order; a step is timed from the forward call to logits on the host (the runner
-syncs). Prefill: one 1,024-token prompt (time to logits of its last row), and 16 x 64 packed.
+syncs). Prefill: one prompt of 64, 256 and 1,024 tokens (time to logits of its last row),
+singleton prefill graphs on and off alternating, and 16 x 64 packed (eager).
 Warm-up steps (compilation, graph capture) are excluded. Figures: median and min-max over
 rounds. Ratios are paired within a round.
 """
@@ -52,7 +53,11 @@ def decode_rate(runner: ModelRunner, batch_size: int, steps: int, graphs: bool,
 
 
 def prefill_seconds(runner: ModelRunner, segs: list[tuple[int, int]],
-                    rng: np.random.Generator) -> float:
+                    rng: np.random.Generator, graphs: bool = True) -> float:
+    be = runner.backend
+    saved = getattr(be, "prefill_graphs", None)
+    if saved is not None:
+        be.prefill_graphs = saved if graphs else None
     vocab = runner.config.vocab_size
     specs, page = [], 0
     for i, (n, _) in enumerate(segs):
@@ -61,10 +66,13 @@ def prefill_seconds(runner: ModelRunner, segs: list[tuple[int, int]],
                                  list(range(page, page + npg)), [n - 1]))
         page += npg
     batch = build_packed_batch(specs)
-    runner.forward(batch)  # warm-up
+    runner.forward(batch)  # warm-up (and capture)
     t = time.perf_counter()
     runner.forward(batch)
-    return time.perf_counter() - t
+    dt = time.perf_counter() - t
+    if saved is not None:
+        be.prefill_graphs = saved
+    return dt
 
 
 def profile(runner: ModelRunner, batch_size: int, prompt: int, rng: np.random.Generator,
@@ -108,7 +116,13 @@ def main(argv: list[str] | None = None) -> int:
             res.setdefault(f"decode_b{b}_eager_tok_s", []).append(got[False])
             res.setdefault(f"decode_b{b}_graph_tok_s", []).append(got[True])
             res.setdefault(f"decode_b{b}_graph_over_eager", []).append(got[True] / got[False])
-        res.setdefault("prefill_1024_s", []).append(prefill_seconds(runner, [(1024, 0)], rng))
+        for n in (64, 256, 1024):  # a lone prompt: singleton prefill graph vs eager
+            order = (False, True) if r % 2 == 0 else (True, False)
+            got = {g: prefill_seconds(runner, [(n, 0)], rng, g) for g in order}
+            res.setdefault(f"prefill_{n}_eager_s", []).append(got[False])
+            res.setdefault(f"prefill_{n}_graph_s", []).append(got[True])
+        res.setdefault("prefill_1024_s", []).append(min(res["prefill_1024_eager_s"][-1],
+                                                       res["prefill_1024_graph_s"][-1]))
         res.setdefault("prefill_16x64_s", []).append(prefill_seconds(runner, [(64, 0)] * 16, rng))
         print(f"round {r}: " + ", ".join(f"{k}={v[-1]:.4g}" for k, v in res.items()),
               file=sys.stderr, flush=True)

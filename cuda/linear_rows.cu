@@ -28,16 +28,20 @@
 //             columns j = lane and j + 32 of that head (head_dim 64). Q heads are rotated
 //             into q_out [M, H*64], K heads rotated into the K pool, V heads copied to the
 //             V pool, each at (pages[m], slots[m]) of `layer`.
-// Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32). No standard headers (NVRTC).
+// Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32 + K). No standard headers (NVRTC).
 #include "rowops.cuh"
 
 #define CRU_KC 64
 
+// Four int8 codes -> four exact floats without the int-to-float converter (a quarter-rate
+// unit): flip each byte's sign bit (b + 128 in 0..255), splice it under 0x4B000000 (the
+// float 2^23, whose last mantissa byte is then that value), and subtract 2^23 + 128. Every
+// step is exact, so the result equals (float)(signed char)b.
 __device__ __forceinline__ void cru_unpack(int v, float* f) {
-    f[0] = (float)(signed char)(v & 0xff);
-    f[1] = (float)(signed char)((v >> 8) & 0xff);
-    f[2] = (float)(signed char)((v >> 16) & 0xff);
-    f[3] = (float)(signed char)((v >> 24) & 0xff);
+    const unsigned u = (unsigned)v ^ 0x80808080u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        f[i] = __fsub_rn(__uint_as_float(__byte_perm(u, 0x4B000000u, i | 0x7540)), 8388736.0f);
 }
 
 // One column's 64-wide K chunk, as loaded. int8 chunks (64 B) are loaded whole into
@@ -68,22 +72,55 @@ template <> struct RawChunk<float> {
 __device__ __forceinline__ float cru_w1(const float* p, int i) { return p[i]; }
 __device__ __forceinline__ float cru_w1(const signed char* p, int i) { return (float)p[i]; }
 
-template <typename T>
-__device__ __forceinline__ float cru_rows_finish(float total, const float* scale, int n) {
-    return total;
-}
-template <>
-__device__ __forceinline__ float cru_rows_finish<signed char>(float total, const float* scale,
-                                                              int n) {
-    return __fmul_rn(total, scale[n]);
-}
-
 // Column j of this lane's NC columns in column block cb (see the epilogue table above).
 template <int EPI>
 __device__ __forceinline__ int cru_rows_col(int cb, int j, int lane, int F) {
     if (EPI == 2) return cb * 64 + lane + 32 * j;
     if (EPI == 1) return cb * 32 + lane + F * j;
     return cb * 32 + lane;
+}
+
+// What the epilogue of one (row, column block) reads besides the partials: the int8
+// scales, the residual, RoPE's cos/sin and the pool offset. Loaded at the start of the
+// kernel for the first column block, so none of these loads sits on the critical path.
+template <int NC>
+struct EpiIn {
+    float sc[NC];
+    float res, cs, sn;
+    long base;
+};
+
+template <typename T, int NC, int EPI>
+__device__ __forceinline__ EpiIn<NC> cru_epi_load(int cb, int m, int lane, int N_out,
+                                                  int n_rows_w, const float* scale,
+                                                  const float* residual, const int* positions,
+                                                  const int* pages, const int* slots,
+                                                  const float* cos_t, const float* sin_t,
+                                                  int n_layers, int layer, int kv_dim) {
+    EpiIn<NC> e;
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+        const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
+        e.sc[j] = (sizeof(T) == 1 && col < n_rows_w) ? scale[col] : 1.0f;
+    }
+    e.res = 0.0f;
+    if (EPI == 0 && residual != nullptr && cb * 32 + lane < N_out)
+        e.res = residual[(long)m * N_out + cb * 32 + lane];
+    e.cs = e.sn = 0.0f;
+    e.base = 0;
+    if (EPI == 2) {
+        const long t = (long)positions[m] * 32 + lane;
+        e.cs = cos_t[t];
+        e.sn = sin_t[t];
+        e.base = (((long)pages[m] * n_layers + layer) * 16 + slots[m]) * kv_dim;
+    }
+    return e;
+}
+
+// int8: the chunk total times the channel's scale; f32: the total itself.
+template <typename T>
+__device__ __forceinline__ float cru_rows_finish(float total, float sc) {
+    return sizeof(T) == 1 ? __fmul_rn(total, sc) : total;
 }
 
 template <typename T, int MT, int NC, int EPI>
@@ -150,8 +187,9 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     __shared__ float red[MT * 8];
     __shared__ float inv[MT];
     const int n_chunks = (K + CRU_KC - 1) / CRU_KC;
-    float* xs = smem;             // [MT][K]
-    float* part = smem + MT * K;  // [n_chunks][MT][NC][32]
+    float* xs = smem;                            // [MT][K]
+    float* part = smem + MT * K;                 // [n_chunks][MT][NC][32]
+    float* nw = part + n_chunks * MT * NC * 32;  // [K] (PRO only): the norm weight
     const int lane = threadIdx.x, c = threadIdx.y;
     const int tid = c * 32 + lane, nthreads = 32 * blockDim.y;
     const int m0 = blockIdx.y * MT;
@@ -159,7 +197,8 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     const int n_rows_w = EPI == 1 ? 2 * N_out : N_out;
     const int n_blocks = EPI == 2 ? n_heads + 2 * n_kv : (N_out + 31) / 32;
 
-    // The first column block's int8 weights load while x is staged and normalised.
+    // The first column block's int8 weights and epilogue inputs load while x is staged and
+    // normalised.
     RawChunk<T> raw[NC];
     const int cb0 = blockIdx.x * groups;
     if (c < n_chunks && K - c * CRU_KC >= CRU_KC && (K & 15) == 0) {
@@ -169,17 +208,27 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
             if (col < n_rows_w) raw[j].load(w + (long)col * K + c * CRU_KC);
         }
     }
-    for (int i = tid; i < MT * K; i += nthreads) {
-        const int m = m0 + i / K;
-        xs[i] = m < M ? x[(long)m * K + i % K] : 0.0f;
+    const int kv_dim = n_kv * 64;
+    const bool finisher = c < MT && m0 + c < M;  // warp c finishes row m0 + c
+    EpiIn<NC> e0;
+    if (finisher)
+        e0 = cru_epi_load<T, NC, EPI>(cb0, m0 + c, lane, N_out, n_rows_w, scale, residual,
+                                      positions, pages, slots, cos_t, sin_t, n_layers, layer,
+                                      kv_dim);
+    for (int r = 0; r < MT; ++r) {
+        const bool live = m0 + r < M;
+        for (int k = tid; k < K; k += nthreads) xs[r * K + k] = live ? x[(long)(m0 + r) * K + k] : 0.0f;
     }
+    if (PRO == 1)
+        for (int k = tid; k < K; k += nthreads) nw[k] = norm_w[k];
     __syncthreads();
     if (PRO == 1) {
         cru_rows_sumsq(xs, MT, K, red);
         if (tid < MT) inv[tid] = cru_inv_rms(cru_rows_total(red, tid), K, eps);
         __syncthreads();
-        for (int i = tid; i < MT * K; i += nthreads)
-            xs[i] = cru_norm_apply(xs[i], inv[i / K], norm_w[i % K]);
+        for (int r = 0; r < MT; ++r)
+            for (int k = tid; k < K; k += nthreads)
+                xs[r * K + k] = cru_norm_apply(xs[r * K + k], inv[r], nw[k]);
         __syncthreads();
     }
 
@@ -190,38 +239,36 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
             cru_rows_chunk<T, MT, NC, EPI>(raw, g == 0, w, xs, part, cb, c, lane, K, N_out,
                                            n_rows_w);
         __syncthreads();
-        for (int r = c; r < MT; r += blockDim.y) {  // warp r finishes row r
-            const int m = m0 + r;
-            if (m >= M) break;
+        if (finisher) {  // blockDim.y >= 8 >= MT: one warp per row
+            const int r = c, m = m0 + r;
+            const EpiIn<NC> e = g == 0 ? e0
+                : cru_epi_load<T, NC, EPI>(cb, m, lane, N_out, n_rows_w, scale, residual,
+                                           positions, pages, slots, cos_t, sin_t, n_layers,
+                                           layer, kv_dim);
             float v[NC];
             bool ok = true;
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
-                const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
-                ok = ok && col < n_rows_w;
+                ok = ok && cru_rows_col<EPI>(cb, j, lane, N_out) < n_rows_w;
                 float total = part[(r * NC + j) * 32 + lane];
                 for (int cc = 1; cc < n_chunks; ++cc)
                     total = __fadd_rn(total, part[((cc * MT + r) * NC + j) * 32 + lane]);
-                v[j] = col < n_rows_w ? cru_rows_finish<T>(total, scale, col) : 0.0f;
+                v[j] = cru_rows_finish<T>(total, e.sc[j]);
             }
-            if (!ok) continue;
-            if (EPI == 0) {
+            if (ok && EPI == 0) {
                 const long at = (long)m * N_out + cb * 32 + lane;
-                y[at] = residual ? __fadd_rn(residual[at], v[0]) : v[0];
-            } else if (EPI == 1) {
+                y[at] = residual ? __fadd_rn(e.res, v[0]) : v[0];
+            } else if (ok && EPI == 1) {
                 y[(long)m * N_out + cb * 32 + lane] = cru_swiglu(v[0], v[1]);
-            } else {
-                const int kv_dim = n_kv * 64;
-                const long base = (((long)pages[m] * n_layers + layer) * 16 + slots[m]) * kv_dim;
+            } else if (ok && EPI == 2) {
                 if (cb < n_heads + n_kv) {
-                    const long t = (long)positions[m] * 32 + lane;
-                    const float2 rr = cru_rope(v[0], v[1], cos_t[t], sin_t[t]);
+                    const float2 rr = cru_rope(v[0], v[1], e.cs, e.sn);
                     float* dst = cb < n_heads ? y + (long)m * n_heads * 64 + cb * 64
-                                              : k_pool + base + (cb - n_heads) * 64;
+                                              : k_pool + e.base + (cb - n_heads) * 64;
                     dst[lane] = rr.x;
                     dst[lane + 32] = rr.y;
                 } else {
-                    float* dst = v_pool + base + (cb - n_heads - n_kv) * 64;
+                    float* dst = v_pool + e.base + (cb - n_heads - n_kv) * 64;
                     dst[lane] = v[0];
                     dst[lane + 32] = v[1];
                 }

@@ -24,6 +24,18 @@ from crucible.model.config import ModelConfig
 from crucible.model.weights import ModelWeights, quantize_int8
 
 
+def env_flag(name: str) -> bool:
+    """A 0/1 switch from the environment (default on); anything else is a clear error."""
+    import os
+
+    from crucible.errors import ConfigError
+
+    value = os.environ.get(name, "1").strip()
+    if value not in ("0", "1"):
+        raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def _cp() -> Any:
     import cupy
 
@@ -54,8 +66,8 @@ class CupyBackend:
 
         self.variant = variant if variant is not None else variant_from_env()
         self.cfg: ModelConfig | None = None
-        self.keep: list | None = None  # while a graph is captured: every array it touches
         self.graphs = None  # DecodeGraphs once the pool exists (CRUCIBLE_DECODE_GRAPHS=0: off)
+        self.prefill_graphs = None  # PrefillGraphs likewise (CRUCIBLE_PREFILL_GRAPHS=0: off)
         self._linear: dict[str, ck.DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
@@ -86,40 +98,56 @@ class CupyBackend:
         self._norms["final_norm"] = cp.asarray(weights.final_norm.astype(np.float32))
 
     def allocate_pool(self, num_pages: int) -> None:
-        import os
-
         from crucible.backend.cupy_graphs import DecodeGraphs
+        from crucible.backend.cupy_prefill_graphs import PrefillGraphs
 
         cp, cfg = _cp(), self.cfg
-        # One scratch page past the engine's pages: decode-graph padding rows live there.
+        # One scratch page past the engine's pages: graph padding and capture stand-ins
+        # write there.
         shape = (num_pages + 1, cfg.n_layers, 16, cfg.kv_dim)
         self.k_pool = cp.zeros(shape, dtype=cp.float32)
         self.v_pool = cp.zeros(shape, dtype=cp.float32)
-        self.graphs = None
-        if os.environ.get("CRUCIBLE_DECODE_GRAPHS", "1") != "0":
-            width = -(-cfg.max_context // 16)
+        width = -(-cfg.max_context // 16)
+        self.graphs = self.prefill_graphs = None
+        if env_flag("CRUCIBLE_DECODE_GRAPHS"):
             self.graphs = DecodeGraphs(self, table_width=width, scratch_page=num_pages)
+        if env_flag("CRUCIBLE_PREFILL_GRAPHS"):
+            self.prefill_graphs = PrefillGraphs(self, table_width=width, scratch_page=num_pages)
+
+    def set_variant(self, variant: Any) -> None:
+        """Switch the attention variant: waits for queued work and drops every graph, since
+        a graph bakes in the kernels it launches."""
+        from crucible.kernels.variants import parse_variant
+
+        new = parse_variant(variant) if isinstance(variant, str) else variant
+        _cp().cuda.Device().synchronize()
+        for g in (self.graphs, self.prefill_graphs):
+            if g is not None:
+                g.clear()
+        self.variant = new
 
     def run_step(self, batch: PackedBatch) -> np.ndarray:
         """f32 logits of the final rows, on the host."""
         return self.to_host(self.run_step_device(batch))
 
     def run_step_device(self, batch: PackedBatch) -> Any:
-        """Logits [R, vocab] of the final rows as a device array. Decode steps replay a CUDA
-        graph, everything else runs eagerly. The array belongs to the backend and is only
-        valid until the next step (a graph's logits buffer is reused by its next replay)."""
+        """Logits [R, vocab] of the final rows as a device array. Decode steps and singleton
+        prefills replay CUDA graphs; everything else runs eagerly. The array belongs to the
+        backend and is only valid until the next step (a graph reuses its buffer)."""
         from crucible.backend.cupy_graphs import is_decode_step
+        from crucible.backend.cupy_prefill_graphs import is_singleton_prefill
         from crucible.kernels.variants import score_capacity
 
         if self.graphs is not None and is_decode_step(batch):
             return self.graphs.run(batch, score_capacity(batch.max_end))
+        if self.prefill_graphs is not None and is_singleton_prefill(batch):
+            out = self.prefill_graphs.run(batch, score_capacity(batch.max_end))
+            if out is not None:
+                return out
         return llama.forward_meta(self.cfg, self, self.prepare(batch))
 
     def _new(self, shape: tuple[int, ...]) -> Any:
-        y = _cp().empty(shape, dtype=np.float32)
-        if self.keep is not None:
-            self.keep.append(y)
-        return y
+        return _cp().empty(shape, dtype=np.float32)
 
     def prepare(self, batch: PackedBatch) -> CupyMeta:
         from crucible.kernels.variants import score_capacity

@@ -9,9 +9,9 @@ scratch slot.
 
 A graph is keyed by (bucket, score capacity), since the attention launch depends on both.
 Everything it touches lives at fixed addresses: one int32 metadata buffer (refilled by one
-host-to-device copy before each replay), the activations allocated while capturing (kept
-alive with the graph) and the logits buffer. At most ``MAX_GRAPHS`` graphs are kept; the
-oldest is dropped first.
+host-to-device copy before each replay) and the graph's private memory pool, which holds
+its activations and logits (``capture_forward``). At most ``MAX_GRAPHS`` graphs are kept;
+the oldest is dropped first.
 """
 
 from __future__ import annotations
@@ -29,11 +29,34 @@ MAX_GRAPHS = 64
 
 
 @dataclass
-class _Captured:
+class Captured:
     graph: Any
     meta_dev: Any  # int32 buffer the metadata views point into
-    logits: Any  # [B, vocab] device buffer written by the graph
-    keep: list  # every array the captured kernels touch
+    logits: Any  # [R, vocab] device buffer written by the graph
+    pool: Any  # the graph's private memory pool: every intermediate it touches lives here
+
+
+def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any) -> Captured:
+    """Capture one forward over ``meta`` (views into ``meta_dev``) as a CUDA graph.
+
+    Every array the forward allocates comes from a private memory pool that lives as long
+    as the graph. Intermediates freed during the forward are reused by later ones, exactly
+    as eagerly (one stream orders them), so a graph holds one forward's peak working set,
+    and nothing outside the graph can ever be handed its memory."""
+    import cupy as cp
+
+    from crucible.model.llama import forward_meta
+
+    pool = cp.cuda.MemoryPool()
+    with cp.cuda.using_allocator(pool.malloc), stream:
+        forward_meta(be.cfg, be, meta)  # warm-up: compiles, and sizes the private pool
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            logits = forward_meta(be.cfg, be, meta)
+        finally:
+            graph = stream.end_capture()
+    return Captured(graph, meta_dev, logits, pool)
 
 
 def is_decode_step(batch: PackedBatch) -> bool:
@@ -51,7 +74,7 @@ class DecodeGraphs:
         self.width = table_width  # fixed page-table width: pages of one full context
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.graphs: OrderedDict[tuple[int, int], _Captured] = OrderedDict()
+        self.graphs: OrderedDict[tuple[int, int], Captured] = OrderedDict()
         self.num_captures = 0
         self.num_replays = 0
 
@@ -91,28 +114,16 @@ class DecodeGraphs:
         return CupyMeta(bucket, v[0], v[1], v[2], v[3], v[4].reshape(bucket, 4),
                         v[5].reshape(bucket, self.width), v[6], bucket, 1, capacity, True)
 
-    def _capture(self, bucket: int, capacity: int) -> _Captured:
+    def _capture(self, bucket: int, capacity: int) -> Captured:
         import cupy as cp
 
-        from crucible.model.llama import forward_meta
-
-        be = self.be
         meta_dev = cp.asarray(self.host_meta(None, bucket))
-        meta = self._views(meta_dev, bucket, capacity)
-        with self.stream:
-            forward_meta(be.cfg, be, meta)  # warm-up: compiles, sizes the stream's pool
-            self.stream.synchronize()
-            be.keep = []
-            self.stream.begin_capture()
-            try:
-                logits = forward_meta(be.cfg, be, meta)
-            finally:
-                graph = self.stream.end_capture()
-                keep, be.keep = be.keep, None
+        cap = capture_forward(self.be, self.stream, meta_dev,
+                              self._views(meta_dev, bucket, capacity))
         self.num_captures += 1
-        return _Captured(graph, meta_dev, logits, keep)
+        return cap
 
-    def run(self, batch: PackedBatch, capacity: int) -> np.ndarray:
+    def run(self, batch: PackedBatch, capacity: int) -> Any:
         import cupy as cp
 
         b = batch.num_rows

@@ -190,7 +190,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     # once (the LM head); then each CTA stages and normalises x once for several blocks.
     groups = max(1, -(-grid_x * row_groups // (4 * _sm_count())))
     fn = kernel(_rows_name(str(wd.w.dtype), mt, 0 if norm is None else 1, epi))
-    smem = 4 * (mt * k + chunks * mt * nc * 32)
+    smem = 4 * (mt * k + chunks * mt * nc * 32 + k)
     ensure_dynamic_smem(fn, smem)
     args = (x, wd.w, wd.scale if wd.scale is not None else out,
             norm if norm is not None else null, np.float32(eps),

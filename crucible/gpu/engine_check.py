@@ -176,6 +176,13 @@ def check_graphs(t: Tally, name: str, geom: dict, rng: np.random.Generator) -> N
             pos[i] += 1
     t.check(be.graphs.num_replays >= 13 and be.graphs.num_captures >= 1,
             f"{name} graphs replayed ({be.graphs.num_captures} captures)")
+    # Changing the attention variant drops every graph; the next replay runs the new kernels.
+    be.set_variant("online-q2-k32")
+    t.check(not be.graphs.graphs and not be.prefill_graphs.graphs,
+            f"{name} variant change dropped the graphs")
+    t.check(not np.array_equal(gpu.forward(batch), replay),
+            f"{name} graphs recaptured with the new variant (online differs)")
+    be.set_variant("exact-q4-k64")
 
 
 def check_default_model(t: Tally, spec: str) -> None:

@@ -1,7 +1,8 @@
 """``gpu-graph-check`` and ``gpu-decode-prefill``: two more ways of computing the same rows.
 
-gpu-graph-check   decode steps replayed from CUDA graphs (padded up to a bucket) == the same
-                  steps run eagerly, bitwise. Two runners (graphs on / graphs off) run the
+gpu-graph-check   decode steps replayed from CUDA graphs (padded up to a bucket), and lone
+                  prefills replayed from singleton prefill graphs, == the same steps run
+                  eagerly, bitwise. Two runners (graphs on / graphs off) run the
                   same schedule: the live batch walks through sizes 1..64 across the bucket
                   edges (8/9, 15/16/17, 23/24/25, 31/32/33, 47/48/49, 63/64) for ``--steps``
                   decode steps each; between steps requests finish (their budget is spent, or
@@ -39,6 +40,7 @@ def make_pair(model: object, device: str, num_pages: int) -> tuple[ModelRunner, 
     ref = ModelRunner(model, num_pages=num_pages, device=device)
     if hasattr(ref.backend, "graphs"):
         ref.backend.graphs = None
+        ref.backend.prefill_graphs = None
     return cand, ref
 
 
@@ -95,6 +97,10 @@ def check_graphs(cand: ModelRunner, ref: ModelRunner, sizes: list[int], steps: i
                 c.compare(f"size {size} step {s}: decode {a.rid} at {a.done - 1}",
                           a.logits[-1], b.logits[-1])
     print(f"schedule: {serial} requests joined, {finished} finished between steps")
+    pre = getattr(cand.backend, "prefill_graphs", None)
+    if pre is not None:  # a lone joiner's prefill is a singleton prefill: a graph replay
+        print(f"prefill graphs: {pre.num_captures} captured, {pre.num_replays} replays")
+        c.check(pre.num_replays > 0, "no singleton prefill was replayed from a graph")
     return c.result()
 
 

@@ -1,0 +1,105 @@
+"""CUDA graphs for singleton prefill steps: one request's prompt chunk, alone in its step.
+
+A chat turn's prompt usually arrives alone (nothing else is running), and eagerly its
+forward costs one Python-side launch per kernel: more host time than GPU time for prompts
+of a few hundred tokens. A graph replays the whole forward with one launch.
+
+A step qualifies when it holds exactly one segment of more than one row whose final rows
+are either none (a middle chunk) or just its last row. Its graph is keyed by
+``(length, want_logits, score_capacity)``, the things that shape the kernel launches; the
+request's tokens, positions, slots and page table are data, refilled in one host-to-device
+copy before each replay. At most ``MAX_GRAPHS`` are kept and none is evicted: once full, a
+new key runs eagerly (a workload with many distinct lengths would otherwise recapture all
+the time). Prompts longer than ``MAX_LENGTH`` always run eagerly. Padding is never needed,
+so replay == eager bit for bit by construction (``gpu-graph-check`` checks it).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from crucible.backend.cupy_graphs import Captured, capture_forward
+from crucible.engine.batch import PackedBatch
+
+MAX_GRAPHS = 64
+MAX_LENGTH = 2048
+
+
+def is_singleton_prefill(batch: PackedBatch) -> bool:
+    if batch.num_segments != 1 or not 1 < batch.num_rows <= MAX_LENGTH:
+        return False
+    finals = batch.final_rows
+    return finals.shape[0] == 0 or (finals.shape[0] == 1 and finals[0] == batch.num_rows - 1)
+
+
+class PrefillGraphs:
+    def __init__(self, backend: Any, table_width: int, scratch_page: int) -> None:
+        import cupy as cp
+
+        self.be = backend
+        self.width = table_width
+        self.scratch = scratch_page
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.graphs: OrderedDict[tuple[int, bool, int], Captured] = OrderedDict()
+        self.num_captures = 0
+        self.num_replays = 0
+        self.num_eager = 0  # qualifying steps that ran eagerly because the cache was full
+
+    def clear(self) -> None:
+        self.stream.synchronize()
+        self.graphs.clear()
+
+    def host_meta(self, batch: PackedBatch | None, length: int, want: bool) -> np.ndarray:
+        """Tokens, positions, pages, slots, the segment, the page table, the final row."""
+        if batch is None:  # capture-time stand-in: every position on the scratch page
+            tok, pos = np.zeros(length, np.int32), np.arange(length, dtype=np.int32)
+            pages, slots = np.full(length, self.scratch, np.int32), pos & 15
+            seg = np.array([0, length, 0, 0], np.int32)
+            table = np.full(self.width, self.scratch, np.int32)
+        else:
+            s = batch.slot_mapping()
+            tok, pos, pages, slots = batch.token_ids, batch.positions, s >> 4, s & 15
+            seg = batch.segments[0]
+            table = np.zeros(self.width, np.int32)
+            table[: batch.page_tables.shape[1]] = batch.page_tables[seg[3]]
+            seg = np.array([seg[0], seg[1], seg[2], 0], np.int32)
+        finals = np.array([length - 1] if want else [], np.int32)
+        return np.concatenate([np.asarray(a, np.int32) for a in
+                               (tok, pos, pages, slots, seg, table, finals)])
+
+    def _views(self, meta_dev: Any, length: int, want: bool, capacity: int) -> Any:
+        from crucible.backend.cupy_backend import CupyMeta
+
+        sizes = [length] * 4 + [4, self.width, 1 if want else 0]
+        v, o = [], 0
+        for n in sizes:
+            v.append(meta_dev[o : o + n])
+            o += n
+        return CupyMeta(length, v[0], v[1], v[2], v[3], v[4].reshape(1, 4),
+                        v[5].reshape(1, self.width), v[6], 1 if want else 0, length, capacity)
+
+    def run(self, batch: PackedBatch, capacity: int) -> Any | None:
+        """The step's logits on the device, or None when it must run eagerly."""
+        import cupy as cp
+
+        length, want = batch.num_rows, batch.final_rows.shape[0] == 1
+        key = (length, want, capacity)
+        cap = self.graphs.get(key)
+        if cap is None:
+            if len(self.graphs) >= MAX_GRAPHS:
+                self.num_eager += 1
+                return None
+            meta_dev = cp.asarray(self.host_meta(None, length, want))
+            cap = capture_forward(self.be, self.stream, meta_dev,
+                                  self._views(meta_dev, length, want, capacity))
+            self.graphs[key] = cap
+            self.num_captures += 1
+        self.stream.wait_event(cp.cuda.Stream.null.record())
+        cap.meta_dev.set(self.host_meta(batch, length, want), stream=self.stream)
+        cap.graph.launch(stream=self.stream)
+        cp.cuda.Stream.null.wait_event(self.stream.record())
+        self.num_replays += 1
+        return cap.logits
