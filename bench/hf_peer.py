@@ -1,6 +1,6 @@
 """Peer benchmark: HF transformers generating with the same dequantized weights as Crucible.
 
-    python3 bench/hf_peer.py --model /tmp/smollm2.gguf [--weights f32] [--batches 1,32]
+    python3 bench/hf_peer.py --model smollm2.gguf [--weights f32] [--batches 1,32]
                              [--rounds 3] [--json PATH]
 
 torch and transformers are peers only: this script imports them, crucible never does. The
