@@ -1,6 +1,11 @@
 """CPU prefill and single-stream decode speed of the numpy backend on the default model.
 
     python3 bench/cpu_generate.py [--model M] [--weights int8] [--rounds 3] [--json PATH]
+                                  [--threads N] [--blas-tiles [--layer-tile T]]
+
+The backend runs the compiled kernels when they are built (``kernels`` in the JSON says
+which: avx2 or scalar), else the BLAS tile path; ``--blas-tiles`` forces the latter, for a
+comparison on the same machine.
 
 Prefill: one request of each prompt length, timed as its first forward (TTFT minus
 sampling). Decode: single stream after a 64-token prompt, steps after the first. Warm-up
@@ -20,7 +25,7 @@ import numpy as np
 
 from common import stat, write_json
 
-from crucible.backend import numpy_backend
+from crucible.backend import cpu_ext, numpy_backend
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.model.loader import load_model
 from crucible.model.runner import ModelRunner
@@ -54,18 +59,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default="64,256")
     p.add_argument("--decode-steps", type=int, default=32)
     p.add_argument("--json", default="bench/cpu-generate.json")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CRUCIBLE_CPU_THREADS for the compiled kernels (default: all cores)")
+    p.add_argument("--blas-tiles", action="store_true",
+                   help="run the BLAS tile fallback even where the compiled kernels are built")
     p.add_argument("--layer-tile", type=int, default=None,
-                   help="experiment: GEMM column-tile width of the layers (default: the "
-                        "backend's LAYER_TILE); changes the arithmetic order, not just speed")
+                   help="BLAS tile path only, experiment: GEMM column-tile width of the layers "
+                        "(default: LAYER_TILE); changes the arithmetic order, not just speed")
     args = p.parse_args(argv)
+    if args.threads is not None:
+        os.environ[cpu_ext.ENV_THREADS] = str(args.threads)
+    if args.blas_tiles:
+        cpu_ext._ext = None  # as if the extension were not built
     if args.layer_tile is not None:
         numpy_backend.LAYER_TILE = args.layer_tile
     model = load_model(args.model, args.weights)
     runner = ModelRunner(model, num_pages=64)
+    backend = runner.backend
     rng = np.random.default_rng(0)
     lengths = [int(x) for x in args.lengths.split(",")]
     prompts = {n: rng.integers(0, model.config.vocab_size, n).tolist() for n in lengths}
-    prefill_tok_s(runner, prompts[lengths[0]][:16])  # warm-up: tile calibration, pool pages
+    prefill_tok_s(runner, prompts[lengths[0]][:16])  # warm-up: threads, pool pages
     decode_tok_s(runner, prompts[lengths[0]][:8], 2)
     pre: dict[int, list[float]] = {n: [] for n in lengths}
     dec: list[float] = []
@@ -79,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": "python3 bench/cpu_generate.py " + " ".join(argv or sys.argv[1:]),
         "model": args.model, "weights": args.weights, "rounds": args.rounds,
-        "layer_tile": numpy_backend.LAYER_TILE,
+        "kernels": backend.kernel, "threads": backend.threads,
+        "layer_tile": numpy_backend.LAYER_TILE if backend.kernel == "blas-tiles" else None,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "numpy": np.__version__, "processor": platform.processor() or platform.machine()},
         "prefill_tok_s": {str(n): stat(v) for n, v in pre.items()},

@@ -32,12 +32,16 @@ static AVX2 float scores(const float *q, const float *k, size_t kvd, int len, in
     int j = 0;
     for (; j + 8 <= len; j += 8) {
         __m256 acc[8];
-        for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+        const float *kr[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            acc[t] = _mm256_setzero_ps();
+            kr[t] = k + (j + t) * kvd;
+        }
         for (int d = 0; d < hd; d += 8) {
             const __m256 qd = _mm256_loadu_ps(q + d);
 #pragma GCC unroll 8
-            for (int t = 0; t < 8; t++)
-                acc[t] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + (j + t) * kvd + d), acc[t]);
+            for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kr[t] + d), acc[t]);
         }
         const __m256 sv = _mm256_mul_ps(tree8x8(acc), sc);
         _mm256_storeu_ps(s + j, sv);
