@@ -4,7 +4,8 @@
 // 16 words per sampled row then the penalty/mask entries as int32 quadruples (the layout is
 // documented in crucible/backend/sampling_meta.py); scratch: four arrays [gridDim.x, V]
 // (keys u64, keys2 u64, ids1 u32, ids2 u32), one slice per block; out: tokens int32 [R] and
-// lp int64 [R, 43] = (count, 21 token ids, 21 f64 logprob bit patterns).
+// lp int64 [R, 43] = (count, 21 token ids, 21 f64 logprob bit patterns); paths int32 [R]
+// (which routes a row took: diagnostics for the check command).
 //
 // Thread mapping: one 512-thread block samples one row at a time (block b takes rows b,
 // b + gridDim.x, ...), so a row's result is a function of that row's logits and metadata
@@ -41,6 +42,8 @@ typedef long long i64;
 typedef unsigned int u32;
 
 #define THREADS 512
+#define UNROLL 8           // loads a thread issues before using any: memory-level parallelism
+#define SORT_ITEMS 8       // elements per thread in one tile of the full-row sort
 #define WARPS (THREADS / 32)
 #define CAP 2048
 #define ROW_WORDS 16
@@ -53,6 +56,10 @@ typedef unsigned int u32;
 #define BIG_INT 0x7fffffff
 #define AMBIGUOUS (-2)
 #define NEED_SORT (-1)
+#define PATH_SORT 1        // the answer needed the full-row sort
+#define PATH_SEQUENTIAL 2  // a rounding band sent a decision to the sequential host order
+#define PATH_TOP_K 4       // top_k beyond the shared-memory prefix (restrict_to_top)
+#define PATH_GREEDY 8      // greedy straight on the f32 logits
 
 struct Row {
     double temp, top_p, min_p, rep, pres, freq;
@@ -84,6 +91,7 @@ struct Shared {
     double bc_d;
     u64 bc_k;
     int bc_i, sel_bucket, sel_above, sel_count, count, state, result;
+    int path;  // which routes this row took (PATH_*), written by thread 0 only
 };
 
 // ---- scalars -----------------------------------------------------------------------------
@@ -146,6 +154,28 @@ __device__ Row load_row(const i64* meta, int r) {
     p.count = (int)w[11];
     p.logits_row = (int)w[12];
     return p;
+}
+
+// One pass over [0, n): each thread loads UNROLL elements (i = tid, tid + THREADS, ...) before
+// handing them to f(i, valid, value) in ascending i. A row pass is latency-bound with one load
+// in flight per thread; eight keep the SM's memory pipe busy. Every lane calls f, valid or
+// not, so f may use warp collectives.
+template <class LD, class F>
+__device__ __forceinline__ void sweep(int n, const LD& load, F&& f) {
+    typedef decltype(load(0)) T;
+    for (int base = 0; base < n; base += THREADS * UNROLL) {
+        T v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int i = base + u * THREADS + (int)threadIdx.x;
+            v[u] = i < n ? load(i) : T();
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int i = base + u * THREADS + (int)threadIdx.x;
+            f(i, i < n, v[u]);
+        }
+    }
 }
 
 // ---- block reductions (fixed trees) ---------------------------------------------------------
@@ -256,6 +286,19 @@ struct ScratchKeys {
     __device__ u64 operator()(int i) const { return k[i]; }
 };
 
+struct RawKeys {  // okey of the f32 logit divided by t (t = 1: the logit itself)
+    const float* raw;
+    double t;
+    __device__ u64 operator()(int i) const {
+        return okey(t == 1.0 ? (double)raw[i] : __ddiv_rn((double)raw[i], t));
+    }
+};
+
+struct RawValues {
+    const float* raw;
+    __device__ double operator()(int i) const { return (double)raw[i]; }
+};
+
 struct LogprobKeys {
     const float* raw;
     double m, lse;
@@ -277,16 +320,11 @@ __device__ Range descend(const KF& kf, int n, int K, int stop, Shared& sh) {
         __syncthreads();
         // Most keys share their top digits, so a warp counts its lanes' digits once per
         // distinct digit (match_any) rather than 32 atomics on one counter.
-        for (int base = 0; base < n; base += THREADS) {
-            const int i = base + threadIdx.x;
-            int d = 256;
-            if (i < n) {
-                const u64 k = kf(i);
-                if ((k & r.mask) == r.prefix) d = (int)((k >> shift) & 255);
-            }
+        sweep(n, kf, [&](int, bool ok, u64 k) {
+            const int d = ok && (k & r.mask) == r.prefix ? (int)((k >> shift) & 255) : 256;
             const u32 peers = __match_any_sync(FULL_MASK, d);
             if (d < 256 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&sh.hist[d], __popc(peers));
-        }
+        });
         __syncthreads();
         if (threadIdx.x < 32) {  // lane l holds buckets 255 - 8l ... 248 - 8l, best first
             const int lane = threadIdx.x;
@@ -390,14 +428,13 @@ __device__ void select_top(const KF& kf, int n, int K, Shared& sh) {
     if (threadIdx.x == 0) sh.count = 0;
     __syncthreads();
     const bool tied = r.above + r.inside > CAP;  // every bit fixed: the range is one key
-    for (int i = threadIdx.x; i < n; i += THREADS) {
-        const u64 k = kf(i);
-        if (tied ? k > r.prefix : (k & r.mask) >= r.prefix) {
+    sweep(n, kf, [&](int i, bool ok, u64 k) {
+        if (ok && (tied ? k > r.prefix : (k & r.mask) >= r.prefix)) {
             const int slot = atomicAdd(&sh.count, 1);
             sh.big.f.key[slot] = k;
             sh.big.f.id[slot] = (u32)i;
         }
-    }
+    });
     __syncthreads();
     if (tied) take_tied(kf, n, r.prefix, K - r.above, sh.big.f.key, sh.big.f.id, r.above, sh);
     bitonic_sort(tied ? K : r.above + r.inside, sh);
@@ -409,17 +446,18 @@ __device__ void restrict_to_top(u64* keys, int n, int K, Shared& sh) {
     const Range r = descend(kf, n, K, K, sh);
     const bool tied = r.above + r.inside > K;
     const int cut = tied ? take_tied(kf, n, r.prefix, K - r.above, (u64*)0, (u32*)0, 0, sh) : BIG_INT;
-    for (int i = threadIdx.x; i < n; i += THREADS) {
-        const u64 m = keys[i] & r.mask;
-        if (!(m > r.prefix || (m == r.prefix && i <= cut))) keys[i] = 0ull;
-    }
+    sweep(n, kf, [&](int i, bool ok, u64 k) {
+        const u64 m = k & r.mask;
+        if (ok && !(m > r.prefix || (m == r.prefix && i <= cut))) keys[i] = 0ull;
+    });
     __syncthreads();
 }
 
 // ---- the full-row fallback: stable LSD radix sort, (key desc, id asc) ------------------------
 // 8-bit digits, least significant first; digits every key shares are skipped. Each tile is
-// 2048 consecutive elements: warp w ranks its 128 in four rounds of 32 (match_any), then
-// per-digit offsets over the warps keep the order stable.
+// SORT_ITEMS * THREADS consecutive elements: warp w loads its 32 * SORT_ITEMS at once, ranks
+// them in SORT_ITEMS rounds of 32 (match_any), then per-digit offsets over the warps keep the
+// order stable.
 __device__ void full_sort(u64* keys, u64* keys2, u32* ids1, u32* ids2, int n, Shared& sh,
                           const u64*& out_key, const u32*& out_id) {
     SortArrays& s = sh.big.s;
@@ -427,16 +465,15 @@ __device__ void full_sort(u64* keys, u64* keys2, u32* ids1, u32* ids2, int n, Sh
     for (int i = threadIdx.x; i < 8 * 256; i += THREADS) (&s.hist[0][0])[i] = 0;
     for (int i = threadIdx.x; i < WARPS * 256; i += THREADS) (&s.wcount[0][0])[i] = 0;
     __syncthreads();
-    for (int base = 0; base < n; base += THREADS) {
-        const int i = base + threadIdx.x;
-        const u64 k = i < n ? keys[i] : 0ull;
-        if (i < n) ids1[i] = (u32)i;
+    const ScratchKeys kf = {keys};
+    sweep(n, kf, [&](int i, bool ok, u64 k) {
+        if (ok) ids1[i] = (u32)i;
         for (int p = 0; p < 8; ++p) {
-            const int d = i < n ? 255 - (int)((k >> (8 * p)) & 255) : 256;
+            const int d = ok ? 255 - (int)((k >> (8 * p)) & 255) : 256;
             const u32 peers = __match_any_sync(FULL_MASK, d);
             if (d < 256 && lane == __ffs(peers) - 1) atomicAdd(&s.hist[p][d], __popc(peers));
         }
-    }
+    });
     __syncthreads();
     u64 *sk = keys, *dk = keys2;
     u32 *si = ids1, *di = ids2;
@@ -454,15 +491,20 @@ __device__ void full_sort(u64* keys, u64* keys2, u32* ids1, u32* ids2, int n, Sh
             for (int j = 0; j < 8; ++j) { s.hist[p][8 * lane + j] = run; run += c[j]; }
         }
         __syncthreads();
-        for (int tile = 0; tile < n; tile += 4 * THREADS) {
-            u64 kk[4];
-            u32 ii[4];
-            int rank[4], dig[4];
-            for (int q = 0; q < 4; ++q) {
-                const int i = tile + warp * 128 + q * 32 + lane;
-                const bool valid = i < n;
-                kk[q] = valid ? sk[i] : 0ull;
-                ii[q] = valid ? si[i] : 0u;
+        for (int tile = 0; tile < n; tile += SORT_ITEMS * THREADS) {
+            u64 kk[SORT_ITEMS];
+            u32 ii[SORT_ITEMS];
+            int rank[SORT_ITEMS], dig[SORT_ITEMS];
+            const int first = tile + warp * 32 * SORT_ITEMS + lane;
+#pragma unroll
+            for (int q = 0; q < SORT_ITEMS; ++q) {
+                const int i = first + q * 32;
+                kk[q] = i < n ? sk[i] : 0ull;
+                ii[q] = i < n ? si[i] : 0u;
+            }
+#pragma unroll
+            for (int q = 0; q < SORT_ITEMS; ++q) {
+                const bool valid = first + q * 32 < n;
                 dig[q] = valid ? 255 - (int)((kk[q] >> (8 * p)) & 255) : 256;
                 const u32 peers = __match_any_sync(FULL_MASK, dig[q]);
                 const int before = valid ? s.wcount[warp][dig[q]] : 0;
@@ -482,7 +524,8 @@ __device__ void full_sort(u64* keys, u64* keys2, u32* ids1, u32* ids2, int n, Sh
                 s.hist[p][threadIdx.x] = run;
             }
             __syncthreads();
-            for (int q = 0; q < 4; ++q) {
+#pragma unroll
+            for (int q = 0; q < SORT_ITEMS; ++q) {
                 if (dig[q] < 256) {
                     const int pos = s.wcount[warp][dig[q]] + rank[q];
                     dk[pos] = kk[q];
@@ -581,6 +624,7 @@ __device__ int cross_sequential(const A& a, int n, double theta, bool ge, double
             if (ge ? c >= theta : c > theta) { r = j; break; }
         }
         sh.result = r;
+        sh.path |= PATH_SEQUENTIAL;
     }
     __syncthreads();
     const int r = sh.result;
@@ -629,10 +673,11 @@ __device__ int finish(const View& v, int n_avail, int K, double wsum, int count_
 // keys[i] = okey(x_i [/ T]) with penalties and masking applied to the entries' ids.
 __device__ void write_keys(const float* raw, int V, const Row& p, const int* ent, u64* keys,
                            bool greedy) {
-    for (int i = threadIdx.x; i < V; i += THREADS) {
-        const double x = (double)raw[i];
-        keys[i] = okey(greedy ? x : __ddiv_rn(x, p.temp));
-    }
+    // x / 1.0 == x exactly, so the greedy keys are RawKeys with t = 1.
+    const RawKeys rk = {raw, greedy ? 1.0 : p.temp};
+    sweep(V, rk, [&](int i, bool ok, u64 k) {
+        if (ok) keys[i] = k;
+    });
     __syncthreads();
     for (int e = threadIdx.x; e < p.count; e += THREADS) {
         const int* q = ent + 4 * (i64)(p.first + e);
@@ -650,7 +695,10 @@ __device__ int sample_random(const float* raw, int V, const Row& p, u64* keys, u
                              u32* ids1, u32* ids2, Shared& sh) {
     const int K = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
     const int slack = V / THREADS + 64;
-    if (K > CAP && K < V) restrict_to_top(keys, V, K, sh);
+    if (K > CAP && K < V) {
+        restrict_to_top(keys, V, K, sh);
+        if (threadIdx.x == 0) sh.path |= PATH_TOP_K;
+    }
     const int n_sel = min(K, CAP);
     const ScratchKeys kf = {keys};
     select_top(kf, V, n_sel, sh);
@@ -662,14 +710,13 @@ __device__ int sample_random(const float* raw, int V, const Row& p, u64* keys, u
     if (K <= CAP) {
         for (int j = threadIdx.x; j < K; j += THREADS) s = __dadd_rn(s, sh.big.f.w[j]);
     } else {
-        for (int i = threadIdx.x; i < V; i += THREADS) {
-            const u64 k = keys[i];
-            if (k != 0ull) {
+        sweep(V, kf, [&](int, bool ok, u64 k) {
+            if (ok && k != 0ull) {
                 const double w = weight_of(k, y0);
                 s = __dadd_rn(s, w);
                 c += w >= p.min_p;
             }
-        }
+        });
     }
     const double wsum = block_sum_d(s, sh);
     const int count_all = block_sum_i(c, sh);
@@ -677,6 +724,7 @@ __device__ int sample_random(const float* raw, int V, const Row& p, u64* keys, u
     const SmemView fast = {sh.big.f.key, sh.big.f.id, sh.big.f.w};
     const int token = finish(fast, n_sel, K, wsum, count_all, p, u, slack, sh);
     if (token != NEED_SORT) return token;
+    if (threadIdx.x == 0) sh.path |= PATH_SORT;
     const u64* sk;
     const u32* si;
     full_sort(keys, keys2, ids1, ids2, V, sh, sk, si);
@@ -686,11 +734,16 @@ __device__ int sample_random(const float* raw, int V, const Row& p, u64* keys, u
 }
 
 __device__ void write_logprobs(const float* raw, int V, int N, int token, i64* out, Shared& sh) {
+    const RawValues rv = {raw};
     double m = neg_inf();
-    for (int i = threadIdx.x; i < V; i += THREADS) m = fmax(m, (double)raw[i]);
+    sweep(V, rv, [&](int, bool ok, double x) {
+        if (ok) m = fmax(m, x);
+    });
     m = block_max_d(m, sh);
     double s = 0.0;
-    for (int i = threadIdx.x; i < V; i += THREADS) s = __dadd_rn(s, exp(__dsub_rn((double)raw[i], m)));
+    sweep(V, rv, [&](int, bool ok, double x) {
+        if (ok) s = __dadd_rn(s, exp(__dsub_rn(x, m)));
+    });
     const double lse = log(block_sum_d(s, sh));
     if (N > 0) {
         const LogprobKeys kf = {raw, m, lse};
@@ -718,7 +771,8 @@ __device__ void write_logprobs(const float* raw, int V, int N, int token, i64* o
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 sample_rows(const float* __restrict__ logits, int V, const i64* __restrict__ meta, int R,
-            u64* keys_all, u64* keys2_all, u32* ids1_all, u32* ids2_all, int* tokens, i64* lp) {
+            u64* keys_all, u64* keys2_all, u32* ids1_all, u32* ids2_all, int* tokens, i64* lp,
+            int* paths) {
     __shared__ Shared sh;
     const int* ent = (const int*)(meta + (i64)ROW_WORDS * R);
     const i64 slot = (i64)blockIdx.x * V;
@@ -728,28 +782,32 @@ sample_rows(const float* __restrict__ logits, int V, const i64* __restrict__ met
         const float* raw = logits + (i64)p.logits_row * V;
         const bool greedy = p.temp == 0.0;
         int token;
+        if (threadIdx.x == 0) sh.path = greedy && p.count == 0 ? PATH_GREEDY : 0;
+        // Greedy: a block argmax; ascending i per thread with a strict > keeps the lowest id.
+        u64 bk = 0ull;
+        int bi = BIG_INT;
+        const auto best = [&](int i, bool ok, u64 k) {
+            if (ok && k > bk) { bk = k; bi = i; }
+        };
         if (greedy && p.count == 0) {
-            u64 bk = 0ull;
-            int bi = BIG_INT;
-            for (int i = threadIdx.x; i < V; i += THREADS) {
-                const u64 k = okey((double)raw[i]);
-                if (k > bk) { bk = k; bi = i; }
-            }
+            const RawKeys rk = {raw, 1.0};
+            sweep(V, rk, best);
             token = block_best(bk, bi, sh);
         } else {
             write_keys(raw, V, p, ent, keys, greedy);
             if (greedy) {
-                u64 bk = 0ull;
-                int bi = BIG_INT;
-                for (int i = threadIdx.x; i < V; i += THREADS)
-                    if (keys[i] > bk) { bk = keys[i]; bi = i; }
+                const ScratchKeys kf = {keys};
+                sweep(V, kf, best);
                 token = block_best(bk, bi, sh);
             } else {
                 token = sample_random(raw, V, p, keys, keys2_all + slot, ids1_all + slot,
                                       ids2_all + slot, sh);
             }
         }
-        if (threadIdx.x == 0) tokens[r] = token;
+        if (threadIdx.x == 0) {
+            tokens[r] = token;
+            paths[r] = sh.path;
+        }
         if (p.num_lp >= 0) write_logprobs(raw, V, p.num_lp, token, lp + (i64)r * LP_WORDS, sh);
         __syncthreads();
     }

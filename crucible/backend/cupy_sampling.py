@@ -60,8 +60,10 @@ def _sm_count() -> int:
 class CupySampler:
     """Samples rows of a CuPy f32 logits array [rows, vocab] on the device.
 
-    Scratch (four [slots, vocab] arrays, 24 bytes per entry) is allocated on first use and
-    again only when a step needs more concurrent blocks or a larger vocabulary."""
+    Scratch (four [slots, vocab] arrays, 24 bytes per entry; slots = one block per SM at most)
+    and the output buffers are allocated on first use and again only when a step needs more
+    rows, more concurrent blocks or another vocabulary: steady-state steps allocate only the
+    metadata upload, from CuPy's pool."""
 
     name = "cupy"
 
@@ -69,6 +71,8 @@ class CupySampler:
         self.max_slots = max_slots  # concurrent blocks (default: one per SM)
         self._scratch: tuple[Any, ...] | None = None
         self._shape = (0, 0)
+        self._out: tuple[Any, Any, Any] | None = None  # tokens, route flags, logprob words
+        self._paths: Any = None  # the last call's route flags per row (PATH_* in sampling.cu)
 
     def _scratch_for(self, slots: int, vocab: int) -> tuple[Any, ...]:
         cp = _cupy()
@@ -80,6 +84,14 @@ class CupySampler:
             self._shape = (slots, vocab)
         return self._scratch
 
+    def _outputs(self, rows: int) -> tuple[Any, Any, Any]:
+        cp = _cupy()
+        if self._out is None or self._out[0].shape[0] < rows:
+            n = max(rows, 64)
+            self._out = (cp.empty(n, cp.int32), cp.empty(n, cp.int32),
+                         cp.empty((n, LP_WORDS), cp.int64))
+        return self._out
+
     def sample(self, logits: Any, rows: Sequence[RowSampling]) -> SampleOutput:
         cp = _cupy()
         if not isinstance(logits, cp.ndarray) or logits.dtype != cp.float32 or logits.ndim != 2 \
@@ -90,21 +102,33 @@ class CupySampler:
         num_logits, vocab = logits.shape
         if not 1 <= vocab <= MAX_VOCAB:
             raise ValueError(f"device sampler: vocabulary of {vocab} outside [1, {MAX_VOCAB}]")
-        meta = cp.asarray(pack_rows(rows, num_logits, vocab))  # the one upload
+        meta = cp.asarray(pack_rows(rows, num_logits, vocab))  # the step's one upload
         r = len(rows)
+        tokens, lp = self.launch(logits, meta, r)
+        ids = cp.asnumpy(tokens[:r])  # the one device-to-host copy (4 bytes a row) ...
+        lps: list[dict[int, float] | None] = [None] * r
+        if any(row.num_logprobs is not None for row in rows):  # ... unless logprobs were asked
+            lps = unpack_logprobs(cp.asnumpy(lp[:r]), rows)
+        return SampleOutput(tuple(int(t) for t in ids), tuple(lps))
+
+    def launch(self, logits: Any, meta: Any, r: int) -> tuple[Any, Any]:
+        """The kernel alone over checked inputs (``sample`` checks them; timings call this):
+        device (tokens [>= r], logprob words [>= r, 43]), valid until the next call."""
+        vocab = logits.shape[1]
         slots = min(r, self.max_slots or _sm_count())
         keys, keys2, ids1, ids2 = self._scratch_for(slots, vocab)
-        tokens = cp.empty(r, cp.int32)
-        want_lp = any(row.num_logprobs is not None for row in rows)
-        lp = cp.empty((r, LP_WORDS), cp.int64) if want_lp else cp.empty((1, LP_WORDS), cp.int64)
+        tokens, paths, lp = self._outputs(r)
+        self._paths = paths[:r]
         _module().get_function("sample_rows")(
             (slots,), (THREADS,),
-            (logits, np.int32(vocab), meta, np.int32(r), keys, keys2, ids1, ids2, tokens, lp))
-        ids = cp.asnumpy(tokens)
-        lps: list[dict[int, float] | None] = [None] * r
-        if want_lp:
-            lps = unpack_logprobs(cp.asnumpy(lp), rows)
-        return SampleOutput(tuple(int(t) for t in ids), tuple(lps))
+            (logits, np.int32(vocab), meta, np.int32(r), keys, keys2, ids1, ids2, tokens, lp,
+             paths))
+        return tokens, lp
+
+    def last_paths(self) -> np.ndarray:
+        """Route flags of the last call's rows: 1 full-row sort, 2 a decision redone in the
+        host's sequential order, 4 top_k past the shared-memory prefix, 8 greedy on f32."""
+        return _cupy().asnumpy(self._paths)
 
     def rows_to_host(self, logits: Any, rows: Sequence[int]) -> np.ndarray:
         cp = _cupy()

@@ -30,7 +30,7 @@ LOGPROBS = (None, 0, 1, 5, 20)
 def make_logits(kind: str, rows: int, vocab: int, rng: np.random.Generator) -> np.ndarray:
     """f32 [rows, vocab]. random: N(0, 2^2); peaked: a few tokens far ahead (like a chat
     model's next token); tied: a coarse grid, so hundreds of exact ties everywhere, the
-    maximum included; tiedtop: random with ten exact maxima."""
+    maximum included; tiedtop: random with ten exact maxima; chatlike: for timings."""
     out = np.empty((rows, vocab), np.float32)
     for r in range(rows):
         if kind == "random":
@@ -43,6 +43,9 @@ def make_logits(kind: str, rows: int, vocab: int, rng: np.random.Generator) -> n
         elif kind == "tiedtop":
             x = rng.standard_normal(vocab)
             x[rng.choice(vocab, 10, replace=False)] = x.max() + 1.0
+        elif kind == "chatlike":  # a chat model's usual step: >99% of the mass on a few ids
+            x = rng.standard_normal(vocab) * 1.2
+            x[rng.choice(vocab, 4, replace=False)] += (17.0, 15.0, 14.0, 12.0)
         else:
             raise ValueError(f"unknown logits kind {kind!r}")
         out[r] = x

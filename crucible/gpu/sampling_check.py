@@ -26,7 +26,8 @@ import argparse
 import struct
 import sys
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -44,6 +45,22 @@ class Harness:
     draws: Callable[[Sequence[int], Sequence[int]], tuple[np.ndarray, np.ndarray]]
     on_gpu: bool
     boundary: int = 0  # mismatches the contract allows (reported)
+    routes: Counter = field(default_factory=Counter)  # rows per device route, this section
+
+    def note_routes(self) -> None:
+        last = getattr(self.sampler, "last_paths", None)
+        if last is not None:
+            self.routes.update(int(f) for f in last())
+
+    def take_routes(self) -> str:
+        """Rows per route since the last call, e.g. 'routes: 40 sorted, 3 sequential'."""
+        names = ((1, "full-row sort"), (2, "sequential decision"), (4, "top_k > 2048"),
+                 (8, "greedy on f32"))
+        total = sum(self.routes.values())
+        parts = [f"{sum(n for f, n in self.routes.items() if f & bit)} {name}"
+                 for bit, name in names]
+        self.routes.clear()
+        return f"; routes of {total} rows: " + ", ".join(parts) if total else ""
 
 
 def cupy_harness() -> Harness:
@@ -64,6 +81,7 @@ def run_cases(h: Harness, cases: Sequence[Case], logits: np.ndarray, batch: int)
     out = []
     for i in range(0, len(cases), batch):
         got = h.sampler.sample(dev, [c.sampling(vocab) for c in cases[i : i + batch]])
+        h.note_routes()
         out += list(zip(got.token_ids, got.logprobs))
     return out
 
@@ -132,7 +150,7 @@ def check_greedy(h: Harness, c: Counts, rng: np.random.Generator, vocab: int) ->
     before = c.result()
     compare(h, c, cases, logits, run_cases(h, cases, logits, 64))
     print(f"greedy: {c.passed - before[0]} passed, {c.failed - before[1]} failed "
-          f"({len(cases)} rows)")
+          f"({len(cases)} rows{h.take_routes()})")
 
 
 def check_matrix(h: Harness, c: Counts, rng: np.random.Generator, vocab: int, batch: int,
@@ -147,7 +165,7 @@ def check_matrix(h: Harness, c: Counts, rng: np.random.Generator, vocab: int, ba
         same = [a[0] == b[0] and lp_bits(a[1]) == lp_bits(b[1]) for a, b in zip(got, again)]
         c.check(all(same), f"matrix {kind}: a repeat run differs in {same.count(False)} rows")
         print(f"matrix {kind}: {c.passed - before[0]} passed, {c.failed - before[1]} failed "
-              f"({len(cases)} rows, run twice)")
+              f"({len(cases)} rows, run twice{h.take_routes()})")
 
 
 def check_paths(h: Harness, c: Counts, rng: np.random.Generator, vocab: int,
@@ -165,7 +183,8 @@ def check_paths(h: Harness, c: Counts, rng: np.random.Generator, vocab: int,
                           logits, rng, temperature=t, top_k=k, top_p=p, min_p=m,
                           logprobs=(None, 2)[i % 2]) for i, (k, p, m, t) in enumerate(grid)]
             compare(h, c, cases, logits, run_cases(h, cases, logits, 64))
-    print(f"paths: {c.passed - before[0]} passed, {c.failed - before[1]} failed")
+    print(f"paths: {c.passed - before[0]} passed, {c.failed - before[1]} failed"
+          f"{h.take_routes()}")
 
 
 def check_batch(h: Harness, c: Counts, rng: np.random.Generator, vocab: int,

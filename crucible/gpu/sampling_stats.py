@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from crucible.backend.sampling_meta import MASK64, row_sampling
+from crucible.backend.sampling_meta import MASK64, pack_rows, row_sampling
 from crucible.engine.sampling import SamplingParams, sample_row
 from crucible.gpu.batch_check import Counts
 from crucible.gpu.sampling_cases import case, chi_square_p, make_logits
@@ -115,14 +115,19 @@ def check_engine(c: Counts, make_runner: Callable[[bool], Any], rng: np.random.G
 def time_sampler(h: Any, rng: np.random.Generator, vocab: int) -> None:
     import cupy as cp
 
-    peaked = make_logits("peaked", 64, vocab, rng)
+    chat = make_logits("chatlike", 64, vocab, rng)
     flat = make_logits("random", 64, vocab, rng)
-    configs = [("greedy", peaked, dict(temperature=0.0)),
-               ("top_k=50 top_p=0.9", peaked, dict(temperature=0.8, top_k=50, top_p=0.9)),
-               ("top_p=0.9 (no top_k)", peaked, dict(temperature=1.0, top_p=0.9)),
-               ("T=1 defaults", peaked, dict(temperature=1.0)),
-               ("T=1 defaults, flat logits", flat, dict(temperature=1.0))]
-    print(f"timing (vocab {vocab}; a call = metadata upload + kernel + ids back):")
+    configs = [("greedy", chat, dict(temperature=0.0)),
+               ("greedy + penalties", chat, dict(temperature=0.0, penalties=True)),
+               ("top_k=50 top_p=0.9", chat, dict(temperature=0.8, top_k=50, top_p=0.9)),
+               ("top_p=0.9 (no top_k)", chat, dict(temperature=1.0, top_p=0.9)),
+               ("T=1 defaults", chat, dict(temperature=1.0)),
+               ("T=1 defaults + logprobs=5", chat, dict(temperature=1.0, logprobs=5)),
+               ("T=1, flat logits", flat, dict(temperature=1.0)),
+               ("top_p=0.9, flat logits", flat, dict(temperature=1.0, top_p=0.9))]
+    print(f"timing (vocab {vocab}; chat-like logits unless flat; wall: one sample() call, i.e. "
+          f"packing, upload, kernel, ids back; kernel: back-to-back launches; microseconds, "
+          f"mean of 20 after 3 warm-ups):")
     for name, logits, kw in configs:
         dev = h.to_device(logits)
         for rows in (1, 64):
@@ -134,12 +139,21 @@ def time_sampler(h: Any, rng: np.random.Generator, vocab: int) -> None:
             t0 = time.perf_counter()
             for _ in range(20):
                 h.sampler.sample(dev, batch)
-            dev_us = (time.perf_counter() - t0) / 20 * 1e6
+            wall_us = (time.perf_counter() - t0) / 20 * 1e6
+            meta = cp.asarray(pack_rows(batch, logits.shape[0], vocab))
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            for _ in range(20):
+                h.sampler.launch(dev, meta, rows)
+            end.record()
+            end.synchronize()
+            gpu_us = cp.cuda.get_elapsed_time(start, end) / 20 * 1e3
+            routes = np.bincount(h.sampler.last_paths() & 1, minlength=2)[1]
             t0 = time.perf_counter()
             host = cp.asnumpy(dev[:rows])
             for cs in cases:
                 sample_row(host[cs.row], cs.params, prompt=list(cs.prompt),
                            output=list(cs.output), seed=cs.seed, stop_ids=cs.stop_ids)
             host_us = (time.perf_counter() - t0) * 1e6
-            print(f"  {name:<28} rows {rows:>2}: device {dev_us:9.1f} us/step   "
-                  f"(host path: {host_us:9.1f} us)")
+            print(f"  {name:<26} rows {rows:>2}: wall {wall_us:8.1f}, kernel {gpu_us:8.1f} "
+                  f"({routes} rows full-sorted); host path {host_us:9.1f}")

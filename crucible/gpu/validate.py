@@ -9,6 +9,7 @@ It runs, in this order, each in-process with its own exit status:
   gpu-paged                    shuffled/interleaved pages == contiguous pages
   gpu-graph-check              CUDA-graph decode == eager decode
   gpu-decode-prefill           decode step t == prefill of prompt + generated[:t]
+  gpu-sampling                 device sampler == host sampler (GPU only; --quick with --quick)
 
 The summary lists name, PASS/FAIL/SKIP and seconds; the exit status is 1 if any check failed
 or raised (a crash is a failure, not a skip). GPU-only checks are skipped, and say so, when
@@ -28,7 +29,7 @@ Check = tuple[str, Callable[[list[str]], int], list[str], bool]  # name, main, a
 
 
 def plan(args: argparse.Namespace) -> list[Check]:
-    from crucible.gpu import batch_check, engine_check, graph_check, packed_check
+    from crucible.gpu import batch_check, engine_check, graph_check, packed_check, sampling_check
 
     dev = ["--device", args.device]
     common = dev + ["--weights", args.weights] + (["--model", args.model] if args.model else [])
@@ -53,6 +54,8 @@ def plan(args: argparse.Namespace) -> list[Check]:
          common + small + (["--sizes", "1", "3", "2"] if q else []), False),
         ("gpu-decode-prefill", graph_check.decode_prefill_main,
          common + small + (["--lengths", "1", "16", "33"] if q else []), False),
+        ("gpu-sampling", sampling_check.main,
+         ["--seed", str(args.seed)] + (["--quick"] if q else []), True),
     ]
 
 

@@ -1,0 +1,92 @@
+"""gpu-sampling's harness on the CPU, with the numpy twin standing in for the device.
+
+The twin is the host sampler, so every section must pass; negative controls give the
+harness a sampler with a realistic bug and the check must count failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+import pytest
+
+from crucible.backend.sampling_meta import SampleOutput
+from crucible.gpu.batch_check import Counts
+from crucible.gpu.sampling_cases import chi_square_p
+from crucible.gpu.sampling_check import Harness, check_batch, check_matrix, check_rng, run
+from crucible.model.runner import ModelRunner
+from crucible.model.tiny import tiny_random_model
+from sampler_twin import NumpyTwinSampler
+
+ARGS = argparse.Namespace(seed=0, quick=True, vocab=2049, rows=16)
+
+
+def harness(sampler=None) -> Harness:
+    s = sampler or NumpyTwinSampler()
+    return Harness(s, s.to_device, s.draws, on_gpu=False)
+
+
+def make_runner(device_sampling: bool) -> ModelRunner:
+    r = ModelRunner(tiny_random_model(seed=3), num_pages=64, device="cpu")
+    if device_sampling:
+        r.sampler = NumpyTwinSampler()
+    return r
+
+
+def test_harness_passes_with_the_twin(capsys) -> None:
+    assert run(harness(), ARGS, make_runner) == 0
+    out = capsys.readouterr().out
+    for section in ("rng:", "greedy:", "matrix tied:", "paths:", "batch:", "chi2 T=1.0",
+                    "negative control", "engine:"):
+        assert section in out
+    assert " 0 failed, 0 boundary mismatches allowed" in out
+
+
+class OffByOneSeed(NumpyTwinSampler):
+    def sample(self, logits, rows):
+        return super().sample(logits, [dataclasses.replace(r, seed=r.seed ^ 1) for r in rows])
+
+
+class BatchDependent(NumpyTwinSampler):
+    """Perturbs rows by their position in the batch: what a shared reduction would do."""
+
+    def sample(self, logits, rows):
+        out = super().sample(logits, rows)
+        lps = [None if lp is None else {k: v + 1e-12 * i for k, v in lp.items()}
+               for i, lp in enumerate(out.logprobs)]
+        return SampleOutput(out.token_ids, tuple(lps))
+
+
+class SloppyLogprobs(NumpyTwinSampler):
+    def sample(self, logits, rows):
+        out = super().sample(logits, rows)
+        lps = [None if lp is None else {k: v * (1 + 1e-8) for k, v in lp.items()}
+               for lp in out.logprobs]
+        return SampleOutput(out.token_ids, tuple(lps))
+
+
+def test_negative_controls_are_counted() -> None:
+    rng = np.random.default_rng(0)
+    c = Counts()
+    check_matrix(harness(OffByOneSeed()), c, rng, 2049, 16, quick=True)
+    assert c.failed > 10  # other draws
+    c = Counts()
+    check_matrix(harness(SloppyLogprobs()), c, rng, 2049, 16, quick=True)
+    assert c.failed > 5  # logprobs off by 1e-8 relative
+    c = Counts()
+    check_batch(harness(BatchDependent()), c, rng, 2049, [1, 2, 17])
+    assert c.failed > 0  # a row's bits moved with its position
+    bad = harness()
+    bad.draws = lambda seeds, ns: (lambda b, u: (b ^ np.uint64(1), u))(*harness().draws(seeds, ns))
+    c = Counts()
+    check_rng(bad, c, rng, 500)
+    assert c.failed == c.passed + c.failed > 0
+
+
+@pytest.mark.parametrize("stat, dof, want", [(9.87, 7, 0.19606093787809), (2.55, 2, 0.2794309682214),
+                                             (30.0, 7, 9.495972508134e-05), (0.5, 3, 0.91889141165468),
+                                             (100.0, 50, 3.454931382985e-05), (0.0, 4, 1.0)])
+def test_chi_square_p_values(stat, dof, want) -> None:
+    assert chi_square_p(stat, dof) == pytest.approx(want, rel=1e-9)
