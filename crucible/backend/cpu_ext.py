@@ -50,7 +50,8 @@ def announce_fallback() -> None:
         return
     _warned = True
     log.warning("crucible: compiled CPU kernels not built (%s); the numpy backend uses its "
-                "slower BLAS tile path. Build them with: pip install -e .", _import_error)
+                "slower BLAS tile path. Build them with: pip install -e .",
+                _import_error or "switched off")
 
 
 def default_threads() -> int:
