@@ -33,7 +33,7 @@ cpu_kernels = Extension(
     sources=[f"{CSRC}/{name}.c" for name in
              ("module", "pool", "gemm", "gemm_avx2", "attention", "attention_avx2", "rows",
               "rows_avx2")],
-    depends=[f"{CSRC}/cpu.h"],
+    depends=[f"{CSRC}/cpu.h", f"{CSRC}/exp_avx2.h"],
     extra_compile_args=["-O2", "-std=gnu11", "-ffp-contract=off", "-fno-fast-math",
                         "-pthread"],
     extra_link_args=["-pthread"],

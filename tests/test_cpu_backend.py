@@ -17,6 +17,7 @@ from crucible.backend import cpu_ext
 from crucible.backend.numpy_backend import NumpyBackend
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.errors import ConfigError
+from crucible.model.loader import LoadedModel
 from crucible.model.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 from tests.cpu_reference import build_extension
@@ -26,12 +27,12 @@ compiled_only = pytest.mark.skipif(cpu_ext.extension() is None,
 
 
 @pytest.fixture(scope="module")
-def model():
+def model() -> LoadedModel:
     return tiny_random_model(seed=6, weights="int8", n_heads=9, n_kv_heads=3, head_dim=64,
                              hidden_size=96)
 
 
-def _logits(model, **backend_attrs) -> np.ndarray:
+def _logits(model: LoadedModel, **backend_attrs: object) -> np.ndarray:
     runner = ModelRunner(model, num_pages=16)
     for name, value in backend_attrs.items():
         setattr(runner.backend, name, value)

@@ -175,3 +175,50 @@ def test_the_extension_checks_buffers_itself() -> None:
         ext.gemm(x, panels, None, None, out, 2, 8, 16, 0, True)
     with pytest.raises(TypeError):
         ext.gemm(x, panels, None, None, out.astype(np.float64), 2, 8, 16, 1, True)
+
+
+def test_concurrent_callers_get_the_same_bits() -> None:
+    """Python threads calling at once (the pool runs one call, the others inline)."""
+    import threading
+
+    rng = np.random.default_rng(9)
+    x, w, scale = _data(rng, 33, 700, 300, True)
+    packed = pack_weight(w, scale)
+    want = gemm(x, packed, threads=1)
+    results: list[bool] = []
+
+    def call() -> None:
+        results.extend(np.array_equal(gemm(x, packed, threads=2), want) for _ in range(20))
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 80 and all(results)
+
+
+def test_pool_works_in_a_forked_child() -> None:
+    """The parent's workers do not exist after fork(); the child must start its own."""
+    import os
+    import time
+
+    rng = np.random.default_rng(10)
+    x, w, _ = _data(rng, 20, 500, 200, False)
+    packed = pack_weight(w)
+    want = gemm(x, packed, threads=2)  # the parent's pool is up
+    pid = os.fork()
+    if pid == 0:  # child: exit code says whether it got the same bits
+        ok = np.array_equal(gemm(x, packed, threads=2), want)
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in the thread pool")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -8,6 +8,8 @@ run), it is compiled into a temporary folder first.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 import pytest
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def ext(tmp_path_factory):
+def ext(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
     found = cpu_ext.extension() or build_extension(tmp_path_factory.mktemp("cpu_ext"))
     if found is None:
         pytest.skip("the compiled CPU kernels are not built and cannot be built here")
@@ -33,7 +35,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("weights", ["f32", "int8"])
 @pytest.mark.parametrize("k", [576, 1536, 100])
 @pytest.mark.parametrize("m", [1, 3, 64, 200])
-def test_cpu_and_gpu_gemm_bits_agree(ext, m: int, k: int, weights: str) -> None:
+def test_cpu_and_gpu_gemm_bits_agree(ext: ModuleType, m: int, k: int, weights: str) -> None:
     import cupy as cp
 
     from crucible.backend import cupy_kernels as ck

@@ -8,6 +8,8 @@ These run only where the extension is built (``cpu_ext.extension()``).
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 
 from crucible.backend import cpu_ext
@@ -15,7 +17,7 @@ from crucible.backend import cpu_ext
 RMSNORM, SWIGLU, ROPE = 1, 2, 3  # op codes of csrc/cpu.h
 
 
-def _ext():
+def _ext() -> ModuleType:
     ext = cpu_ext.extension()
     if ext is None:
         raise RuntimeError("cpu_ops: the compiled CPU kernels are not built")
