@@ -12,12 +12,16 @@
 #include "cpu.h"
 
 int cru_have_avx2(void) {
+    static int have = -1; /* asked once; a race here only repeats the same answer */
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (have < 0) {
+        __builtin_cpu_init();
+        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
 #else
-    return 0;
+    have = 0;
 #endif
+    return have;
 }
 
 typedef struct {
