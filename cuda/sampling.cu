@@ -22,8 +22,9 @@
 //     no penalty entries it runs straight on the f32 logits (one read, no scratch).
 //   top_k K (off: K = V): if CAP < K < V, a radix select (8-bit digits from the top)
 //     finds the K-th key and demotes every non-candidate's key to 0 (ties at the K-th key
-//     taken by id). Then a radix select of the best min(K, CAP) candidates, a gather into
-//     shared memory and a bitonic sort by (key desc, id asc): the sorted prefix.
+//     taken by id). Then a radix select of the best K candidates (K <= CAP) or of the best
+//     FIRST_TIER (then CAP) of them, a gather into shared memory and a bitonic sort by
+//     (key desc, id asc): the sorted prefix.
 //   w_j = exp(y_j - y_0); total = sum of the K candidates' weights (a fixed tree).
 //   top_p, min_p, the inverse-CDF draw: each asks "the first j whose sequential cumulative
 //     sum reaches a threshold". A block scan (chunked, fixed tree) gives each prefix sum with
@@ -60,6 +61,8 @@ typedef unsigned int u32;
 #define PATH_SEQUENTIAL 2  // a rounding band sent a decision to the sequential host order
 #define PATH_TOP_K 4       // top_k beyond the shared-memory prefix (restrict_to_top)
 #define PATH_GREEDY 8      // greedy straight on the f32 logits
+#define PATH_WIDE 16       // past top_k 2048 / no top_k, the first 256 did not decide it
+#define FIRST_TIER 256     // sorted first when K > CAP: most rows of a chat model stop here
 
 struct Row {
     double temp, top_p, min_p, rep, pres, freq;
@@ -699,7 +702,10 @@ __device__ int sample_random(const float* raw, int V, const Row& p, u64* keys, u
         restrict_to_top(keys, V, K, sh);
         if (threadIdx.x == 0) sh.path |= PATH_TOP_K;
     }
-    const int n_sel = min(K, CAP);
+    // K <= CAP: all K candidates, sorted. Otherwise the best FIRST_TIER, then CAP, then all:
+    // a chat model's step usually decides within the first few candidates, and the sort is
+    // the costliest stage (a bitonic sort of 2048 keys in shared memory: ~50 us).
+    int n_sel = K <= CAP ? K : FIRST_TIER;
     const ScratchKeys kf = {keys};
     select_top(kf, V, n_sel, sh);
     const double y0 = okey_value(sh.big.f.key[0]);
@@ -722,7 +728,15 @@ __device__ int sample_random(const float* raw, int V, const Row& p, u64* keys, u
     const int count_all = block_sum_i(c, sh);
     const double u = uniform01(p.seed, p.counter);
     const SmemView fast = {sh.big.f.key, sh.big.f.id, sh.big.f.w};
-    const int token = finish(fast, n_sel, K, wsum, count_all, p, u, slack, sh);
+    int token = finish(fast, n_sel, K, wsum, count_all, p, u, slack, sh);
+    if (token == NEED_SORT && n_sel < CAP) {
+        if (threadIdx.x == 0) sh.path |= PATH_WIDE;
+        n_sel = CAP;
+        select_top(kf, V, n_sel, sh);
+        for (int j = threadIdx.x; j < n_sel; j += THREADS) sh.big.f.w[j] = weight_of(sh.big.f.key[j], y0);
+        __syncthreads();
+        token = finish(fast, n_sel, K, wsum, count_all, p, u, slack, sh);
+    }
     if (token != NEED_SORT) return token;
     if (threadIdx.x == 0) sh.path |= PATH_SORT;
     const u64* sk;

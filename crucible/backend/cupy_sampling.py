@@ -127,7 +127,8 @@ class CupySampler:
 
     def last_paths(self) -> np.ndarray:
         """Route flags of the last call's rows: 1 full-row sort, 2 a decision redone in the
-        host's sequential order, 4 top_k past the shared-memory prefix, 8 greedy on f32."""
+        host's sequential order, 4 top_k past the shared-memory prefix, 8 greedy on f32,
+        16 the first 256 candidates did not decide (the 2048-candidate prefix ran)."""
         return _cupy().asnumpy(self._paths)
 
     def rows_to_host(self, logits: Any, rows: Sequence[int]) -> np.ndarray:

@@ -54,8 +54,8 @@ class Harness:
 
     def take_routes(self) -> str:
         """Rows per route since the last call, e.g. 'routes: 40 sorted, 3 sequential'."""
-        names = ((1, "full-row sort"), (2, "sequential decision"), (4, "top_k > 2048"),
-                 (8, "greedy on f32"))
+        names = ((1, "full-row sort"), (16, "2048-prefix"), (2, "sequential decision"),
+                 (4, "top_k > 2048"), (8, "greedy on f32"))
         total = sum(self.routes.values())
         parts = [f"{sum(n for f, n in self.routes.items() if f & bit)} {name}"
                  for bit, name in names]
