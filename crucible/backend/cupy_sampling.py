@@ -1,4 +1,5 @@
-"""The device sampler (cuda/sampling.cu): sample rows of device logits, return only the ids.
+"""The device sampler (cuda/sampling.cu and its .cuh helpers): sample rows of device logits,
+return only the ids.
 
 One launch samples every row of a step; each 512-thread block takes one row at a time. The
 step's sampling metadata (``sampling_meta.pack_rows``) goes up in one host-to-device copy;
@@ -32,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from crucible.backend.sampling_meta import (LP_WORDS, RowSampling, SampleOutput, pack_rows)
-from crucible.kernels.source import read_cuda_source
+from crucible.kernels.source import cuda_source_dir, read_cuda_source
 
 THREADS = 512  # THREADS in sampling.cu
 MAX_VOCAB = 1 << 24  # ids are u32 in the sort; far above any real vocabulary
@@ -47,7 +48,8 @@ def _cupy() -> Any:
 @functools.cache
 def _module() -> Any:
     # No fast-math: the kernels spell out f64 rounding with intrinsics.
-    return _cupy().RawModule(code=read_cuda_source("sampling.cu"), options=("-std=c++17",))
+    return _cupy().RawModule(code=read_cuda_source("sampling.cu"),
+                             options=("-std=c++17", f"-I{cuda_source_dir()}"))
 
 
 @functools.cache
