@@ -1,0 +1,60 @@
+"""Host-side decisions of the GPU backend, checked without a GPU: which steps replay which
+CUDA graph, which attention launch a call gets, and the graph switches' parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from crucible.backend.cupy_backend import env_flag
+from crucible.backend.cupy_graphs import is_decode_step
+from crucible.backend.cupy_prefill_graphs import MAX_LENGTH, is_singleton_prefill
+from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.errors import ConfigError
+from crucible.kernels.variants import decode_smem_bytes, parse_variant, plan_launch
+
+
+def _batch(*specs: tuple[int, int, list[int]]):
+    """specs: (chunk length, absolute start, final rows within the chunk)."""
+    return build_packed_batch([
+        SegmentSpec(f"r{i}", [1] * n, start, list(range(i * 200, i * 200 + 200)), finals)
+        for i, (n, start, finals) in enumerate(specs)])
+
+
+def test_decode_and_singleton_prefill_classification() -> None:
+    assert is_decode_step(_batch((1, 5, [0]), (1, 9, [0])))
+    assert not is_singleton_prefill(_batch((1, 5, [0])))  # one row: a decode step
+    assert is_singleton_prefill(_batch((40, 0, [39])))  # a whole prompt, last row sampled
+    assert is_singleton_prefill(_batch((40, 16, [])))  # a middle chunk: no logits
+    assert not is_singleton_prefill(_batch((40, 0, [0, 39])))  # prompt logprobs: eager
+    assert not is_singleton_prefill(_batch((40, 0, [20])))  # a final row that is not last
+    assert not is_singleton_prefill(_batch((40, 0, [39]), (1, 3, [0])))  # packed: eager
+    assert not is_decode_step(_batch((40, 0, [39]), (1, 3, [0])))
+    long = build_packed_batch([SegmentSpec("r", [1] * (MAX_LENGTH + 1), 0,
+                                           list(range(-(-(MAX_LENGTH + 1) // 16))),
+                                           [MAX_LENGTH])])
+    assert not is_singleton_prefill(long)
+
+
+def test_decode_launch_only_for_the_exact_family() -> None:
+    kw = dict(n_heads=9, n_kv_heads=3, head_dim=64, capacity=512, smem_limit=227 * 1024)
+    exact = plan_launch(parse_variant("exact-q4-k64"), decode=True, **kw)
+    assert exact.decode and exact.threads == 256
+    assert exact.smem_bytes == decode_smem_bytes(512)
+    assert not plan_launch(parse_variant("exact-q4-k64"), decode=False, **kw).decode
+    # Diagnostics keep their own kernels, so the online negative control still differs.
+    assert not plan_launch(parse_variant("online-q2-k32"), decode=True, **kw).decode
+    assert not plan_launch(parse_variant("reference"), decode=True, **kw).decode
+    # A history too long for the decode kernel's shared memory takes the tiled path.
+    big = dict(kw, capacity=50_000 // 256 * 256, smem_limit=200 * 1024)
+    assert decode_smem_bytes(big["capacity"]) > big["smem_limit"]
+    assert not plan_launch(parse_variant("exact-q4-k64"), decode=True, **big).decode
+
+
+def test_graph_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CRUCIBLE_PREFILL_GRAPHS", raising=False)
+    assert env_flag("CRUCIBLE_PREFILL_GRAPHS")  # default on
+    monkeypatch.setenv("CRUCIBLE_PREFILL_GRAPHS", "0")
+    assert not env_flag("CRUCIBLE_PREFILL_GRAPHS")
+    monkeypatch.setenv("CRUCIBLE_PREFILL_GRAPHS", "off")
+    with pytest.raises(ConfigError, match="CRUCIBLE_PREFILL_GRAPHS must be 0 or 1"):
+        env_flag("CRUCIBLE_PREFILL_GRAPHS")
