@@ -4,7 +4,8 @@
 
 Decode: batches of 1 and 64 requests with 128-token histories; per round, graphs off and on
 alternate in order; a step is timed from the forward call to logits on the host (the runner
-syncs). Prefill: one prompt of 64, 256 and 1,024 tokens (time to logits of its last row),
+syncs); the same through LLMEngine (scheduler, validation, sampling on the device), which
+is what the engine's users get. Prefill: one prompt of 64, 256 and 1,024 tokens (time to logits of its last row),
 singleton prefill graphs on and off alternating, and 16 x 64 packed (eager).
 Warm-up steps (compilation, graph capture) are excluded. Figures: median and min-max over
 rounds. Ratios are paired within a round.
@@ -50,6 +51,27 @@ def decode_rate(runner: ModelRunner, batch_size: int, steps: int, graphs: bool,
     if saved is not None:
         be.graphs = saved
     return batch_size * steps / dt
+
+
+def engine_rate(runner: ModelRunner, tokenizer: object, batch_size: int, new: int,
+                rng: np.random.Generator) -> float:
+    """Decode tok/s through LLMEngine (scheduler, validation, device sampling, detokenizing):
+    what a user of the engine gets. Greedy, 128-token prompts; the steps after the first
+    two decode steps are timed."""
+    from crucible.engine.engine import LLMEngine
+    from crucible.engine.sampling import SamplingParams
+
+    eng = LLMEngine(runner, tokenizer)
+    params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
+    for _ in range(batch_size):
+        eng.add_request(rng.integers(0, runner.config.vocab_size, 128).tolist(), params)
+    for _ in range(3):  # prefill, then two decode steps (graph capture on first use)
+        eng.step()
+    steps, t = 0, time.perf_counter()
+    while eng.has_unfinished():
+        eng.step()
+        steps += 1
+    return batch_size * steps / (time.perf_counter() - t)
 
 
 def prefill_seconds(runner: ModelRunner, segs: list[tuple[int, int]],
@@ -116,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             res.setdefault(f"decode_b{b}_eager_tok_s", []).append(got[False])
             res.setdefault(f"decode_b{b}_graph_tok_s", []).append(got[True])
             res.setdefault(f"decode_b{b}_graph_over_eager", []).append(got[True] / got[False])
+        for b in (1, 64):
+            res.setdefault(f"engine_decode_b{b}_tok_s", []).append(
+                engine_rate(runner, model.tokenizer, b, args.steps, rng))
         for n in (64, 256, 1024):  # a lone prompt: singleton prefill graph vs eager
             order = (False, True) if r % 2 == 0 else (True, False)
             got = {g: prefill_seconds(runner, [(n, 0)], rng, g) for g in order}

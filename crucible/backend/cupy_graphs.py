@@ -77,14 +77,37 @@ class DecodeGraphs:
         self.graphs: OrderedDict[tuple[int, int], Captured] = OrderedDict()
         self.num_captures = 0
         self.num_replays = 0
+        self._templates: dict[int, np.ndarray] = {}
 
     def clear(self) -> None:
         self.stream.synchronize()
         self.graphs.clear()
 
     def host_meta(self, batch: PackedBatch | None, bucket: int) -> np.ndarray:
-        """The bucket's metadata, real rows first, then padding rows."""
-        b = batch.num_rows if batch is not None else 0
+        """The bucket's metadata, real rows first, then padding rows. Built from a cached
+        all-padding template, so a step only writes its real rows (this runs every step)."""
+        template = self._templates.get(bucket)
+        if template is None:
+            template = self._padding_meta(bucket)
+            self._templates[bucket] = template
+        if batch is None:
+            return template.copy()
+        out = template.copy()
+        b, w = batch.num_rows, self.width
+        slots = batch.slot_mapping()
+        out[0:b] = batch.token_ids
+        out[bucket : bucket + b] = batch.positions
+        out[2 * bucket : 2 * bucket + b] = slots >> 4
+        out[3 * bucket : 3 * bucket + b] = slots & 15
+        seg = out[4 * bucket : 8 * bucket].reshape(bucket, 4)
+        seg[:b, 2] = batch.segments[:, 2]
+        tables = out[8 * bucket : 8 * bucket + bucket * w].reshape(bucket, w)
+        tables[:b] = 0
+        tables[:b, : batch.page_tables.shape[1]] = batch.page_tables[batch.segments[:, 3]]
+        return out
+
+    def _padding_meta(self, bucket: int) -> np.ndarray:
+        """Every row a padding request: token 0 at position 0 on the scratch page."""
         tok, pos = np.zeros(bucket, np.int32), np.zeros(bucket, np.int32)
         page = np.full(bucket, self.scratch, np.int32)
         slot = np.zeros(bucket, np.int32)
@@ -92,14 +115,6 @@ class DecodeGraphs:
                         np.arange(bucket)], axis=1).astype(np.int32)
         tables = np.zeros((bucket, self.width), np.int32)
         tables[:, 0] = self.scratch
-        if batch is not None:
-            slots = batch.slot_mapping()
-            tok[:b], pos[:b] = batch.token_ids, batch.positions
-            page[:b], slot[:b] = slots >> 4, slots & 15
-            seg[:b, 2] = batch.segments[:, 2]
-            order = batch.segments[:, 3]
-            tables[:b] = 0
-            tables[:b, : batch.page_tables.shape[1]] = batch.page_tables[order]
         finals = np.arange(bucket, dtype=np.int32)
         return np.concatenate([tok, pos, page, slot, seg.ravel(), tables.ravel(), finals])
 
