@@ -64,17 +64,15 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     for (int j = tid; j < len; j += 256) {
         const float4* kr = reinterpret_cast<const float4*>(
             k_pool + cru_pool_row(tab, j, n_layers, layer, kv_dim, kvh));
-        // Leaf i pairs dimensions i and i + 32: float4 q of the low half with float4 q + 8
-        // of the high half, so only 8 of the key's 64 floats are live at a time.
+        float k[CRU_HEAD_DIM];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const float4 v = kr[i];
+            k[4 * i] = v.x; k[4 * i + 1] = v.y; k[4 * i + 2] = v.z; k[4 * i + 3] = v.w;
+        }
         float a[32];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float4 lo = kr[i], hi = kr[i + 8];
-            a[4 * i] = cru_leaf(q_s[4 * i], q_s[4 * i + 32], lo.x, hi.x);
-            a[4 * i + 1] = cru_leaf(q_s[4 * i + 1], q_s[4 * i + 33], lo.y, hi.y);
-            a[4 * i + 2] = cru_leaf(q_s[4 * i + 2], q_s[4 * i + 34], lo.z, hi.z);
-            a[4 * i + 3] = cru_leaf(q_s[4 * i + 3], q_s[4 * i + 35], lo.w, hi.w);
-        }
+        for (int i = 0; i < 32; ++i) a[i] = cru_leaf(q_s[i], q_s[i + 32], k[i], k[i + 32]);
 #pragma unroll
         for (int i = 0; i < 16; ++i) a[i] = cru_add(a[i], a[i + 16]);
 #pragma unroll

@@ -17,8 +17,7 @@
 // stages the MT rows of x in shared memory (and normalises them in place when PRO is set);
 // then for each of the block's `groups` consecutive column blocks, each chunk's partials go
 // through shared memory and warp y adds row y's partials in chunk order. Several column
-// blocks per CTA amortise the staging and the norm when N is large (the LM head); the next
-// block's int8 weights and epilogue inputs load while the current block is finished.
+// blocks per CTA amortise the staging and the norm when N is large (the LM head).
 //
 // Prologue PRO: 0 none; 1 RMSNorm (rowops.cuh's canonical tree; flat threads 0..255).
 // Epilogue EPI (the columns a lane owns):
@@ -125,7 +124,7 @@ __device__ __forceinline__ float cru_rows_finish(float total, float sc) {
 }
 
 template <typename T, int MT, int NC, int EPI>
-__device__ __forceinline__ void cru_rows_chunk(const RawChunk<T>* raw,
+__device__ __forceinline__ void cru_rows_chunk(const RawChunk<T>* raw, bool preloaded,
                                                const T* __restrict__ w, const float* xs,
                                                float* part, int cb, int c, int lane, int K,
                                                int N_out, int n_rows_w) {
@@ -140,7 +139,8 @@ __device__ __forceinline__ void cru_rows_chunk(const RawChunk<T>* raw,
         if (col < n_rows_w) {
             const T* wp = w + (long)col * K + k0;
             if (vec) {
-                const RawChunk<T>& rc = raw[j];  // loaded ahead by the caller (int8)
+                RawChunk<T> rc = raw[j];
+                if (!preloaded) rc.load(wp);
 #pragma unroll
                 for (int q = 0; q < CRU_KC / 16; ++q) {
                     float f[16];
@@ -201,24 +201,20 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     // normalised.
     RawChunk<T> raw[NC];
     const int cb0 = blockIdx.x * groups;
-    const bool whole = c < n_chunks && K - c * CRU_KC >= CRU_KC && (K & 15) == 0;
-    auto load_raw = [&](int cb) {
+    if (c < n_chunks && K - c * CRU_KC >= CRU_KC && (K & 15) == 0) {
 #pragma unroll
         for (int j = 0; j < NC; ++j) {
-            const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
+            const int col = cru_rows_col<EPI>(cb0, j, lane, N_out);
             if (col < n_rows_w) raw[j].load(w + (long)col * K + c * CRU_KC);
         }
-    };
-    if (whole) load_raw(cb0);
+    }
     const int kv_dim = n_kv * 64;
     const bool finisher = c < MT && m0 + c < M;  // warp c finishes row m0 + c
-    auto load_epi = [&](int cb) {
-        return cru_epi_load<T, NC, EPI>(cb, m0 + c, lane, N_out, n_rows_w, scale, residual,
-                                        positions, pages, slots, cos_t, sin_t, n_layers, layer,
-                                        kv_dim);
-    };
-    EpiIn<NC> e;
-    if (finisher) e = load_epi(cb0);
+    EpiIn<NC> e0;
+    if (finisher)
+        e0 = cru_epi_load<T, NC, EPI>(cb0, m0 + c, lane, N_out, n_rows_w, scale, residual,
+                                      positions, pages, slots, cos_t, sin_t, n_layers, layer,
+                                      kv_dim);
     for (int r = 0; r < MT; ++r) {
         const bool live = m0 + r < M;
         for (int k = tid; k < K; k += nthreads) xs[r * K + k] = live ? x[(long)(m0 + r) * K + k] : 0.0f;
@@ -239,14 +235,16 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     for (int g = 0; g < groups; ++g) {
         const int cb = cb0 + g;
         if (cb >= n_blocks) break;  // uniform across the block
-        const bool more = g + 1 < groups && cb + 1 < n_blocks;
         if (c < n_chunks)
-            cru_rows_chunk<T, MT, NC, EPI>(raw, w, xs, part, cb, c, lane, K, N_out, n_rows_w);
-        // The next column block's weights load while this one's partials are summed.
-        if (more && whole) load_raw(cb + 1);
+            cru_rows_chunk<T, MT, NC, EPI>(raw, g == 0, w, xs, part, cb, c, lane, K, N_out,
+                                           n_rows_w);
         __syncthreads();
         if (finisher) {  // blockDim.y >= 8 >= MT: one warp per row
             const int r = c, m = m0 + r;
+            const EpiIn<NC> e = g == 0 ? e0
+                : cru_epi_load<T, NC, EPI>(cb, m, lane, N_out, n_rows_w, scale, residual,
+                                           positions, pages, slots, cos_t, sin_t, n_layers,
+                                           layer, kv_dim);
             float v[NC];
             bool ok = true;
 #pragma unroll
@@ -276,7 +274,6 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
                 }
             }
         }
-        if (more && finisher) e = load_epi(cb + 1);
         __syncthreads();  // part is rewritten by the next column block
     }
 }
