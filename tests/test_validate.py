@@ -104,3 +104,47 @@ def test_too_many_pages_for_limit():
 def test_pool_smaller_than_page_ids():
     with pytest.raises(BatchValidationError, match="outside the pool"):
         check(good(), num_pages=7)
+
+
+# --- Many segments (one per running request): the vectorised checks must accept exactly
+# what the segment walk accepts, and report the same first problem.
+def _many(n: int = 24):
+    return build_packed_batch([SegmentSpec(f"r{i}", [1] * (i % 3 + 1), 10 + i,
+                                           [3 * i, 3 * i + 1, 3 * i + 2], [i % 3])
+                               for i in range(n)])
+
+
+def _corrupt(name, fn):
+    def make():
+        b = _many()
+        return replace(b, **{name: fn(getattr(b, name).copy())})
+    return make
+
+
+MANY_CASES = [
+    ("negative start", _corrupt("segments", set_item((3, 0), -1))),
+    ("gap", _corrupt("segments", set_item((5, 0), 6))),
+    ("empty", _corrupt("segments", set_item((7, 1), 0))),
+    ("table index", _corrupt("segments", set_item((9, 3), 99))),
+    ("shared table", _corrupt("segments", set_item((11, 3), 10))),
+    ("table too long", _corrupt("table_lengths", set_item(4, 9))),
+    ("past its table", _corrupt("segments", set_item((13, 2), 60))),
+    ("page out of pool", _corrupt("page_tables", set_item((6, 1), 999))),
+    ("writes a shared page", _corrupt("page_tables", set_item((14, 1), 3 * 15 + 1))),
+]
+
+
+def test_many_segments_pass_both_ways(monkeypatch):
+    check(_many(), num_pages=80)
+    monkeypatch.setattr("crucible.engine.validate._VECTOR_FROM", 10**9)  # force the walk
+    check(_many(), num_pages=80)
+
+
+@pytest.mark.parametrize("name,make", MANY_CASES, ids=[c[0] for c in MANY_CASES])
+def test_many_segments_same_first_error(name, make, monkeypatch):
+    with pytest.raises(BatchValidationError) as vectorised:
+        check(make(), num_pages=80)
+    monkeypatch.setattr("crucible.engine.validate._VECTOR_FROM", 10**9)
+    with pytest.raises(BatchValidationError) as walked:
+        check(make(), num_pages=80)
+    assert str(vectorised.value) == str(walked.value)
