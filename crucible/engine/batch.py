@@ -19,6 +19,7 @@ validated by ``validate_packed_batch`` before any backend sees them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -76,8 +77,18 @@ class PackedBatch:
         return page * PAGE_SIZE + (pos & (PAGE_SIZE - 1))
 
 
+VECTOR_FROM = 8  # segments; below this the per-segment loop is cheaper than numpy set-up
+
+
 def build_packed_batch(specs: Sequence[SegmentSpec]) -> PackedBatch:
-    """Pack scheduler slices into one batch with a single linear pass over the slices."""
+    """Pack scheduler slices into one batch. A few segments (a prefill) are copied one by
+    one; many (one per running decode) are packed with whole-array operations."""
+    if len(specs) >= VECTOR_FROM:
+        return _pack_vectorised(specs)
+    return _pack_loop(specs)
+
+
+def _pack_loop(specs: Sequence[SegmentSpec]) -> PackedBatch:
     n_rows = sum(len(s.token_ids) for s in specs)
     width = max((len(s.pages) for s in specs), default=0)
     token_ids = np.empty(n_rows, dtype=np.int32)
@@ -96,12 +107,35 @@ def build_packed_batch(specs: Sequence[SegmentSpec]) -> PackedBatch:
         lengths[i] = len(s.pages)
         finals.extend(start + r for r in sorted(s.logits_rows))
         start += n
-    return PackedBatch(
-        token_ids=token_ids,
-        positions=positions,
-        segments=segments,
-        page_tables=tables,
-        table_lengths=lengths,
-        final_rows=np.asarray(finals, dtype=np.int32),
-        request_ids=tuple(s.request_id for s in specs),
-    )
+    return _batch(specs, token_ids, positions, segments, tables, lengths, finals)
+
+
+def _pack_vectorised(specs: Sequence[SegmentSpec]) -> PackedBatch:
+    n = len(specs)
+    lens = np.fromiter((len(s.token_ids) for s in specs), np.int64, n)
+    abs_starts = np.fromiter((s.absolute_start for s in specs), np.int64, n)
+    n_pages = np.fromiter((len(s.pages) for s in specs), np.int64, n)
+    packed_starts = np.cumsum(lens) - lens
+    n_rows = int(lens.sum())
+    token_ids = np.fromiter(chain.from_iterable(s.token_ids for s in specs), np.int32, n_rows)
+    # Row r of segment i sits at abs_start_i + (r - packed_start_i).
+    positions = (np.repeat(abs_starts - packed_starts, lens) + np.arange(n_rows)).astype(np.int32)
+    segments = np.stack([packed_starts, lens, abs_starts, np.arange(n)], axis=1).astype(np.int32)
+    width = max(int(n_pages.max()), 1)
+    tables = np.zeros((n, width), dtype=np.int32)
+    # Row-major order of the mask is the order the pages are chained in.
+    tables[np.arange(width)[None, :] < n_pages[:, None]] = np.fromiter(
+        chain.from_iterable(s.pages for s in specs), np.int32, int(n_pages.sum()))
+    finals = [start + r for start, s in zip(packed_starts.tolist(), specs)
+              for r in sorted(s.logits_rows)]
+    return _batch(specs, token_ids, positions, segments, tables, n_pages.astype(np.int32),
+                  finals)
+
+
+def _batch(specs: Sequence[SegmentSpec], token_ids: np.ndarray, positions: np.ndarray,
+           segments: np.ndarray, tables: np.ndarray, lengths: np.ndarray,
+           finals: list[int]) -> PackedBatch:
+    return PackedBatch(token_ids=token_ids, positions=positions, segments=segments,
+                       page_tables=tables, table_lengths=lengths,
+                       final_rows=np.asarray(finals, dtype=np.int32),
+                       request_ids=tuple(s.request_id for s in specs))
