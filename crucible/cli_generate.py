@@ -30,12 +30,18 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
         from crucible.kernels.variants import startup_report
 
         print(f"crucible: {startup_report(variant)}", file=sys.stderr)
-    if getattr(args, "profile", False):
-        from crucible.backend.profile import ProfiledBackend
-
-        runner.backend = ProfiledBackend(runner.backend)
     config = SchedulerConfig(token_budget=args.token_budget, chunk_cap=args.chunk_cap)
-    return LLMEngine(runner, model.tokenizer, config)
+    if not getattr(args, "profile", False):
+        return LLMEngine(runner, model.tokenizer, config)
+    from crucible.backend.profile import ProfiledBackend, ProfiledSampler
+
+    runner.backend = pb = ProfiledBackend(runner.backend)
+    engine = LLMEngine(runner, model.tokenizer, config)
+    if runner.sampler is not None:
+        runner.sampler = ProfiledSampler(runner.sampler, pb)
+    else:
+        engine.stage_timer = pb.timed
+    return engine
 
 
 def profile_line(engine: LLMEngine) -> str | None:

@@ -93,7 +93,7 @@ def test_generate_profile_on_cpu(tmp_path) -> None:
     assert out.returncode == 0, out.stderr
     line = [x for x in out.stderr.splitlines() if x.startswith("[profile")]
     assert len(line) == 1
-    for stage in ("qkv", "attention", "gate_up", "down", "norm", "final"):
+    for stage in ("qkv", "attention", "gate_up", "down", "norm", "final", "sampling"):
         assert f" {stage} " in line[0]
 
 

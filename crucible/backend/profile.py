@@ -7,7 +7,7 @@ kernels back to back, not the host's launch overhead (which the graph path remov
 anyway). On the numpy backend every call is synchronous and the wall clock does. It has no
 ``run_step``, so a ModelRunner using it runs eagerly. Stage names follow the forward:
 embed, norm, qkv, rope_kv_store, attention, o (+residual), gate_up, swiglu, down (+residual),
-final. Where the backend fuses a stage group into one kernel (small batches on the GPU),
+final, and sampling (the device sampler's launch, or the host sampler's calls). Where the backend fuses a stage group into one kernel (small batches on the GPU),
 the group is one stage: norm+qkv+rope_kv_store, norm+gate_up+swiglu.
 """
 
@@ -63,6 +63,10 @@ class ProfiledBackend:
         end.record()
         self.marks.append((stage, start, end))
         return out
+
+    def timed(self, stage: str, fn: Any, *args: Any) -> Any:
+        """Time any call as ``stage`` (the engine times host sampling through this)."""
+        return self._timed(stage, fn, *args)
 
     def prepare(self, batch: Any) -> Any:
         meta = self.be.prepare(batch)
@@ -130,3 +134,16 @@ class ProfiledBackend:
                 totals[stage] += cp.cuda.get_elapsed_time(start, end)
             self.marks.clear()
         return dict(totals)
+
+
+class ProfiledSampler:
+    """Times a device sampler's launches as the "sampling" stage of a ProfiledBackend."""
+
+    def __init__(self, sampler: Any, profiled: ProfiledBackend) -> None:
+        self.inner, self.pb = sampler, profiled
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def sample(self, logits: Any, rows: Any) -> Any:
+        return self.pb.timed("sampling", self.inner.sample, logits, rows)

@@ -68,6 +68,9 @@ class LLMEngine:
         self.num_steps = 0
         self.num_rows = 0
         self.num_generated = 0
+        # --profile: (stage, fn) -> fn(), timed. Host sampling runs through it; the device
+        # sampler is timed where it is launched (the runner's sampler is wrapped instead).
+        self.stage_timer: Callable[[str, Callable[[], Any]], Any] | None = None
 
     # -- requests -------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -195,7 +198,7 @@ class LLMEngine:
                                                     req.token_ids[p + 1]))
         if not sl.sample:
             return None
-        res = sample()
+        res = sample() if self.stage_timer is None else self.stage_timer("sampling", sample)
         req.token_ids.append(res.token_id)
         self.num_generated += 1
         if req.logprobs is not None:
