@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from crucible.model.layout import HF_EMBED, HF_FINAL_NORM, HF_LAYER, HF_LM_HEAD, LAYER_FIELDS, hf_prefix
+
 
 def hf_model(loaded, device: str):
     import torch
@@ -36,17 +38,11 @@ def hf_model(loaded, device: str):
                       tie_word_embeddings=c.tie_embeddings, torch_dtype="float32")
     model = LlamaForCausalLM(cfg).eval()
     w = loaded.weights
-    sd = {"model.embed_tokens.weight": w.embed, "model.norm.weight": w.final_norm}
+    sd = {HF_EMBED: w.embed, HF_FINAL_NORM: w.final_norm}
     if w.lm_head is not None:
-        sd["lm_head.weight"] = w.lm_head
+        sd[HF_LM_HEAD] = w.lm_head
     for i, lw in enumerate(w.layers):
-        p = f"model.layers.{i}."
-        sd.update({p + "input_layernorm.weight": lw.attn_norm,
-                   p + "self_attn.q_proj.weight": lw.wq, p + "self_attn.k_proj.weight": lw.wk,
-                   p + "self_attn.v_proj.weight": lw.wv, p + "self_attn.o_proj.weight": lw.wo,
-                   p + "post_attention_layernorm.weight": lw.ffn_norm,
-                   p + "mlp.gate_proj.weight": lw.w_gate, p + "mlp.up_proj.weight": lw.w_up,
-                   p + "mlp.down_proj.weight": lw.w_down})
+        sd.update({hf_prefix(i) + HF_LAYER[f]: getattr(lw, f) for f in LAYER_FIELDS})
     missing, unexpected = model.load_state_dict(
         {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sd.items()}, strict=False)
     if unexpected or [m for m in missing if m != "lm_head.weight"]:

@@ -15,7 +15,16 @@ import numpy as np
 
 from crucible.errors import ModelLoadError
 from crucible.model.config import ModelConfig
-from crucible.model.weights import LayerWeights, ModelWeights, unpermute_llama_qk
+from crucible.model.layout import (
+    GGUF_EMBED,
+    GGUF_FINAL_NORM,
+    GGUF_LAYER,
+    GGUF_LM_HEAD,
+    gguf_prefix,
+    qk_heads,
+    read_layers,
+)
+from crucible.model.weights import ModelWeights, unpermute_llama_qk
 
 SUPPORTED_TYPES = ("F32", "F16", "Q8_0", "Q4_1")
 
@@ -105,23 +114,11 @@ def load_gguf(path: Path, reader: Any = None) -> tuple[ModelConfig, ModelWeights
         digest.update(np.asarray(t.data).tobytes())
         return arr
 
-    d, hd, f = cfg.hidden_size, cfg.head_dim, cfg.ffn_size
-    embed = get("token_embd.weight", (cfg.vocab_size, d))
-    layers = []
-    for i in range(cfg.n_layers):
-        b = f"blk.{i}."
-        layers.append(LayerWeights(
-            attn_norm=get(b + "attn_norm.weight", (d,)),
-            wq=unpermute_llama_qk(get(b + "attn_q.weight", (cfg.n_heads * hd, d)), cfg.n_heads),
-            wk=unpermute_llama_qk(get(b + "attn_k.weight", (cfg.n_kv_heads * hd, d)), cfg.n_kv_heads),
-            wv=get(b + "attn_v.weight", (cfg.n_kv_heads * hd, d)),
-            wo=get(b + "attn_output.weight", (d, cfg.n_heads * hd)),
-            ffn_norm=get(b + "ffn_norm.weight", (d,)),
-            w_gate=get(b + "ffn_gate.weight", (f, d)),
-            w_up=get(b + "ffn_up.weight", (f, d)),
-            w_down=get(b + "ffn_down.weight", (d, f)),
-        ))
-    final_norm = get("output_norm.weight", (d,))
-    lm_head = None if cfg.tie_embeddings else get("output.weight", (cfg.vocab_size, d))
-    weights = ModelWeights(embed=embed, layers=tuple(layers), final_norm=final_norm, lm_head=lm_head)
+    d, heads = cfg.hidden_size, qk_heads(cfg)
+    embed = get(GGUF_EMBED, (cfg.vocab_size, d))
+    layers = read_layers(cfg, get, GGUF_LAYER, gguf_prefix,
+                         lambda f, a: unpermute_llama_qk(a, heads[f]) if f in heads else a)
+    final_norm = get(GGUF_FINAL_NORM, (d,))
+    lm_head = None if cfg.tie_embeddings else get(GGUF_LM_HEAD, (cfg.vocab_size, d))
+    weights = ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
     return cfg, weights, digest.hexdigest()

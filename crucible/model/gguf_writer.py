@@ -12,6 +12,16 @@ from pathlib import Path
 import numpy as np
 
 from crucible.model.loader import LoadedModel
+from crucible.model.layout import (
+    GGUF_EMBED,
+    GGUF_FINAL_NORM,
+    GGUF_LAYER,
+    GGUF_LM_HEAD,
+    LAYER_FIELDS,
+    NORM_FIELDS,
+    gguf_prefix,
+    qk_heads,
+)
 from crucible.model.weights import permute_llama_qk
 
 
@@ -53,21 +63,17 @@ def save_gguf(model: LoadedModel, path: Path, linear_type: str = "F32") -> None:
         else:
             writer.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
 
-    put("token_embd.weight", w.embed, True)
-    put("output_norm.weight", w.final_norm, False)
+    put(GGUF_EMBED, w.embed, True)
+    put(GGUF_FINAL_NORM, w.final_norm, False)
     if w.lm_head is not None:
-        put("output.weight", w.lm_head, True)
+        put(GGUF_LM_HEAD, w.lm_head, True)
+    heads = qk_heads(cfg)
     for i, lw in enumerate(w.layers):
-        b = f"blk.{i}."
-        put(b + "attn_norm.weight", lw.attn_norm, False)
-        put(b + "attn_q.weight", permute_llama_qk(lw.wq, cfg.n_heads), True)
-        put(b + "attn_k.weight", permute_llama_qk(lw.wk, cfg.n_kv_heads), True)
-        put(b + "attn_v.weight", lw.wv, True)
-        put(b + "attn_output.weight", lw.wo, True)
-        put(b + "ffn_norm.weight", lw.ffn_norm, False)
-        put(b + "ffn_gate.weight", lw.w_gate, True)
-        put(b + "ffn_up.weight", lw.w_up, True)
-        put(b + "ffn_down.weight", lw.w_down, True)
+        for field in LAYER_FIELDS:
+            value = getattr(lw, field)
+            if field in heads:
+                value = permute_llama_qk(value, heads[field])
+            put(gguf_prefix(i) + GGUF_LAYER[field], value, field not in NORM_FIELDS)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -15,7 +15,15 @@ import numpy as np
 
 from crucible.errors import ModelLoadError
 from crucible.model.config import ModelConfig
-from crucible.model.weights import LayerWeights, ModelWeights
+from crucible.model.layout import (
+    HF_EMBED,
+    HF_FINAL_NORM,
+    HF_LAYER,
+    HF_LM_HEAD,
+    hf_prefix,
+    read_layers,
+)
+from crucible.model.weights import ModelWeights
 
 
 def config_from_hf(path: Path) -> ModelConfig:
@@ -97,25 +105,10 @@ def load_hf_dir(path: Path) -> tuple[ModelConfig, ModelWeights, str]:
         digest.update(np.ascontiguousarray(arr).tobytes())
         return np.ascontiguousarray(arr, dtype=np.float32)
 
-    d, hd, f = cfg.hidden_size, cfg.head_dim, cfg.ffn_size
-    layers = []
-    for i in range(cfg.n_layers):
-        b = f"model.layers.{i}."
-        layers.append(LayerWeights(
-            attn_norm=get(b + "input_layernorm.weight", (d,)),
-            wq=get(b + "self_attn.q_proj.weight", (cfg.n_heads * hd, d)),
-            wk=get(b + "self_attn.k_proj.weight", (cfg.n_kv_heads * hd, d)),
-            wv=get(b + "self_attn.v_proj.weight", (cfg.n_kv_heads * hd, d)),
-            wo=get(b + "self_attn.o_proj.weight", (d, cfg.n_heads * hd)),
-            ffn_norm=get(b + "post_attention_layernorm.weight", (d,)),
-            w_gate=get(b + "mlp.gate_proj.weight", (f, d)),
-            w_up=get(b + "mlp.up_proj.weight", (f, d)),
-            w_down=get(b + "mlp.down_proj.weight", (d, f)),
-        ))
-    embed = get("model.embed_tokens.weight", (cfg.vocab_size, d))
-    lm_head = None
-    if not cfg.tie_embeddings:
-        lm_head = get("lm_head.weight", (cfg.vocab_size, d))
-    weights = ModelWeights(embed=embed, layers=tuple(layers),
-                           final_norm=get("model.norm.weight", (d,)), lm_head=lm_head)
+    d = cfg.hidden_size
+    layers = read_layers(cfg, get, HF_LAYER, hf_prefix)
+    embed = get(HF_EMBED, (cfg.vocab_size, d))
+    lm_head = None if cfg.tie_embeddings else get(HF_LM_HEAD, (cfg.vocab_size, d))
+    weights = ModelWeights(embed=embed, layers=layers, final_norm=get(HF_FINAL_NORM, (d,)),
+                           lm_head=lm_head)
     return cfg, weights, digest.hexdigest()

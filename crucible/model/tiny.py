@@ -15,6 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from crucible.model.config import ModelConfig
+from crucible.model.layout import (
+    HF_EMBED,
+    HF_FINAL_NORM,
+    HF_LAYER,
+    HF_LM_HEAD,
+    LAYER_FIELDS,
+    hf_prefix,
+)
 from crucible.model.loader import LoadedModel, check_weights_mode
 from crucible.model.weights import LayerWeights, ModelWeights
 
@@ -78,17 +86,12 @@ def save_hf_dir(model: LoadedModel, path: Path) -> None:
         "intermediate_size": cfg.ffn_size, "max_position_embeddings": cfg.max_context,
         "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_eps,
         "tie_word_embeddings": cfg.tie_embeddings}))
-    tensors = {"model.embed_tokens.weight": w.embed, "model.norm.weight": w.final_norm}
+    tensors = {HF_EMBED: w.embed, HF_FINAL_NORM: w.final_norm}
     if w.lm_head is not None:
-        tensors["lm_head.weight"] = w.lm_head
-    names = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-             "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj",
-             "mlp.down_proj")
+        tensors[HF_LM_HEAD] = w.lm_head
     for i, lw in enumerate(w.layers):
-        values = (lw.attn_norm, lw.wq, lw.wk, lw.wv, lw.wo, lw.ffn_norm, lw.w_gate, lw.w_up,
-                  lw.w_down)
-        for name, value in zip(names, values):
-            tensors[f"model.layers.{i}.{name}.weight"] = np.ascontiguousarray(value)
+        for field in LAYER_FIELDS:
+            tensors[hf_prefix(i) + HF_LAYER[field]] = np.ascontiguousarray(getattr(lw, field))
     save_file(tensors, str(path / "model.safetensors"))
     model.tokenizer.backend.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({
