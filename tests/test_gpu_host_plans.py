@@ -58,3 +58,42 @@ def test_graph_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CRUCIBLE_PREFILL_GRAPHS", "off")
     with pytest.raises(ConfigError, match="CRUCIBLE_PREFILL_GRAPHS must be 0 or 1"):
         env_flag("CRUCIBLE_PREFILL_GRAPHS")
+
+
+def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay waits for the default stream's queued work, refills the metadata, launches,
+    and makes the default stream wait for the graph, in that order, all on its stream."""
+    import sys
+    import types
+
+    import numpy as np
+
+    from crucible.backend.cupy_graphs import Captured
+
+    log: list[tuple] = []
+
+    class Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def record(self) -> str:
+            return f"event({self.name})"
+
+        def wait_event(self, event: str) -> None:
+            log.append((self.name, "waits", event))
+
+    class Meta:
+        def set(self, host: np.ndarray, stream: Stream) -> None:
+            log.append((stream.name, "meta", host.tolist()))
+
+    class Graph:
+        def launch(self, stream: Stream) -> None:
+            log.append((stream.name, "launch"))
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=Stream("default")))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    cap = Captured(Graph(), Meta(), logits="logits", pool=None)
+    assert cap.replay(Stream("graphs"), np.array([1, 2])) == "logits"
+    assert log == [("graphs", "waits", "event(default)"), ("graphs", "meta", [1, 2]),
+                   ("graphs", "launch"), ("default", "waits", "event(graphs)")]

@@ -35,6 +35,18 @@ class Captured:
     logits: Any  # [R, vocab] device buffer written by the graph
     pool: Any  # the graph's private memory pool: every intermediate it touches lives here
 
+    def replay(self, stream: Any, host_meta: np.ndarray) -> Any:
+        """Refill the metadata, replay on ``stream``, and return the logits buffer."""
+        import cupy as cp
+
+        # Work queued eagerly on the default stream (a prefill's K/V) must land first.
+        stream.wait_event(cp.cuda.Stream.null.record())
+        self.meta_dev.set(host_meta, stream=stream)
+        self.graph.launch(stream=stream)
+        # Later work on the default stream (sampling, the next eager step) sees the logits.
+        cp.cuda.Stream.null.wait_event(stream.record())
+        return self.logits
+
 
 def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any) -> Captured:
     """Capture one forward over ``meta`` (views into ``meta_dev``) as a CUDA graph.
@@ -139,8 +151,6 @@ class DecodeGraphs:
         return cap
 
     def run(self, batch: PackedBatch, capacity: int) -> Any:
-        import cupy as cp
-
         b = batch.num_rows
         bucket = next(x for x in BUCKETS if x >= b)
         key = (bucket, capacity)
@@ -152,11 +162,6 @@ class DecodeGraphs:
                 self.graphs.popitem(last=False)
         else:
             self.graphs.move_to_end(key)
-        # Work queued eagerly on the default stream (a prefill's K/V) must land first.
-        self.stream.wait_event(cp.cuda.Stream.null.record())
-        cap.meta_dev.set(self.host_meta(batch, bucket), stream=self.stream)
-        cap.graph.launch(stream=self.stream)
-        # Later work on the default stream (sampling, the next eager step) sees the logits.
-        cp.cuda.Stream.null.wait_event(self.stream.record())
+        logits = cap.replay(self.stream, self.host_meta(batch, bucket))
         self.num_replays += 1
-        return cap.logits[:b]
+        return logits[:b]

@@ -97,9 +97,6 @@ class PrefillGraphs:
                                   self._views(meta_dev, length, want, capacity))
             self.graphs[key] = cap
             self.num_captures += 1
-        self.stream.wait_event(cp.cuda.Stream.null.record())
-        cap.meta_dev.set(self.host_meta(batch, length, want), stream=self.stream)
-        cap.graph.launch(stream=self.stream)
-        cp.cuda.Stream.null.wait_event(self.stream.record())
+        logits = cap.replay(self.stream, self.host_meta(batch, length, want))
         self.num_replays += 1
-        return cap.logits
+        return logits
