@@ -135,3 +135,21 @@ def test_logprobs_rank_order_and_sampled_token():
     assert math.isclose(sum(math.exp(v) for v in lp), 1.0, rel_tol=1e-12)
     assert top_logprobs(lp, 0, 3) == {3: float(lp[3])}
     assert draw(LOGITS, temperature=0).logprobs is None
+
+
+def test_sampler_history_copies_the_prompt_only_for_the_repetition_penalty():
+    from crucible.engine.request import Request
+
+    def request(**kw):
+        r = Request("r", [5, 6, 7], SamplingParams(**kw), seed=1, arrival=0, eos_ids=(),
+                    tokenizer=None)
+        r.token_ids += [9, 9]  # two generated tokens
+        return r
+
+    assert request(repetition_penalty=1.3).sampler_history() == ([5, 6, 7], [9, 9])
+    assert request().sampler_history() == ([], [9, 9])
+    # Without the penalty the prompt cannot change a draw, so leaving it out changes nothing.
+    logits = np.linspace(-2.0, 3.0, 12)
+    params = SamplingParams(temperature=0.9, presence_penalty=0.5, seed=3)
+    full = sample_row(logits, params, prompt=[5, 6, 7], output=[9, 9], seed=3, stop_ids=())
+    assert sample_row(logits, params, prompt=[], output=[9, 9], seed=3, stop_ids=()) == full

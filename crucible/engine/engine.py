@@ -152,9 +152,8 @@ class LLMEngine:
         for sl in plan.slices:
             n = len(sl.prompt_rows)
             last, req = logits[row + n] if sl.sample else None, sl.request
-            updates.append((sl, logits[row : row + n], lambda last=last, req=req: sample_row(
-                last, req.params, prompt=req.prompt_token_ids, output=req.output_token_ids,
-                seed=req.seed, stop_ids=req.stop_ids)))
+            updates.append((sl, logits[row : row + n],
+                            lambda last=last, req=req: _sample_host(last, req)))
             row += len(sl.logits_rows)
         return updates
 
@@ -167,10 +166,10 @@ class LLMEngine:
             req = sl.request
             host_rows += range(row, row + len(sl.prompt_rows))
             if sl.sample:
-                rows.append(row_sampling(row + len(sl.prompt_rows), req.params,
-                                         prompt=req.prompt_token_ids,
-                                         output=req.output_token_ids, seed=req.seed,
-                                         stop_ids=req.stop_ids, vocab_size=self.vocab_size))
+                prompt, output = req.sampler_history()
+                rows.append(row_sampling(row + len(sl.prompt_rows), req.params, prompt=prompt,
+                                         output=output, seed=req.seed, stop_ids=req.stop_ids,
+                                         vocab_size=self.vocab_size))
             row += len(sl.logits_rows)
         out, host = self.runner.forward_sample(batch, rows, host_rows)
         if len(out.token_ids) != len(rows) or host.shape != (len(host_rows), self.vocab_size):
@@ -248,3 +247,9 @@ class LLMEngine:
             "rows_computed": self.num_rows,
             "tokens_generated": self.num_generated,
         }
+
+
+def _sample_host(logits: np.ndarray, req: Request) -> SampleResult:
+    prompt, output = req.sampler_history()
+    return sample_row(logits, req.params, prompt=prompt, output=output, seed=req.seed,
+                      stop_ids=req.stop_ids)

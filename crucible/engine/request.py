@@ -118,6 +118,13 @@ class Request:
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
 
+    def sampler_history(self) -> tuple[list[int], list[int]]:
+        """(prompt, output) as a sampler reads them. The prompt matters only to the
+        repetition penalty, so without one it is not copied (this runs every step for every
+        running request, and prompts can be long)."""
+        prompt = self.prompt_token_ids if self.params.repetition_penalty != 1.0 else []
+        return prompt, self.output_token_ids
+
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
