@@ -88,13 +88,16 @@ def validate_packed_batch(batch: PackedBatch, *, num_pages: int, vocab_size: int
     if same.any():
         k = order[int(np.flatnonzero(same)[0])]
         _fail(f"page {pages[k]} appears twice in table {table_of[k]}")
-    holders = np.bincount(pages, minlength=num_pages)  # tables holding each page
+    # Pages held by two or more tables (prefix-cache sharing; a table's own duplicates were
+    # rejected above). Usually none, and then no segment can write a shared page.
+    uniq, counts = np.unique(pages, return_counts=True)
+    shared_pages = uniq[counts > 1]
     # Pages a segment writes: entries first..last of its own table (each table has at most
     # one segment, checked above).
-    if not many or _writes_shared(segs, tables, holders):
+    if shared_pages.size and (not many or _writes_shared(segs, tables, shared_pages)):
         for i, (_, length, abs_start, t) in enumerate(segs.tolist()):
             w = tables[t, abs_start >> PAGE_SHIFT : ((abs_start + length - 1) >> PAGE_SHIFT) + 1]
-            shared = w[holders[w] > 1]
+            shared = w[np.isin(w, shared_pages)]
             if shared.size:
                 _fail(f"segment {i} ({batch.request_ids[i]}) writes page {shared[0]}, which "
                       f"another page table also holds (a request never writes a page others "
@@ -112,14 +115,14 @@ def validate_packed_batch(batch: PackedBatch, *, num_pages: int, vocab_size: int
         _fail(f"row {r} token id {tokens[r]} outside the vocabulary [0, {vocab_size})")
 
 
-def _writes_shared(segs: np.ndarray, tables: np.ndarray, holders: np.ndarray) -> bool:
-    """Whether any segment writes a page that another table holds (vectorised)."""
+def _writes_shared(segs: np.ndarray, tables: np.ndarray, shared_pages: np.ndarray) -> bool:
+    """Whether any segment writes one of ``shared_pages`` (vectorised)."""
     lo, hi = np.zeros(tables.shape[0], np.int64), np.full(tables.shape[0], -1, np.int64)
     lo[segs[:, 3]] = segs[:, 2] >> PAGE_SHIFT
     hi[segs[:, 3]] = (segs[:, 2] + segs[:, 1] - 1) >> PAGE_SHIFT
     col = np.arange(tables.shape[1])[None, :]
     written = (col >= lo[:, None]) & (col <= hi[:, None])
-    return bool((holders[np.where(written, tables, 0)][written] > 1).any())
+    return bool(np.isin(tables[written], shared_pages).any())
 
 
 def _segments_ok(segs: np.ndarray, tables: np.ndarray, lengths: np.ndarray, n_rows: int,
