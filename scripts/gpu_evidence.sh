@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU evidence of docs/gpu-engine.md, in one run on the GPU machine (from the repo root).
+#   bash scripts/gpu_evidence.sh [MODEL.gguf]
+# Without a model: the exactness suite on tiny random models and the per-kernel bench. With
+# the default model's GGUF: also the speed bench, perplexity (int8 and f32) and the HF peer.
+# Logs and JSON go to $OUT (default: ./gpu-out). Copy what a doc quotes into bench/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-gpu-out}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+status=0
+run() {  # name, command...: log to $out/name.log; a failure is reported, the rest still runs
+    local name="$1"; shift
+    "$@" > "$out/$name.log" 2>&1 || { echo "FAILED: $name (see $out/$name.log)"; status=1; }
+    tail -n 1 "$out/$name.log"
+}
+run gpu-validate python3 -m crucible gpu-validate
+run gpu-kernels python3 bench/gpu_kernels.py --json "$out/gpu-kernels.json"
+if [ $# -ge 1 ]; then
+    model="$1"
+    run gpu-generate python3 bench/gpu_generate.py --model "$model" --weights int8 --rounds 3 \
+        --json "$out/gpu-generate-int8.json"
+    for w in int8 f32; do
+        run "gpu-eval-$w" python3 -m crucible gpu-eval --model "$model" --weights "$w" \
+            --device cuda --paged --compare-attn reference --json "$out/gpu-eval-$w.json"
+    done
+    run hf-peer python3 bench/hf_peer.py --model "$model" --weights f32 --batches 1,32 \
+        --json "$out/hf-peer.json"
+fi
+exit $status
