@@ -2,10 +2,12 @@
 
     python3 bench/gpu_generate.py --model PATH [--weights int8] [--rounds 3] [--json PATH]
 
-Decode: batches of 1 and 64 requests with 128-token histories; per round, graphs off and on
-alternate in order; a step is timed from the forward call to logits on the host (the runner
-syncs); the same through LLMEngine (scheduler, validation, sampling on the device), which
-is what the engine's users get. Prefill: one prompt of 64, 256 and 1,024 tokens (time to logits of its last row),
+Decode: batches of 1 and 64 requests with 128-token histories; per round, three modes run in
+alternating order: eager, decode graphs, decode graphs with programmatic dependent launch
+(PDL). A step is timed from building its packed batch on the host to the sampled ids on the
+host (greedy, sampled on the device, each step fed the previous step's ids); then the same
+through LLMEngine (scheduler, validation, sampling on the device, detokenizing), which is
+what the engine's users get. Prefill: one prompt of 64, 256 and 1,024 tokens (time to logits of its last row),
 singleton prefill graphs on and off alternating, and 16 x 64 packed (eager).
 Warm-up steps (compilation, graph capture) are excluded. Figures: median and min-max over
 rounds. Ratios are paired within a round.
@@ -21,36 +23,51 @@ import numpy as np
 
 from common import stat, write_json
 
+from crucible.backend import cupy_launch
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.model.loader import load_model
 from crucible.model.runner import ModelRunner
 
 
-def decode_rate(runner: ModelRunner, batch_size: int, steps: int, graphs: bool,
-                rng: np.random.Generator) -> float:
+MODES = ("eager", "graph", "graph_pdl")  # decode graphs off; on without PDL; on with PDL
+
+
+def set_mode(runner: ModelRunner, mode: str, graphs: object) -> None:
+    """Graphs on or off, and PDL for the graphs captured next (set_pdl drops old graphs)."""
     be = runner.backend
-    saved = getattr(be, "graphs", None)  # the numpy backend has no graphs
-    if saved is not None:
-        be.graphs = saved if graphs else None
+    be.graphs = None if mode == "eager" else graphs
+    be.set_pdl(mode == "graph_pdl")
+
+
+def decode_rate(runner: ModelRunner, batch_size: int, steps: int, rng: np.random.Generator) -> float:
+    """tok/s of decode steps as the engine runs them: the packed batch built on the host,
+    the forward, greedy sampling on the device, the ids back on the host."""
+    from crucible.backend.sampling_meta import row_sampling
+    from crucible.engine.sampling import SamplingParams
+
     vocab = runner.config.vocab_size
     tables = [list(range(i * 16, i * 16 + 16)) for i in range(batch_size)]
     runner.forward(build_packed_batch([
         SegmentSpec(f"r{i}", rng.integers(0, vocab, 128).tolist(), 0, tables[i], [127])
         for i in range(batch_size)]))
+    greedy = SamplingParams(temperature=0.0)
+    rows = [row_sampling(i, greedy, prompt=(), output=(), seed=0, stop_ids=(), vocab_size=vocab)
+            for i in range(batch_size)]
+    toks = [7] * batch_size
 
     def step(p: int) -> None:
-        runner.forward(build_packed_batch([SegmentSpec(f"r{i}", [7], p, tables[i], [0])
-                                           for i in range(batch_size)]))
+        nonlocal toks
+        out, _ = runner.forward_sample(build_packed_batch(
+            [SegmentSpec(f"r{i}", [toks[i]], p, tables[i], [0]) for i in range(batch_size)]),
+            rows)
+        toks = list(out.tokens)
 
     step(128)
     step(129)  # warm-up (and capture when graphs are on)
     t = time.perf_counter()
     for p in range(130, 130 + steps):
         step(p)
-    dt = time.perf_counter() - t
-    if saved is not None:
-        be.graphs = saved
-    return batch_size * steps / dt
+    return batch_size * steps / (time.perf_counter() - t)
 
 
 def engine_rate(runner: ModelRunner, tokenizer: object, batch_size: int, new: int,
@@ -131,13 +148,19 @@ def main(argv: list[str] | None = None) -> int:
     runner = ModelRunner(model, num_pages=1100, device="cuda")
     rng = np.random.default_rng(0)
     res: dict[str, list[float]] = {}
+    graphs = runner.backend.graphs
     for r in range(args.rounds):
         for b in (1, 64):
-            order = (False, True) if r % 2 == 0 else (True, False)
-            got = {g: decode_rate(runner, b, args.steps, g, rng) for g in order}
-            res.setdefault(f"decode_b{b}_eager_tok_s", []).append(got[False])
-            res.setdefault(f"decode_b{b}_graph_tok_s", []).append(got[True])
-            res.setdefault(f"decode_b{b}_graph_over_eager", []).append(got[True] / got[False])
+            order = MODES if r % 2 == 0 else MODES[::-1]
+            got = {}
+            for mode in order:
+                set_mode(runner, mode, graphs)
+                got[mode] = decode_rate(runner, b, args.steps, rng)
+            set_mode(runner, "graph_pdl", graphs)
+            for mode in MODES:
+                res.setdefault(f"decode_b{b}_{mode}_tok_s", []).append(got[mode])
+            res.setdefault(f"decode_b{b}_graph_over_eager", []).append(got["graph"] / got["eager"])
+            res.setdefault(f"decode_b{b}_pdl_over_graph", []).append(got["graph_pdl"] / got["graph"])
         for b in (1, 64):
             res.setdefault(f"engine_decode_b{b}_tok_s", []).append(
                 engine_rate(runner, model.tokenizer, b, args.steps, rng))
@@ -158,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{k} {v:.3f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1])), file=sys.stderr)
     out = {"command": "python3 bench/gpu_generate.py " + " ".join(argv or sys.argv[1:]),
            "weights": args.weights, "rounds": args.rounds, "decode_steps": args.steps,
+           "pdl": cupy_launch.status(),
            "results": {k: stat(v) for k, v in res.items()},
            "profile_ms": profiles}
     write_json(args.json, out)

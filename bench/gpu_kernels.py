@@ -4,7 +4,9 @@
 
 Each kernel is launched ``reps`` times inside one CUDA graph and the graph is replayed; the
 time per launch is (replay time) / reps, which includes the graph's per-node cost, exactly
-as a decode step pays it. An empty kernel gives that per-node floor. Shapes are the default
+as a decode step pays it. An empty kernel gives that per-node floor. Each kernel is timed
+twice: launched plainly, and with programmatic dependent launch (PDL, cupy_launch.py), where
+each launch's prologue overlaps the previous launch. Shapes are the default
 model's (SmolLM2-135M: hidden 576, 9/3 heads of 64, FFN 1536, vocab 49152) with random int8
 weights, at batch 1 and 64 and a 192-token history. Figures: min and median over rounds.
 """
@@ -21,6 +23,7 @@ import numpy as np
 from common import stat, write_json
 
 from crucible.backend import cupy_kernels as ck
+from crucible.backend import cupy_launch
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.model.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
@@ -94,10 +97,13 @@ def main(argv: list[str] | None = None) -> int:
                                     for i in range(m)])
         meta = be.prepare(batch)
         for name, fn in kernels(be, meta, m).items():
-            us = time_graph(fn, args.reps, args.rounds)
-            res[f"b{m} {name}"] = stat(us)
-            print(f"b{m:<3} {name:32s} {min(us):8.2f} us  (median {np.median(us):.2f})",
-                  file=sys.stderr, flush=True)
+            for pdl in (False, True):  # the same graph captured with and without PDL
+                cupy_launch.set_enabled(pdl)
+                us = time_graph(fn, args.reps, args.rounds)
+                tag = f"b{m} {name}" + (" [pdl]" if pdl else "")
+                res[tag] = stat(us)
+                print(f"{tag:48s} {min(us):8.2f} us  (median {np.median(us):.2f})",
+                      file=sys.stderr, flush=True)
     write_json(args.json, {"command": "python3 bench/gpu_kernels.py " +
                            " ".join(argv or sys.argv[1:]), "history": args.history,
                            "us_per_launch": res, "time": time.strftime("%Y-%m-%d %H:%M")})

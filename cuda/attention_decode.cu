@@ -17,23 +17,36 @@
 //   - PV: threads 0..63 run the reference's ascending fused chain, one output dimension
 //     each, over V tiles of 128 positions staged in shared memory by all 256 threads; the
 //     next tile's loads are in flight (registers) while the chain consumes the current one.
+// PDL (pdl.cuh): before cru_pdl_wait, the page table and the first V tile load and the keys
+// are prefetched into L2, all except position len - 1, whose K/V the step's QKV kernel
+// writes just before this one; q and that position load after it.
 // Dynamic shared memory: 4 * (capacity + 128*64 + capacity/16). No standard headers (NVRTC).
 #include "common.cuh"
+#include "pdl.cuh"
 
 #define CRU_DEC_VT 128  // V positions per staged tile
 
-// The 8 float4 of V tile `base` this thread stages: positions base + (i*256 + tid) / 16.
+// The 8 float4 of V tile `base` this thread stages: positions base + (i*256 + tid) / 16,
+// those in [lo, hi) only (the others keep what r holds).
 __device__ __forceinline__ void cru_dec_load_v(float4* r, const float* v_pool, const int* tab,
-                                               int base, int len, int n_layers, int layer,
-                                               int kv_dim, int kvh) {
+                                               int base, int lo, int hi, int n_layers,
+                                               int layer, int kv_dim, int kvh) {
 #pragma unroll
     for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i) {
         const int idx = i * 256 + threadIdx.x, pos = base + (idx >> 4);
-        r[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (pos < len)
+        if (pos >= lo && pos < hi)
             r[i] = reinterpret_cast<const float4*>(
                 v_pool + cru_pool_row(tab, pos, n_layers, layer, kv_dim, kvh))[idx & 15];
     }
+}
+
+// Ask L2 for key `pos`'s 256 bytes (two lines) without holding registers for them.
+__device__ __forceinline__ void cru_dec_prefetch_k(const float* k_pool, const int* tab, int pos,
+                                                   int n_layers, int layer, int kv_dim,
+                                                   int kvh) {
+    const float* p = k_pool + cru_pool_row(tab, pos, n_layers, layer, kv_dim, kvh);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 32));
 }
 
 __global__ void __launch_bounds__(256, 2)
@@ -55,13 +68,23 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     const int kvh = head / (n_heads / n_kv_heads), kv_dim = n_kv_heads * CRU_HEAD_DIM;
     const int* table = tables + (long long)sd.w * table_stride;
     for (int i = tid; i < (len + 15) >> 4; i += 256) tab[i] = table[i];
-    if (tid < CRU_HEAD_DIM) q_s[tid] = q[((long long)row * n_heads + head) * CRU_HEAD_DIM + tid];
     __syncthreads();
 
+    // Before the wait: history only (positions < len - 1; see the header).
+    const int hist = len - 1;
     float4 vr[CRU_DEC_VT * 16 / 256];
-    cru_dec_load_v(vr, v_pool, tab, 0, len, n_layers, layer, kv_dim, kvh);  // in flight during QK
+#pragma unroll
+    for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i) vr[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    cru_dec_load_v(vr, v_pool, tab, 0, 0, hist, n_layers, layer, kv_dim, kvh);
+    for (int j = tid; j < hist; j += 256)
+        cru_dec_prefetch_k(k_pool, tab, j, n_layers, layer, kv_dim, kvh);
+    cru_pdl_wait();
+    cru_pdl_trigger();
+    if (tid < CRU_HEAD_DIM) q_s[tid] = q[((long long)row * n_heads + head) * CRU_HEAD_DIM + tid];
+    cru_dec_load_v(vr, v_pool, tab, 0, hist, len, n_layers, layer, kv_dim, kvh);
+    __syncthreads();
 
-    for (int j = tid; j < len; j += 256) {
+    for (int j = tid; j < len; j += 256) {  // the V tile's loads are in flight meanwhile
         const float4* kr = reinterpret_cast<const float4*>(
             k_pool + cru_pool_row(tab, j, n_layers, layer, kv_dim, kvh));
         float k[CRU_HEAD_DIM];
@@ -94,10 +117,16 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
         for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i)
             reinterpret_cast<float4*>(vt)[i * 256 + tid] = vr[i];
         __syncthreads();
-        if (base + CRU_DEC_VT < len)
-            cru_dec_load_v(vr, v_pool, tab, base + CRU_DEC_VT, len, n_layers, layer, kv_dim, kvh);
+        if (base + CRU_DEC_VT < len) {
+#pragma unroll
+            for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i) vr[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            cru_dec_load_v(vr, v_pool, tab, base + CRU_DEC_VT, 0, len, n_layers, layer, kv_dim,
+                           kvh);
+        }
         if (tid < CRU_HEAD_DIM) {
             const int n = min(CRU_DEC_VT, len - base);
+            // Unrolled so the shared loads run ahead of the (ascending, unchanged) fma chain.
+#pragma unroll 8
             for (int s = 0; s < n; ++s) acc = cru_pv(scores[base + s], vt[s * CRU_HEAD_DIM + tid], acc);
         }
     }

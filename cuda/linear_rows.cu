@@ -11,7 +11,9 @@
 //   total = partial_0 + partial_1 + ... in ascending c; int8: total * scale[n];
 //   residual (when given): residual[m, n] + that, last.
 //
-// Thread mapping: block (32, Y), Y = max(n_chunks, 8) <= 24 (so K <= 1536). threadIdx.y = c
+// Thread mapping: block (32, Y), Y = max(n_chunks, 8) <= 24 (so K <= 1536); the SwiGLU and
+// RoPE forms are bounded at 12 warps (K <= 768), which lets a thread keep its two columns'
+// chunks in up to 168 registers instead of spilling them at the 80 that 768 threads allow. threadIdx.y = c
 // owns K chunk c; lane owns NC output columns (below) of a column block. MT rows per block,
 // grid.y walks row groups; rows past M are zeros and never stored. Every thread first
 // stages the MT rows of x in shared memory (and normalises them in place when PRO is set);
@@ -28,7 +30,10 @@
 //             columns j = lane and j + 32 of that head (head_dim 64). Q heads are rotated
 //             into q_out [M, H*64], K heads rotated into the K pool, V heads copied to the
 //             V pool, each at (pages[m], slots[m]) of `layer`.
+// PDL (pdl.cuh): the first column block's weights and epilogue inputs, and the norm weight,
+// load before cru_pdl_wait; x and the residual after it.
 // Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32 + K). No standard headers (NVRTC).
+#include "pdl.cuh"
 #include "rowops.cuh"
 
 #define CRU_KC 64
@@ -90,10 +95,12 @@ struct EpiIn {
     long base;
 };
 
+// Everything but the residual: none of it is written by a kernel of the step, so the first
+// column block's copy loads before cru_pdl_wait (pdl.cuh).
 template <typename T, int NC, int EPI>
 __device__ __forceinline__ EpiIn<NC> cru_epi_load(int cb, int m, int lane, int N_out,
                                                   int n_rows_w, const float* scale,
-                                                  const float* residual, const int* positions,
+                                                  const int* positions,
                                                   const int* pages, const int* slots,
                                                   const float* cos_t, const float* sin_t,
                                                   int n_layers, int layer, int kv_dim) {
@@ -104,8 +111,6 @@ __device__ __forceinline__ EpiIn<NC> cru_epi_load(int cb, int m, int lane, int N
         e.sc[j] = (sizeof(T) == 1 && col < n_rows_w) ? scale[col] : 1.0f;
     }
     e.res = 0.0f;
-    if (EPI == 0 && residual != nullptr && cb * 32 + lane < N_out)
-        e.res = residual[(long)m * N_out + cb * 32 + lane];
     e.cs = e.sn = 0.0f;
     e.base = 0;
     if (EPI == 2) {
@@ -115,6 +120,16 @@ __device__ __forceinline__ EpiIn<NC> cru_epi_load(int cb, int m, int lane, int N
         e.base = (((long)pages[m] * n_layers + layer) * 16 + slots[m]) * kv_dim;
     }
     return e;
+}
+
+// The residual of (row m, column block cb): written by the step's previous kernels, so it
+// loads after cru_pdl_wait.
+template <int EPI>
+__device__ __forceinline__ float cru_epi_res(int cb, int m, int lane, int N_out,
+                                             const float* residual) {
+    if (EPI == 0 && residual != nullptr && cb * 32 + lane < N_out)
+        return residual[(long)m * N_out + cb * 32 + lane];
+    return 0.0f;
 }
 
 // int8: the chunk total times the channel's scale; f32: the total itself.
@@ -174,7 +189,7 @@ __device__ __forceinline__ void cru_rows_chunk(const RawChunk<T>* raw, bool prel
 }
 
 template <typename T, int MT, int PRO, int EPI>
-__global__ void __launch_bounds__(768, 1)
+__global__ void __launch_bounds__(EPI == 0 ? 768 : 384, 1)
 linear_rows(const float* __restrict__ x, const T* __restrict__ w,
             const float* __restrict__ scale, const float* __restrict__ norm_w, float eps,
             const float* __restrict__ residual, float* __restrict__ y, int M, int N_out, int K,
@@ -212,15 +227,19 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     const bool finisher = c < MT && m0 + c < M;  // warp c finishes row m0 + c
     EpiIn<NC> e0;
     if (finisher)
-        e0 = cru_epi_load<T, NC, EPI>(cb0, m0 + c, lane, N_out, n_rows_w, scale, residual,
-                                      positions, pages, slots, cos_t, sin_t, n_layers, layer,
-                                      kv_dim);
+        e0 = cru_epi_load<T, NC, EPI>(cb0, m0 + c, lane, N_out, n_rows_w, scale, positions,
+                                      pages, slots, cos_t, sin_t, n_layers, layer, kv_dim);
+    if (PRO == 1)
+        for (int k = tid; k < K; k += nthreads) nw[k] = norm_w[k];
+    // Above: weights, scales, tables and metadata only. Below: x and the residual, which the
+    // step's previous kernels wrote (pdl.cuh).
+    cru_pdl_wait();
+    cru_pdl_trigger();
+    if (finisher) e0.res = cru_epi_res<EPI>(cb0, m0 + c, lane, N_out, residual);
     for (int r = 0; r < MT; ++r) {
         const bool live = m0 + r < M;
         for (int k = tid; k < K; k += nthreads) xs[r * K + k] = live ? x[(long)(m0 + r) * K + k] : 0.0f;
     }
-    if (PRO == 1)
-        for (int k = tid; k < K; k += nthreads) nw[k] = norm_w[k];
     __syncthreads();
     if (PRO == 1) {
         cru_rows_sumsq(xs, MT, K, red);
@@ -241,10 +260,13 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
         __syncthreads();
         if (finisher) {  // blockDim.y >= 8 >= MT: one warp per row
             const int r = c, m = m0 + r;
-            const EpiIn<NC> e = g == 0 ? e0
-                : cru_epi_load<T, NC, EPI>(cb, m, lane, N_out, n_rows_w, scale, residual,
-                                           positions, pages, slots, cos_t, sin_t, n_layers,
-                                           layer, kv_dim);
+            EpiIn<NC> e = e0;
+            if (g > 0) {
+                e = cru_epi_load<T, NC, EPI>(cb, m, lane, N_out, n_rows_w, scale, positions,
+                                             pages, slots, cos_t, sin_t, n_layers, layer,
+                                             kv_dim);
+                e.res = cru_epi_res<EPI>(cb, m, lane, N_out, residual);
+            }
             float v[NC];
             bool ok = true;
 #pragma unroll

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,7 +21,28 @@ def test_compiles_for_sm90(source: Path, tmp_path: Path) -> None:
         ["nvcc", "-arch=sm_90", "-Xptxas", "-v", "-c", str(source), "-o",
          str(tmp_path / "out.o")], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
-    if source.name == "attention.cu":
+    if source.name in ("attention.cu", "attention_decode.cu"):
         # a spill in the headline instantiations would cost the exact family its speed-up
         assert "bytes spill stores" not in result.stderr.replace(" 0 bytes spill stores", ""), \
             result.stderr
+    if source.name == "linear_rows.cu":
+        # The batch-1 SwiGLU and RoPE forms (the MT=1, prologue-1 instantiations) hold two
+        # columns' chunks in registers; at 768-thread launch bounds they spilled 600 bytes.
+        spills = _spills(result.stderr)
+        paired = {k: v for k, v in spills.items() if "IaLi1ELi1ELi1EE" in k or "IaLi1ELi1ELi2EE" in k}
+        assert len(paired) == 2 and all(v == 0 for v in paired.values()), spills
+
+
+def _spills(ptxas: str) -> dict[str, int]:
+    """Spill-store bytes per entry function, from ptxas -v output."""
+    out: dict[str, int] = {}
+    name = None
+    for line in ptxas.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            name = m.group(1)
+        m = re.search(r"(\d+) bytes spill stores", line)
+        if m and name is not None:
+            out[name] = int(m.group(1))
+            name = None
+    return out

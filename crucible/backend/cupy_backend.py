@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from crucible.backend import cupy_kernels as ck
+from crucible.backend import cupy_launch
 from crucible.backend.rope import rope_table
 from crucible.engine.batch import PackedBatch
 from crucible.model import llama
@@ -65,6 +66,7 @@ class CupyBackend:
         from crucible.kernels.variants import variant_from_env
 
         self.variant = variant if variant is not None else variant_from_env()
+        cupy_launch.set_enabled(env_flag("CRUCIBLE_PDL"))
         self.cfg: ModelConfig | None = None
         self.graphs = None  # DecodeGraphs once the pool exists (CRUCIBLE_DECODE_GRAPHS=0: off)
         self.prefill_graphs = None  # PrefillGraphs likewise (CRUCIBLE_PREFILL_GRAPHS=0: off)
@@ -125,6 +127,15 @@ class CupyBackend:
             if g is not None:
                 g.clear()
         self.variant = new
+
+    def set_pdl(self, on: bool) -> None:
+        """Programmatic dependent launch in decode graphs on or off (cupy_launch.py): waits
+        for queued work and drops every graph, since a graph bakes in how it launches."""
+        _cp().cuda.Device().synchronize()
+        for g in (self.graphs, self.prefill_graphs):
+            if g is not None:
+                g.clear()
+        cupy_launch.set_enabled(on)
 
     def run_step(self, batch: PackedBatch) -> np.ndarray:
         """f32 logits of the final rows, on the host."""
@@ -198,7 +209,8 @@ class CupyBackend:
     # primitives. Both spell the arithmetic the same way, so the bits never depend on which.
     def fuses(self, x: Any, group: str) -> bool:
         """Whether ``group`` (attn_in, mlp_in, norm_linear) runs as one row kernel for x."""
-        ok = ck.use_rows(x.shape[0], x.shape[1])
+        epi = {"attn_in": ck.EPI_ROPE, "mlp_in": ck.EPI_SWIGLU}.get(group, ck.EPI_STORE)
+        ok = ck.use_rows(x.shape[0], x.shape[1], epi)
         return ok and (group != "attn_in" or self.cfg.head_dim == 64)
 
     def attn_in(self, x: Any, layer: int, meta: CupyMeta) -> Any:

@@ -12,10 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from crucible.backend.cupy_launch import launch
 from crucible.kernels.source import cuda_source_dir, read_cuda_source
 
 ROWS_MAX_M = 128  # up to here the row kernels (linear_rows.cu); above, the tiled one
 ROWS_MAX_K = 1536  # the row kernels give each 64-wide K chunk its own warp (<= 24 warps)
+ROWS_MAX_K_PAIRED = 768  # the SwiGLU and RoPE forms are compiled for <= 12 warps
 KC = 64
 _OPS = ("embed_rows", "rmsnorm_rows", "rope_store", "swiglu_rows", "gather_rows")
 # (prologue, epilogue) pairs the backend uses: plain/residual, norm + plain (LM head),
@@ -110,8 +112,8 @@ class RopeStore:
     n_kv: int
 
 
-def use_rows(m: int, k: int) -> bool:
-    return m <= ROWS_MAX_M and k <= ROWS_MAX_K
+def use_rows(m: int, k: int, epi: int = 0) -> bool:
+    return m <= ROWS_MAX_M and k <= (ROWS_MAX_K if epi == EPI_STORE else ROWS_MAX_K_PAIRED)
 
 
 def _check_x(x: Any, k: int) -> None:
@@ -159,7 +161,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     n_w, k = wd.shape
     _check_x(x, k)
     m = x.shape[0]
-    _need(k <= ROWS_MAX_K, f"linear_rows: K={k} is above {ROWS_MAX_K}")
+    _need(use_rows(1, k, epi), f"linear_rows: K={k} is above what this form supports")
     null = np.uint64(0)
     rope_args: tuple = (null,) * 7 + (cp.int32(0),) * 4
     if epi == EPI_STORE:
@@ -196,7 +198,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
             norm if norm is not None else null, np.float32(eps),
             residual if residual is not None else null, out, cp.int32(m), cp.int32(n_out),
             cp.int32(k), cp.int32(groups)) + rope_args
-    fn((-(-grid_x // groups), row_groups), (32, max(chunks, 8)), args, shared_mem=smem)
+    launch(fn, (-(-grid_x // groups), row_groups), (32, max(chunks, 8)), args, shared_mem=smem)
     return out
 
 

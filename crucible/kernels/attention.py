@@ -105,5 +105,10 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
         grid = (n_kv_heads, -(-max_chunk // rows), segments.shape[0])
         args = (q, k_pool, v_pool, segments, page_tables, i32(stride), out, i32(n_heads),
                 i32(n_kv_heads), i32(n_layers), i32(layer), i32(score_capacity))
-    kernel(grid, (plan.threads, 1, 1), args, shared_mem=plan.smem_bytes)
+    if plan.decode:  # the one attention kernel written for PDL (cuda/pdl.cuh)
+        from crucible.backend.cupy_launch import launch
+
+        launch(kernel, grid, (plan.threads, 1, 1), args, shared_mem=plan.smem_bytes)
+    else:
+        kernel(grid, (plan.threads, 1, 1), args, shared_mem=plan.smem_bytes)
     return plan

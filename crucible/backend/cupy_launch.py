@@ -1,0 +1,106 @@
+"""Kernel launches with programmatic dependent launch (PDL) inside captured decode graphs.
+
+Why: a batch-1 decode step is ~150 small kernels, each latency-bound. With PDL (Hopper,
+CUDA 12.3+) a kernel may start while the one before it is still running: its CTAs load
+what no earlier kernel of the step writes (weights, scales, RoPE tables, step metadata,
+K/V history), then wait in ``griddepcontrol.wait`` (cuda/pdl.cuh) for the previous grid to
+finish and flush before reading activations. The arithmetic is untouched, so the bits are
+the same as a plain launch; only the overlap changes.
+
+CuPy launches through cuLaunchKernel, which takes no launch attributes, so PDL launches go
+through the driver's cuLaunchKernelEx (ctypes). They are used only on a non-default
+stream (graph capture runs on the decode graphs' own stream); eager steps on the default
+stream launch as before, where ``griddepcontrol.wait`` returns at once.
+
+``CRUCIBLE_PDL=0`` turns it off (a benchmark A/B, or a driver that refuses it). If the
+driver lacks cuLaunchKernelEx the launches fall back to plain ones; ``status()`` says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+import numpy as np
+
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_..., cuda.h
+
+
+class _Attr(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of padding, 64-byte value
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _Config(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_Attr)), ("num_attrs", ctypes.c_uint)]
+
+
+_state = {"enabled": True, "reason": ""}
+
+
+def set_enabled(on: bool) -> None:
+    """Use PDL for later captures (graphs already captured keep what they baked in)."""
+    _state["enabled"] = bool(on)
+
+
+def status() -> dict[str, Any]:
+    return {"enabled": _state["enabled"], "available": _driver() is not None,
+            "reason": _state["reason"]}
+
+
+@functools.cache
+def _driver() -> Any:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernelEx
+    except (OSError, AttributeError) as e:
+        _state["reason"] = f"cuLaunchKernelEx unavailable: {e}"
+        return None
+    fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                   ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64,
+            np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.float32): ctypes.c_float,
+            np.dtype(np.uint32): ctypes.c_uint32}
+
+
+def _param(a: Any) -> ctypes._SimpleCData:
+    """One kernel argument as the C value the kernel's parameter expects: a device pointer
+    for an array, the scalar's own width for a numpy scalar (as CuPy itself passes them)."""
+    data = getattr(a, "data", None)
+    if hasattr(data, "ptr"):  # a CuPy array
+        return ctypes.c_void_p(int(data.ptr))
+    if isinstance(a, np.generic) and a.dtype in _SCALARS:
+        return _SCALARS[a.dtype](a.item())
+    raise TypeError(f"PDL launch: unsupported kernel argument {type(a).__name__}")
+
+
+def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
+           shared_mem: int = 0) -> None:
+    """``fn(grid, block, args, shared_mem=...)``, as a PDL launch where that applies."""
+    import cupy as cp
+
+    stream = cp.cuda.get_current_stream()
+    ex = _driver() if _state["enabled"] and stream.ptr != 0 else None
+    if ex is None:
+        fn(grid, block, args, shared_mem=shared_mem)
+        return
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    b = tuple(block) + (1,) * (3 - len(block))
+    attr = _Attr(_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1  # programmaticStreamSerializationAllowed
+    cfg = _Config((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem,
+                  ctypes.c_void_p(stream.ptr), ctypes.pointer(attr), 1)
+    values = [_param(a) for a in args]
+    ptrs = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
+                                             for v in values])
+    func = getattr(fn, "kernel", fn)  # RawKernel -> its loaded cupy.cuda.function.Function
+    rc = ex(ctypes.byref(cfg), ctypes.c_void_p(int(func.ptr)), ptrs, None)
+    if rc != 0:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc} (set CRUCIBLE_PDL=0 "
+                           "to launch without programmatic dependent launch)")

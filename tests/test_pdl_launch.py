@@ -1,0 +1,132 @@
+"""Programmatic dependent launch (crucible/backend/cupy_launch.py), checked on the CPU with a
+stand-in cupy and a stand-in driver entry point: which launches use it, and the exact C
+structures and argument values they hand to cuLaunchKernelEx. Whether the GPU keeps the
+bits is gpu-graph-check's job (graph replays == eager steps, bitwise)."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from crucible.backend import cupy_launch
+
+
+class _Data:
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+class _Array:  # the part of a CuPy array a launch reads
+    def __init__(self, ptr: int) -> None:
+        self.data = _Data(ptr)
+
+
+class _Kernel:
+    def __init__(self) -> None:
+        self.kernel = types.SimpleNamespace(ptr=0xF00D)
+        self.calls: list[tuple] = []
+
+    def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+        self.calls.append((grid, block, args, shared_mem))
+
+
+def _fake_cupy(monkeypatch: pytest.MonkeyPatch, stream_ptr: int) -> None:
+    fake = types.ModuleType("cupy")
+    stream = types.SimpleNamespace(ptr=stream_ptr)
+    fake.cuda = types.SimpleNamespace(get_current_stream=lambda: stream)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+
+def _fake_driver(monkeypatch: pytest.MonkeyPatch, rc: int = 0) -> list[dict]:
+    seen: list[dict] = []
+
+    def ex(cfg_ref, func, params, extra) -> int:  # noqa: ANN001 (ctypes values)
+        cfg = ctypes.cast(cfg_ref, ctypes.POINTER(cupy_launch._Config)).contents
+        attr = cfg.attrs[0]
+        vals = [params[0], params[1], params[2], params[3]]
+        seen.append({
+            "grid": list(cfg.grid), "block": list(cfg.block), "smem": cfg.smem,
+            "stream": cfg.stream, "num_attrs": cfg.num_attrs, "attr_id": attr.id,
+            "attr_value": attr.value[0], "func": func.value, "extra": extra,
+            "args": (ctypes.cast(vals[0], ctypes.POINTER(ctypes.c_void_p)).contents.value,
+                     ctypes.cast(vals[1], ctypes.POINTER(ctypes.c_int32)).contents.value,
+                     ctypes.cast(vals[2], ctypes.POINTER(ctypes.c_float)).contents.value,
+                     ctypes.cast(vals[3], ctypes.POINTER(ctypes.c_uint64)).contents.value)})
+        return rc
+
+    monkeypatch.setattr(cupy_launch, "_driver", lambda: ex)
+    return seen
+
+
+ARGS = (_Array(0x1000), np.int32(-7), np.float32(0.5), np.uint64(0))
+
+
+def test_default_stream_launches_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cupy(monkeypatch, stream_ptr=0)
+    seen = _fake_driver(monkeypatch)
+    k = _Kernel()
+    cupy_launch.launch(k, (3, 2), (32, 9), ARGS, shared_mem=64)
+    assert k.calls == [((3, 2), (32, 9), ARGS, 64)] and seen == []
+
+
+def test_graph_stream_launch_carries_the_pdl_attribute(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cupy(monkeypatch, stream_ptr=0xABC)
+    seen = _fake_driver(monkeypatch)
+    monkeypatch.setitem(cupy_launch._state, "enabled", True)
+    k = _Kernel()
+    cupy_launch.launch(k, (3, 2), (32, 9), ARGS, shared_mem=64)
+    assert k.calls == []
+    assert seen == [{"grid": [3, 2, 1], "block": [32, 9, 1], "smem": 64, "stream": 0xABC,
+                     "num_attrs": 1, "attr_id": 6, "attr_value": 1, "func": 0xF00D,
+                     "extra": None, "args": (0x1000, -7, 0.5, 0)}]
+
+
+def test_disabled_or_unavailable_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cupy(monkeypatch, stream_ptr=0xABC)
+    seen = _fake_driver(monkeypatch)
+    monkeypatch.setitem(cupy_launch._state, "enabled", False)
+    k = _Kernel()
+    cupy_launch.launch(k, (1,), (256,), ARGS)
+    monkeypatch.setitem(cupy_launch._state, "enabled", True)
+    monkeypatch.setattr(cupy_launch, "_driver", lambda: None)
+    cupy_launch.launch(k, (1,), (256,), ARGS)
+    assert len(k.calls) == 2 and seen == []
+
+
+def test_driver_error_is_clear(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cupy(monkeypatch, stream_ptr=0xABC)
+    _fake_driver(monkeypatch, rc=1)
+    monkeypatch.setitem(cupy_launch._state, "enabled", True)
+    with pytest.raises(RuntimeError, match="CUresult 1.*CRUCIBLE_PDL=0"):
+        cupy_launch.launch(_Kernel(), (1,), (32,), ARGS)
+
+
+def test_unsupported_argument_is_refused() -> None:
+    with pytest.raises(TypeError, match="unsupported kernel argument float"):
+        cupy_launch._param(1.5)
+    assert cupy_launch._param(np.int64(-3)).value == -3
+
+
+def test_struct_layout_matches_cuda_h() -> None:
+    # CUlaunchAttribute: 4-byte id, 4 bytes of padding, 64-byte value union.
+    assert ctypes.sizeof(cupy_launch._Attr) == 72
+    assert cupy_launch._Attr.value.offset == 8
+    # CUlaunchConfig: seven uints, then the stream, attrs pointer and count (8-aligned).
+    assert cupy_launch._Config.stream.offset == 32
+    assert cupy_launch._Config.attrs.offset == 40
+    assert cupy_launch._Config.num_attrs.offset == 48
+
+
+def test_env_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from crucible.backend.cupy_backend import env_flag
+    from crucible.errors import ConfigError
+
+    monkeypatch.setenv("CRUCIBLE_PDL", "0")
+    assert not env_flag("CRUCIBLE_PDL")
+    monkeypatch.setenv("CRUCIBLE_PDL", "yes")
+    with pytest.raises(ConfigError, match="CRUCIBLE_PDL must be 0 or 1"):
+        env_flag("CRUCIBLE_PDL")
