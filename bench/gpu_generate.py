@@ -60,7 +60,7 @@ def decode_rate(runner: ModelRunner, batch_size: int, steps: int, rng: np.random
         out, _ = runner.forward_sample(build_packed_batch(
             [SegmentSpec(f"r{i}", [toks[i]], p, tables[i], [0]) for i in range(batch_size)]),
             rows)
-        toks = list(out.tokens)
+        toks = list(out.token_ids)
 
     step(128)
     step(129)  # warm-up (and capture when graphs are on)

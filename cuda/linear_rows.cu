@@ -11,9 +11,10 @@
 //   total = partial_0 + partial_1 + ... in ascending c; int8: total * scale[n];
 //   residual (when given): residual[m, n] + that, last.
 //
-// Thread mapping: block (32, Y), Y = max(n_chunks, 8) <= 24 (so K <= 1536); the SwiGLU and
-// RoPE forms are bounded at 12 warps (K <= 768), which lets a thread keep its two columns'
-// chunks in up to 168 registers instead of spilling them at the 80 that 768 threads allow. threadIdx.y = c
+// Thread mapping: block (32, Y), Y = max(n_chunks, 8) <= 24 (so K <= 1536). The one-row
+// SwiGLU and RoPE forms are bounded at 12 warps (K <= 768): a thread keeps its two columns'
+// chunks in up to 168 registers instead of spilling ~600 bytes at the 80 that 768 threads
+// allow. Multi-row forms keep 768 (80 registers, two CTAs per SM beat a spill-free one). threadIdx.y = c
 // owns K chunk c; lane owns NC output columns (below) of a column block. MT rows per block,
 // grid.y walks row groups; rows past M are zeros and never stored. Every thread first
 // stages the MT rows of x in shared memory (and normalises them in place when PRO is set);
@@ -189,7 +190,7 @@ __device__ __forceinline__ void cru_rows_chunk(const RawChunk<T>* raw, bool prel
 }
 
 template <typename T, int MT, int PRO, int EPI>
-__global__ void __launch_bounds__(EPI == 0 ? 768 : 384, 1)
+__global__ void __launch_bounds__((EPI != 0 && MT == 1) ? 384 : 768, 1)
 linear_rows(const float* __restrict__ x, const T* __restrict__ w,
             const float* __restrict__ scale, const float* __restrict__ norm_w, float eps,
             const float* __restrict__ residual, float* __restrict__ y, int M, int N_out, int K,

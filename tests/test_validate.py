@@ -148,3 +148,62 @@ def test_many_segments_same_first_error(name, make, monkeypatch):
     with pytest.raises(BatchValidationError) as walked:
         check(make(), num_pages=80)
     assert str(vectorised.value) == str(walked.value)
+
+
+# --- Small batches (a decode step of a few requests): a plain-Python pass accepts them
+# first. It may only accept what the full checks accept.
+def _full(batch, **kw):
+    """The full checks alone: True if they accept."""
+    import crucible.engine.validate as v
+
+    saved = v._SMALL_ROWS
+    v._SMALL_ROWS = 0
+    try:
+        check(batch, **kw)
+        return True
+    except BatchValidationError:
+        return False
+    finally:
+        v._SMALL_ROWS = saved
+
+
+def _small(batch, num_pages=NUM_PAGES, max_pages=None):
+    from crucible.engine.validate import _small_ok
+
+    return _small_ok(batch, num_pages, VOCAB, max_pages)
+
+
+def test_small_pass_accepts_good_batches():
+    assert _small(good()) and _small(good(), max_pages=3)
+    shared = build_packed_batch([SegmentSpec("a", [1], 16, [9, 4], [0]),
+                                 SegmentSpec("b", [2, 3], 20, [9, 6], [1])])
+    assert _small(shared)
+
+
+@pytest.mark.parametrize("name,make,match", CASES, ids=[c[0] for c in CASES])
+def test_small_pass_refuses_every_malformed_case(name, make, match):
+    assert not _small(make())
+
+
+def test_small_pass_refuses_limits():
+    assert not _small(good(), max_pages=2)
+    assert not _small(good(), num_pages=7)
+
+
+def test_small_pass_never_accepts_what_the_full_checks_refuse():
+    """3,000 random single-entry corruptions of good batches: wherever the small pass
+    accepts, the full checks accept too (and it accepts most unchanged batches)."""
+    rng = np.random.default_rng(7)
+    fields = ("token_ids", "positions", "segments", "page_tables", "table_lengths",
+              "final_rows")
+    accepted = 0
+    for _ in range(3000):
+        name = fields[rng.integers(len(fields))]
+        a = getattr(good(), name).copy()
+        flat = a.reshape(-1)
+        flat[rng.integers(flat.size)] += int(rng.choice([-17, -1, 1, 2, 16, 40]))
+        b = replace(good(), **{name: a})
+        if _small(b):
+            accepted += 1
+            assert _full(b), (name, a)
+    assert accepted > 0  # some corruptions stay valid (a token id within the vocabulary)

@@ -17,7 +17,7 @@ from crucible.kernels.source import cuda_source_dir, read_cuda_source
 
 ROWS_MAX_M = 128  # up to here the row kernels (linear_rows.cu); above, the tiled one
 ROWS_MAX_K = 1536  # the row kernels give each 64-wide K chunk its own warp (<= 24 warps)
-ROWS_MAX_K_PAIRED = 768  # the SwiGLU and RoPE forms are compiled for <= 12 warps
+ROWS_MAX_K_PAIRED = 768  # one-row SwiGLU and RoPE forms are compiled for <= 12 warps
 KC = 64
 _OPS = ("embed_rows", "rmsnorm_rows", "rope_store", "swiglu_rows", "gather_rows")
 # (prologue, epilogue) pairs the backend uses: plain/residual, norm + plain (LM head),
@@ -112,8 +112,12 @@ class RopeStore:
     n_kv: int
 
 
+def rows_max_k(m: int, epi: int) -> int:
+    return ROWS_MAX_K_PAIRED if epi != EPI_STORE and rows_mt(m) == 1 else ROWS_MAX_K
+
+
 def use_rows(m: int, k: int, epi: int = 0) -> bool:
-    return m <= ROWS_MAX_M and k <= (ROWS_MAX_K if epi == EPI_STORE else ROWS_MAX_K_PAIRED)
+    return m <= ROWS_MAX_M and k <= rows_max_k(m, epi)
 
 
 def _check_x(x: Any, k: int) -> None:
@@ -161,7 +165,8 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     n_w, k = wd.shape
     _check_x(x, k)
     m = x.shape[0]
-    _need(use_rows(1, k, epi), f"linear_rows: K={k} is above what this form supports")
+    _need(k <= rows_max_k(m, epi), f"linear_rows: K={k} is above {rows_max_k(m, epi)}, the "
+          f"most this form supports for {m} rows")
     null = np.uint64(0)
     rope_args: tuple = (null,) * 7 + (cp.int32(0),) * 4
     if epi == EPI_STORE:
