@@ -50,6 +50,27 @@ def test_decode_launch_only_for_the_exact_family() -> None:
     assert not plan_launch(parse_variant("exact-q4-k64"), decode=True, **big).decode
 
 
+def test_decode_heads_per_cta() -> None:
+    """A CTA per query head for small decode steps; per KV head (its whole group) once the
+    step has enough rows to fill the GPU that way; never more than the kernel is built for."""
+    from crucible.kernels.variants import decode_heads_per_cta
+
+    kw = dict(n_heads=9, n_kv_heads=3, head_dim=64, capacity=512, smem_limit=227 * 1024,
+              sm_count=132)
+    exact = parse_variant("exact-q4-k64")
+    assert plan_launch(exact, decode=True, rows=1, **kw).decode_heads == 1
+    assert plan_launch(exact, decode=True, rows=43, **kw).decode_heads == 1  # 129 CTAs
+    wide = plan_launch(exact, decode=True, rows=44, **kw)  # 132 CTAs of 3 heads
+    assert wide.decode and wide.decode_heads == 3
+    assert wide.smem_bytes == decode_smem_bytes(512, 3) > decode_smem_bytes(512)
+    assert decode_heads_per_cta(32, 4, 64, 132) == 1  # group 8: 8 x 64 > 256 threads
+    assert decode_heads_per_cta(8, 8, 64, 132) == 1  # no sharing (MHA)
+    assert decode_heads_per_cta(8, 4, 64, 132) == 2
+    # When G score vectors do not fit, one head per CTA still does.
+    tight = dict(kw, capacity=32768, smem_limit=decode_smem_bytes(32768) + 16)
+    assert plan_launch(exact, decode=True, rows=64, **tight).decode_heads == 1
+
+
 def test_graph_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CRUCIBLE_PREFILL_GRAPHS", raising=False)
     assert env_flag("CRUCIBLE_PREFILL_GRAPHS")  # default on

@@ -28,6 +28,7 @@ from crucible.kernels.loader import (
     attention_kernel,
     decode_kernel,
     ensure_dynamic_smem,
+    sm_count,
     smem_optin_limit,
 )
 from crucible.kernels.variants import (
@@ -86,13 +87,14 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
     requested = parse_variant(variant) if isinstance(variant, str) else variant
     plan = plan_launch(requested, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=HEAD_DIM,
                        capacity=score_capacity, smem_limit=smem_optin_limit(),
-                       decode=max_chunk == 1 and segments.shape[0] == q.shape[0])
-    kernel = decode_kernel() if plan.decode else attention_kernel(plan.variant)
+                       decode=max_chunk == 1 and segments.shape[0] == q.shape[0],
+                       rows=q.shape[0], sm_count=sm_count())
+    kernel = decode_kernel(plan.decode_heads) if plan.decode else attention_kernel(plan.variant)
     ensure_dynamic_smem(kernel, plan.smem_bytes)
     i32 = np.int32
     n_layers, stride = k_pool.shape[1], page_tables.shape[1]
     if plan.decode:
-        grid = (n_heads, q.shape[0], 1)
+        grid = (n_heads // plan.decode_heads, q.shape[0], 1)
         args = (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables, i32(stride),
                 out, i32(n_heads), i32(n_kv_heads), i32(n_layers), i32(layer),
                 i32(score_capacity))

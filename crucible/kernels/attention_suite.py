@@ -3,8 +3,9 @@
 Fixed cases cover page boundaries on both sides (15/16/17 ... 255/256/257), context edges
 (941/1023/1024), long prompts up to and past the default tile's shared-memory capacity (so
 the hand-over to fewer rows runs), zero / page-aligned / unaligned prefixes, packed
-heterogeneous slices, many single-row decodes, G = 1, 2, 3, 4, 8 (and 9, which must hand
-over to the reference), and adversarial data (huge score spread, rising maxima, zeros).
+heterogeneous slices, many single-row decodes (64 at once: the grouped decode launch),
+G = 1, 2, 3, 4, 8 (and 9, which must hand over to the reference), and adversarial data
+(huge score spread, rising maxima, zeros).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def fixed_cases() -> list[Case]:
         Case("mixed-prefill-decode", h, kv, ((0, 100), (50, 1), (300, 1), (0, 33), (1023, 1)),
              pages="interleaved", seed=13),
     ]
+    # Wide decode steps: 64 rows make attn_decode serve a KV head's whole group per CTA
+    # (G = 2, 3, 4; G = 8 is past what it is built for and stays at one head per CTA).
+    wide = tuple((int(s), 1) for s in np.random.default_rng(15).integers(0, 1300, 58)) + \
+        tuple((s, 1) for s in (0, 127, 128, 255, 256, 1023))
+    cases += [Case(f"decodes-64-g{nh // nkv}", nh, nkv, wide, pages="interleaved", seed=16)
+              for nh, nkv in GEOMETRIES]
     for nh, nkv in GEOMETRIES + ((18, 2),):
         g = f"g{nh // nkv}-{nh}/{nkv}"
         cases += [

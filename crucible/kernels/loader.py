@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crucible.kernels.source import cuda_source_dir, read_cuda_source
-from crucible.kernels.variants import Variant, all_variants
+from crucible.kernels.variants import DECODE_GROUPS, Variant, all_variants
 
 SOURCE = "attention.cu"
 
@@ -50,18 +50,31 @@ def attention_module() -> Any:
 
 
 @functools.cache
-def decode_kernel() -> Any:
-    """attn_decode (cuda/attention_decode.cu): the exact family's launch for decode steps."""
+def _decode_module() -> Any:
     cupy = _cupy()
-    module = cupy.RawModule(code=read_cuda_source("attention_decode.cu"),
-                            options=("-std=c++17", f"-I{cuda_source_dir()}"),
-                            name_expressions=("attn_decode",))
-    return module.get_function("attn_decode")
+    return cupy.RawModule(code=read_cuda_source("attention_decode.cu"),
+                          options=("-std=c++17", f"-I{cuda_source_dir()}"),
+                          name_expressions=tuple(f"attn_decode<{g}>" for g in DECODE_GROUPS))
+
+
+def decode_kernel(heads: int = 1) -> Any:
+    """attn_decode<heads> (cuda/attention_decode.cu): the exact family's launch for decode
+    steps, ``heads`` query heads of one KV head per CTA."""
+    if heads not in DECODE_GROUPS:
+        raise ValueError(f"attn_decode is built for {DECODE_GROUPS} heads per CTA, not {heads}")
+    return _decode_module().get_function(f"attn_decode<{heads}>")
 
 
 @functools.cache
 def attention_kernel(variant: Variant) -> Any:
     return attention_module().get_function(kernel_name(variant))
+
+
+@functools.cache
+def sm_count() -> int:
+    """Multiprocessors of the current device (cudaDevAttrMultiProcessorCount is 16)."""
+    cupy = _cupy()
+    return int(cupy.cuda.runtime.deviceGetAttribute(16, cupy.cuda.runtime.getDevice()))
 
 
 @functools.cache

@@ -116,8 +116,20 @@ def reference_smem_bytes(capacity: int) -> int:
 DECODE_V_TILE = 128  # attn_decode's staged V positions (CRU_DEC_VT)
 
 
-def decode_smem_bytes(capacity: int) -> int:
-    return 4 * (DECODE_V_TILE * HEAD_DIM + capacity + capacity // 16)
+DECODE_GROUPS = (1, 2, 3, 4)  # query heads per attn_decode CTA (instantiated; G*64 <= 256)
+
+
+def decode_smem_bytes(capacity: int, heads: int = 1) -> int:
+    return 4 * (DECODE_V_TILE * HEAD_DIM + heads * capacity + capacity // 16)
+
+
+def decode_heads_per_cta(n_heads: int, n_kv_heads: int, rows: int, sm_count: int) -> int:
+    """1 (a CTA per query head) unless the step has enough rows that a CTA per KV head
+    still fills the GPU; then the whole group, so each K/V row is read once for it."""
+    group = n_heads // n_kv_heads if n_kv_heads and n_heads % n_kv_heads == 0 else 1
+    if group in DECODE_GROUPS and rows * n_kv_heads >= sm_count:
+        return group
+    return 1
 
 
 @dataclass(frozen=True)
@@ -128,14 +140,17 @@ class LaunchPlan:
     threads: int
     reason: str | None = None  # why it differs from the request
     decode: bool = False  # the exact family's decode launch (attn_decode, same bits)
+    decode_heads: int = 1  # query heads per attn_decode CTA
 
 
 def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: int,
-                capacity: int, smem_limit: int, decode: bool = False) -> LaunchPlan:
+                capacity: int, smem_limit: int, decode: bool = False, rows: int = 0,
+                sm_count: int = 132) -> LaunchPlan:
     """Pick the kernel for one call; the result is a pure function of its arguments.
 
-    ``decode``: every segment is one row. The exact family then runs attn_decode, which is
-    bit-identical to the reference (as every exact kernel is) and built for single rows."""
+    ``decode``: every segment is one row (``rows`` of them). The exact family then runs
+    attn_decode, which is bit-identical to the reference (as every exact kernel is) and
+    built for single rows; with many rows each CTA serves a KV head's whole group."""
     ref = LaunchPlan(Variant("reference"), requested, reference_smem_bytes(capacity), 256)
     if ref.smem_bytes + REFERENCE_STATIC_BYTES > smem_limit:
         # Nothing can hold a score vector this long; refuse rather than launch out of bounds.
@@ -143,8 +158,13 @@ def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: 
                          f"memory ({smem_limit} B per CTA)")
     if requested.family == "reference":
         return ref
-    if decode and requested.family == "exact" and decode_smem_bytes(capacity) <= smem_limit:
-        return LaunchPlan(requested, requested, decode_smem_bytes(capacity), 256, decode=True)
+    if decode and requested.family == "exact":
+        heads = decode_heads_per_cta(n_heads, n_kv_heads, rows, sm_count)
+        if decode_smem_bytes(capacity, heads) > smem_limit:
+            heads = 1
+        if decode_smem_bytes(capacity, heads) <= smem_limit:
+            return LaunchPlan(requested, requested, decode_smem_bytes(capacity, heads), 256,
+                              decode=True, decode_heads=heads)
     group = n_heads // n_kv_heads if n_kv_heads and n_heads % n_kv_heads == 0 else 0
     if head_dim != HEAD_DIM or not 1 <= group <= MAX_GROUP:
         return _reported(ref, f"geometry heads={n_heads}/{n_kv_heads} head_dim={head_dim} "
