@@ -78,6 +78,41 @@ def kernels(be: Any, meta: Any, m: int) -> dict[str, Callable[[], Any]]:
     }
 
 
+def shape_variants(be: Any, meta: Any, m: int) -> dict[str, Callable[[], Any]]:
+    """The same GEMMs with other row-kernel tile heights (MT rows per CTA) and the tiled
+    kernel: which launch shape suits a batch of m rows (bits are the same in every one)."""
+    import cupy as cp
+
+    cfg = be.cfg
+    x = cp.asarray(np.random.default_rng(0).standard_normal((m, cfg.hidden_size)),
+                   dtype=cp.float32)
+    act = be.mlp_in(x, 0)
+    q = be.attn_in(x, 0, meta)
+    lin = be._linear
+    out_h = cp.empty((m, cfg.hidden_size), cp.float32)
+    out_f = cp.empty((m, act.shape[1]), cp.float32)
+    out_q = cp.empty_like(q)
+    rope = ck.RopeStore(meta.positions, meta.pages, meta.slots, be._cos, be._sin, be.k_pool,
+                        be.v_pool, 0, cfg.n_heads, cfg.n_kv_heads)
+    norm = be._norms["l0.attn_norm"]
+    out = {}
+    for mt in (4, 8):
+        out[f"o (+residual) MT={mt}"] = lambda mt=mt: ck.linear_rows(
+            q, lin["l0.o"], out_h, residual=x, mt=mt)
+        out[f"down (+residual) MT={mt}"] = lambda mt=mt: ck.linear_rows(
+            act, lin["l0.down"], out_h, residual=x, mt=mt)
+        out[f"norm+gate_up+swiglu MT={mt}"] = lambda mt=mt: ck.linear_rows(
+            x, lin["l0.gate_up"], out_f, norm=norm, eps=cfg.rms_eps, epi=ck.EPI_SWIGLU, mt=mt)
+        out[f"norm+qkv+rope_kv_store MT={mt}"] = lambda mt=mt: ck.linear_rows(
+            x, lin["l0.qkv"], out_q, norm=norm, eps=cfg.rms_eps, epi=ck.EPI_ROPE, rope=rope,
+            mt=mt)
+    out["o (+residual) tiled"] = lambda: ck.linear_tiled(q, lin["l0.o"], out_h, x)
+    out["down (+residual) tiled"] = lambda: ck.linear_tiled(act, lin["l0.down"], out_h, x)
+    out["lm_head tiled (no norm)"] = lambda: ck.linear_tiled(
+        x, lin["lm_head"], cp.empty((m, cfg.vocab_size), cp.float32))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default="bench/gpu-kernels.json")
@@ -96,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                                                 list(range(i * 20, i * 20 + n_pages)), [0])
                                     for i in range(m)])
         meta = be.prepare(batch)
-        for name, fn in kernels(be, meta, m).items():
+        cases = kernels(be, meta, m)
+        if m > 1:
+            cases.update(shape_variants(be, meta, m))
+        for name, fn in cases.items():
             for pdl in (False, True):  # the same graph captured with and without PDL
                 cupy_launch.set_enabled(pdl)
                 us = time_graph(fn, args.reps, args.rounds)

@@ -20,7 +20,8 @@
 // stages the MT rows of x in shared memory (and normalises them in place when PRO is set);
 // then for each of the block's `groups` consecutive column blocks, each chunk's partials go
 // through shared memory and warp y adds row y's partials in chunk order. Several column
-// blocks per CTA amortise the staging and the norm when N is large (the LM head).
+// blocks per CTA amortise the staging and the norm when N is large (the LM head); the next
+// block's int8 weights and epilogue inputs load while the current block is finished.
 //
 // Prologue PRO: 0 none; 1 RMSNorm (rowops.cuh's canonical tree; flat threads 0..255).
 // Epilogue EPI (the columns a lane owns):
@@ -217,13 +218,16 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     // normalised.
     RawChunk<T> raw[NC];
     const int cb0 = blockIdx.x * groups;
-    if (c < n_chunks && K - c * CRU_KC >= CRU_KC && (K & 15) == 0) {
+    // Whether this thread's chunk is a whole vector chunk (the only kind raw[] serves).
+    const bool whole = c < n_chunks && K - c * CRU_KC >= CRU_KC && (K & 15) == 0;
+    auto load_raw = [&](int cb) {
 #pragma unroll
         for (int j = 0; j < NC; ++j) {
-            const int col = cru_rows_col<EPI>(cb0, j, lane, N_out);
+            const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
             if (col < n_rows_w) raw[j].load(w + (long)col * K + c * CRU_KC);
         }
-    }
+    };
+    if (whole) load_raw(cb0);
     const int kv_dim = n_kv * 64;
     const bool finisher = c < MT && m0 + c < M;  // warp c finishes row m0 + c
     EpiIn<NC> e0;
@@ -255,19 +259,16 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     for (int g = 0; g < groups; ++g) {
         const int cb = cb0 + g;
         if (cb >= n_blocks) break;  // uniform across the block
+        const bool more = g + 1 < groups && cb + 1 < n_blocks;
         if (c < n_chunks)
-            cru_rows_chunk<T, MT, NC, EPI>(raw, g == 0, w, xs, part, cb, c, lane, K, N_out,
+            cru_rows_chunk<T, MT, NC, EPI>(raw, whole, w, xs, part, cb, c, lane, K, N_out,
                                            n_rows_w);
+        // The next column block's weights load while this one's partials are summed.
+        if (more && whole) load_raw(cb + 1);
         __syncthreads();
         if (finisher) {  // blockDim.y >= 8 >= MT: one warp per row
             const int r = c, m = m0 + r;
-            EpiIn<NC> e = e0;
-            if (g > 0) {
-                e = cru_epi_load<T, NC, EPI>(cb, m, lane, N_out, n_rows_w, scale, positions,
-                                             pages, slots, cos_t, sin_t, n_layers, layer,
-                                             kv_dim);
-                e.res = cru_epi_res<EPI>(cb, m, lane, N_out, residual);
-            }
+            const EpiIn<NC> e = e0;
             float v[NC];
             bool ok = true;
 #pragma unroll
@@ -295,6 +296,12 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
                     dst[lane] = v[0];
                     dst[lane + 32] = v[1];
                 }
+            }
+            if (more) {  // the next block's epilogue inputs, in flight through its GEMM
+                e0 = cru_epi_load<T, NC, EPI>(cb + 1, m, lane, N_out, n_rows_w, scale,
+                                              positions, pages, slots, cos_t, sin_t,
+                                              n_layers, layer, kv_dim);
+                e0.res = cru_epi_res<EPI>(cb + 1, m, lane, N_out, residual);
             }
         }
         __syncthreads();  // part is rewritten by the next column block

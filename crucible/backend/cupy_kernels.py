@@ -135,7 +135,6 @@ def _check_out(out: Any, shape: tuple[int, int], what: str) -> None:
 
 def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None) -> Any:
     """out[M, N] = x[M, K] @ W^T, plus ``residual[M, N]`` when given (added last)."""
-    cp = _cupy()
     n, k = wd.shape
     _check_x(x, k)
     m = x.shape[0]
@@ -146,6 +145,14 @@ def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None) -> Any:
         return out
     if use_rows(m, k):
         return linear_rows(x, wd, out, residual=residual)
+    return linear_tiled(x, wd, out, residual)
+
+
+def linear_tiled(x: Any, wd: DeviceWeight, out: Any, residual: Any = None) -> Any:
+    """The tiled kernel (cuda/linear.cu) over checked arguments (``linear`` checks them)."""
+    cp = _cupy()
+    n, k = wd.shape
+    m = x.shape[0]
     scale_arg = wd.scale if wd.scale is not None else out  # unused by the f32 instantiation
     res_arg = residual if residual is not None else np.uint64(0)  # a null pointer
     args = (x, wd.wt, scale_arg, res_arg, out, cp.int32(m), cp.int32(n), cp.int32(k))
@@ -156,9 +163,10 @@ def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None) -> Any:
 
 def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
                 norm: Any = None, eps: float = 0.0, epi: int = EPI_STORE,
-                rope: RopeStore | None = None) -> Any:
+                rope: RopeStore | None = None, mt: int | None = None) -> Any:
     """The fused row kernel (cuda/linear_rows.cu): optional RMSNorm of x with ``norm``
-    first, then the GEMM, then store (+ residual), SwiGLU, or RoPE + K/V store."""
+    first, then the GEMM, then store (+ residual), SwiGLU, or RoPE + K/V store. ``mt``
+    (1, 4 or 8 rows per CTA) overrides ``rows_mt`` for benchmarks; bits do not depend on it."""
     from crucible.kernels.loader import ensure_dynamic_smem
 
     cp = _cupy()
@@ -190,7 +198,8 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     _need(norm is None or norm.shape == (k,), f"linear_rows: norm weight must be [{k}]")
     if m == 0:
         return out
-    mt = rows_mt(m)
+    mt = rows_mt(m) if mt is None else mt
+    _need(mt in (1, 4, 8), f"linear_rows: {mt} rows per CTA is not built (1, 4 or 8)")
     chunks = -(-k // KC)
     row_groups = -(-m // mt)
     # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
