@@ -57,6 +57,7 @@ def _decode_module() -> Any:
                           name_expressions=tuple(f"attn_decode<{g}>" for g in DECODE_GROUPS))
 
 
+@functools.cache  # one RawKernel per form: its shared-memory opt-in is set on that object
 def decode_kernel(heads: int = 1) -> Any:
     """attn_decode<heads> (cuda/attention_decode.cu): the exact family's launch for decode
     steps, ``heads`` query heads of one KV head per CTA."""
