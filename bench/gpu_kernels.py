@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     runner = ModelRunner(model, num_pages=64 * 20, device="cuda")
     be = runner.backend
     be.graphs = None
+    import cupy as cp
+
     res: dict[str, dict] = {}
     for m in (1, 64):
         n_pages = -(-(args.history + 1) // 16)
@@ -142,6 +144,20 @@ def main(argv: list[str] | None = None) -> int:
                 res[tag] = stat(us)
                 print(f"{tag:48s} {min(us):8.2f} us  (median {np.median(us):.2f})",
                       file=sys.stderr, flush=True)
+    # The LM head (final norm + 49152 x 576) on the row kernels vs norm + the tiled kernel,
+    # around the switch-over (cupy_kernels.HEAD_TILED_FROM).
+    for m in (8, 16, 32, 64):
+        x = cp.asarray(np.random.default_rng(m).standard_normal((m, be.cfg.hidden_size)),
+                       dtype=cp.float32)
+        head, norm = be._linear["lm_head"], be._norms["final_norm"]
+        logits = cp.empty((m, be.cfg.vocab_size), cp.float32)
+        cases = {"rows": lambda: ck.linear_rows(x, head, logits, norm=norm, eps=be.cfg.rms_eps),
+                 "norm + tiled": lambda: ck.linear(be.rmsnorm(x, "final_norm"), head, logits,
+                                                   tiled=True)}
+        for name, fn in cases.items():
+            us = time_graph(fn, args.reps, args.rounds)
+            res[f"b{m} lm_head {name}"] = stat(us)
+            print(f"b{m} lm_head {name:40s} {min(us):8.2f} us", file=sys.stderr, flush=True)
     write_json(args.json, {"command": "python3 bench/gpu_kernels.py " +
                            " ".join(argv or sys.argv[1:]), "history": args.history,
                            "us_per_launch": res, "time": time.strftime("%Y-%m-%d %H:%M")})

@@ -236,10 +236,12 @@ class CupyBackend:
 
     def norm_linear(self, x: Any, norm: str, weight: str) -> Any:
         """RMSNorm then a linear layer (the final norm and the LM head)."""
-        if not self.fuses(x, "norm_linear"):
-            return self.linear(self.rmsnorm(x, norm), weight)
         wd = self._linear[weight]
         out = self._new((x.shape[0], wd.shape[0]))
+        if x.shape[0] >= ck.HEAD_TILED_FROM and wd.shape[0] >= ck.HEAD_WIDE:
+            return ck.linear(self.rmsnorm(x, norm), wd, out, tiled=True)
+        if not self.fuses(x, "norm_linear"):
+            return self.linear(self.rmsnorm(x, norm), weight)
         return ck.linear_rows(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps)
 
     def rope_and_store(self, qkv: Any, layer: int, meta: CupyMeta) -> Any:

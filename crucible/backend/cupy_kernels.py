@@ -45,8 +45,10 @@ def _ctype(wdtype: str) -> str:
 
 
 def rows_mt(m: int) -> int:
-    """Rows per block of the row kernels: never more than needed for tiny M."""
-    return 1 if m == 1 else 4 if m <= 4 else 8
+    """Rows per block of the row kernels: never more than needed for tiny M; 4 up to 64
+    rows (twice the CTAs of 8: 9-23% faster per GEMM at 64 rows on the H200,
+    bench/gpu-kernels-h200.json), then 8."""
+    return 1 if m == 1 else 4 if m <= 64 else 8
 
 
 def _rows_name(wdtype: str, mt: int, pro: int, epi: int) -> str:
@@ -133,8 +135,15 @@ def _check_out(out: Any, shape: tuple[int, int], what: str) -> None:
           f"linear: {what} must be contiguous f32 {shape}")
 
 
-def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None) -> Any:
-    """out[M, N] = x[M, K] @ W^T, plus ``residual[M, N]`` when given (added last)."""
+HEAD_TILED_FROM = 32  # rows; from here a wide weight (the LM head) runs on the tiled kernel
+HEAD_WIDE = 8192  # output columns that make a weight "wide"
+
+
+def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
+           tiled: bool = False) -> Any:
+    """out[M, N] = x[M, K] @ W^T, plus ``residual[M, N]`` when given (added last).
+    ``tiled``: the tiled kernel whatever M (same bits; faster for the LM head from
+    HEAD_TILED_FROM rows, where the row kernels re-read its 28 MB once per 4 rows)."""
     n, k = wd.shape
     _check_x(x, k)
     m = x.shape[0]
@@ -143,7 +152,7 @@ def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None) -> Any:
         _check_out(residual, (m, n), "residual")
     if m == 0:
         return out
-    if use_rows(m, k):
+    if use_rows(m, k) and not tiled:
         return linear_rows(x, wd, out, residual=residual)
     return linear_tiled(x, wd, out, residual)
 
