@@ -118,3 +118,21 @@ def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cap.replay(Stream("graphs"), np.array([1, 2])) == "logits"
     assert log == [("graphs", "waits", "event(default)"), ("graphs", "meta", [1, 2]),
                    ("graphs", "launch"), ("default", "waits", "event(graphs)")]
+
+
+def test_dynamic_smem_opt_in_counts_static_memory() -> None:
+    """48 KiB bounds static + dynamic shared memory: 48,448 dynamic bytes next to 816 static
+    ones (attn_decode<3>) need the opt-in although the dynamic part alone is under 48 KiB."""
+    from types import SimpleNamespace
+
+    from crucible.kernels.loader import ensure_dynamic_smem
+
+    k = SimpleNamespace(shared_size_bytes=816, max_dynamic_shared_size_bytes=0)
+    ensure_dynamic_smem(k, 48_448)
+    assert k.max_dynamic_shared_size_bytes == 48_448
+    small = SimpleNamespace(shared_size_bytes=816, max_dynamic_shared_size_bytes=0)
+    ensure_dynamic_smem(small, 40_000)
+    assert small.max_dynamic_shared_size_bytes == 0  # no opt-in needed, none made
+    big = SimpleNamespace(shared_size_bytes=0, max_dynamic_shared_size_bytes=100_000)
+    ensure_dynamic_smem(big, 60_000)
+    assert big.max_dynamic_shared_size_bytes == 100_000  # never lowered

@@ -135,7 +135,7 @@ def _check_out(out: Any, shape: tuple[int, int], what: str) -> None:
           f"linear: {what} must be contiguous f32 {shape}")
 
 
-HEAD_TILED_FROM = 32  # rows; from here a wide weight (the LM head) runs on the tiled kernel
+HEAD_TILED_FROM = 36  # rows; from here a wide weight (the LM head) runs on the tiled kernel
 HEAD_WIDE = 8192  # output columns that make a weight "wide"
 
 

@@ -89,8 +89,11 @@ def smem_optin_limit() -> int:
 
 
 def ensure_dynamic_smem(kernel: Any, nbytes: int) -> None:
-    """Raise the kernel's dynamic shared memory ceiling when a launch needs more than 48 KiB."""
-    if nbytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < nbytes:
+    """Raise the kernel's dynamic shared memory ceiling when a launch needs it: the default
+    48 KiB bounds static plus dynamic shared memory together (a launch past it fails with
+    CUDA_ERROR_INVALID_VALUE)."""
+    if nbytes + kernel.shared_size_bytes > 48 * 1024 and \
+            kernel.max_dynamic_shared_size_bytes < nbytes:
         kernel.max_dynamic_shared_size_bytes = nbytes
 
 
