@@ -22,6 +22,7 @@ import numpy as np
 
 from common import stat, write_json
 
+from crucible.backend import cupy_fused as cf
 from crucible.backend import cupy_kernels as ck
 from crucible.backend import cupy_launch
 from crucible.engine.batch import SegmentSpec, build_packed_batch
@@ -79,37 +80,28 @@ def kernels(be: Any, meta: Any, m: int) -> dict[str, Callable[[], Any]]:
 
 
 def shape_variants(be: Any, meta: Any, m: int) -> dict[str, Callable[[], Any]]:
-    """The same GEMMs with other row-kernel tile heights (MT rows per CTA) and the tiled
-    kernel: which launch shape suits a batch of m rows (bits are the same in every one)."""
+    """The same fused GEMMs on the row kernels (rows_mt rows per CTA) and on the register-
+    tiled block kernel (16 x 32 per CTA): which suits a batch of m rows (same bits)."""
     import cupy as cp
 
     cfg = be.cfg
     x = cp.asarray(np.random.default_rng(0).standard_normal((m, cfg.hidden_size)),
                    dtype=cp.float32)
-    act = be.mlp_in(x, 0)
     q = be.attn_in(x, 0, meta)
     lin = be._linear
     out_h = cp.empty((m, cfg.hidden_size), cp.float32)
-    out_f = cp.empty((m, act.shape[1]), cp.float32)
+    out_f = cp.empty((m, lin["l0.gate_up"].shape[0] // 2), cp.float32)
     out_q = cp.empty_like(q)
-    rope = ck.RopeStore(meta.positions, meta.pages, meta.slots, be._cos, be._sin, be.k_pool,
+    rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, be._cos, be._sin, be.k_pool,
                         be.v_pool, 0, cfg.n_heads, cfg.n_kv_heads)
     norm = be._norms["l0.attn_norm"]
     out = {}
-    for mt in (4, 8):
-        out[f"o (+residual) MT={mt}"] = lambda mt=mt: ck.linear_rows(
-            q, lin["l0.o"], out_h, residual=x, mt=mt)
-        out[f"down (+residual) MT={mt}"] = lambda mt=mt: ck.linear_rows(
-            act, lin["l0.down"], out_h, residual=x, mt=mt)
-        out[f"norm+gate_up+swiglu MT={mt}"] = lambda mt=mt: ck.linear_rows(
-            x, lin["l0.gate_up"], out_f, norm=norm, eps=cfg.rms_eps, epi=ck.EPI_SWIGLU, mt=mt)
-        out[f"norm+qkv+rope_kv_store MT={mt}"] = lambda mt=mt: ck.linear_rows(
-            x, lin["l0.qkv"], out_q, norm=norm, eps=cfg.rms_eps, epi=ck.EPI_ROPE, rope=rope,
-            mt=mt)
-    out["o (+residual) tiled"] = lambda: ck.linear_tiled(q, lin["l0.o"], out_h, x)
-    out["down (+residual) tiled"] = lambda: ck.linear_tiled(act, lin["l0.down"], out_h, x)
-    out["lm_head tiled (no norm)"] = lambda: ck.linear_tiled(
-        x, lin["lm_head"], cp.empty((m, cfg.vocab_size), cp.float32))
+    for name, fn in (("rows", cf.linear_rows), ("block", cf.linear_block)):
+        out[f"o (+residual) {name}"] = lambda fn=fn: fn(q, lin["l0.o"], out_h, residual=x)
+        out[f"norm+gate_up+swiglu {name}"] = lambda fn=fn: fn(
+            x, lin["l0.gate_up"], out_f, norm=norm, eps=cfg.rms_eps, epi=cf.EPI_SWIGLU)
+        out[f"norm+qkv+rope_kv_store {name}"] = lambda fn=fn: fn(
+            x, lin["l0.qkv"], out_q, norm=norm, eps=cfg.rms_eps, epi=cf.EPI_ROPE, rope=rope)
     return out
 
 
@@ -127,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp
 
     res: dict[str, dict] = {}
-    for m in (1, 64):
+    for m in (1, 8, 16, 32, 64):
         n_pages = -(-(args.history + 1) // 16)
         batch = build_packed_batch([SegmentSpec(f"r{i}", [7], args.history,
                                                 list(range(i * 20, i * 20 + n_pages)), [0])
                                     for i in range(m)])
         meta = be.prepare(batch)
-        cases = kernels(be, meta, m)
+        # The whole layer at batch 1 and 64; around the rows/block switch-over, the GEMMs.
+        cases = kernels(be, meta, m) if m in (1, 64) else {}
         if m > 1:
             cases.update(shape_variants(be, meta, m))
         for name, fn in cases.items():
@@ -151,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                        dtype=cp.float32)
         head, norm = be._linear["lm_head"], be._norms["final_norm"]
         logits = cp.empty((m, be.cfg.vocab_size), cp.float32)
-        cases = {"rows": lambda: ck.linear_rows(x, head, logits, norm=norm, eps=be.cfg.rms_eps),
+        cases = {"rows": lambda: cf.linear_rows(x, head, logits, norm=norm, eps=be.cfg.rms_eps),
+                 "block": lambda: cf.linear_block(x, head, logits, norm=norm,
+                                                  eps=be.cfg.rms_eps),
                  "norm + tiled": lambda: ck.linear(be.rmsnorm(x, "final_norm"), head, logits,
                                                    tiled=True)}
         for name, fn in cases.items():

@@ -35,21 +35,9 @@
 // PDL (pdl.cuh): the first column block's weights and epilogue inputs, and the norm weight,
 // load before cru_pdl_wait; x and the residual after it.
 // Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32 + K). No standard headers (NVRTC).
+#include "gemm_common.cuh"
 #include "pdl.cuh"
 #include "rowops.cuh"
-
-#define CRU_KC 64
-
-// Four int8 codes -> four exact floats without the int-to-float converter (a quarter-rate
-// unit): flip each byte's sign bit (b + 128 in 0..255), splice it under 0x4B000000 (the
-// float 2^23, whose last mantissa byte is then that value), and subtract 2^23 + 128. Every
-// step is exact, so the result equals (float)(signed char)b.
-__device__ __forceinline__ void cru_unpack(int v, float* f) {
-    const unsigned u = (unsigned)v ^ 0x80808080u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        f[i] = __fsub_rn(__uint_as_float(__byte_perm(u, 0x4B000000u, i | 0x7540)), 8388736.0f);
-}
 
 // One column's 64-wide K chunk, as loaded. int8 chunks (64 B) are loaded whole into
 // registers at the very start of the kernel, so the loads overlap the staging and the
@@ -132,12 +120,6 @@ __device__ __forceinline__ float cru_epi_res(int cb, int m, int lane, int N_out,
     if (EPI == 0 && residual != nullptr && cb * 32 + lane < N_out)
         return residual[(long)m * N_out + cb * 32 + lane];
     return 0.0f;
-}
-
-// int8: the chunk total times the channel's scale; f32: the total itself.
-template <typename T>
-__device__ __forceinline__ float cru_rows_finish(float total, float sc) {
-    return sizeof(T) == 1 ? __fmul_rn(total, sc) : total;
 }
 
 template <typename T, int MT, int NC, int EPI>

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from crucible.backend import cupy_fused as cf
 from crucible.backend import cupy_kernels as ck
 from crucible.backend import cupy_launch
 from crucible.backend.rope import rope_table
@@ -209,8 +210,8 @@ class CupyBackend:
     # primitives. Both spell the arithmetic the same way, so the bits never depend on which.
     def fuses(self, x: Any, group: str) -> bool:
         """Whether ``group`` (attn_in, mlp_in, norm_linear) runs as one row kernel for x."""
-        epi = {"attn_in": ck.EPI_ROPE, "mlp_in": ck.EPI_SWIGLU}.get(group, ck.EPI_STORE)
-        ok = ck.use_rows(x.shape[0], x.shape[1], epi)
+        epi = {"attn_in": cf.EPI_ROPE, "mlp_in": cf.EPI_SWIGLU}.get(group, cf.EPI_STORE)
+        ok = cf.fuses(x.shape[0], x.shape[1], epi)
         return ok and (group != "attn_in" or self.cfg.head_dim == 64)
 
     def attn_in(self, x: Any, layer: int, meta: CupyMeta) -> Any:
@@ -219,11 +220,11 @@ class CupyBackend:
             return llama.compose_attn_in(self, x, layer, meta)
         cfg = self.cfg
         q = self._new((meta.num_rows, cfg.q_dim))
-        rope = ck.RopeStore(meta.positions, meta.pages, meta.slots, self._cos, self._sin,
+        rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, self._cos, self._sin,
                             self.k_pool, self.v_pool, layer, cfg.n_heads, cfg.n_kv_heads)
-        return ck.linear_rows(x, self._linear[f"l{layer}.qkv"], q,
-                              norm=self._norms[f"l{layer}.attn_norm"], eps=cfg.rms_eps,
-                              epi=ck.EPI_ROPE, rope=rope)
+        return cf.fused(x, self._linear[f"l{layer}.qkv"], q,
+                        norm=self._norms[f"l{layer}.attn_norm"], eps=cfg.rms_eps,
+                        epi=cf.EPI_ROPE, rope=rope)
 
     def mlp_in(self, x: Any, layer: int) -> Any:
         """RMSNorm -> gate/up -> SwiGLU; returns [T, F]."""
@@ -231,8 +232,8 @@ class CupyBackend:
             return llama.compose_mlp_in(self, x, layer)
         wd = self._linear[f"l{layer}.gate_up"]
         out = self._new((x.shape[0], wd.shape[0] // 2))
-        return ck.linear_rows(x, wd, out, norm=self._norms[f"l{layer}.ffn_norm"],
-                              eps=self.cfg.rms_eps, epi=ck.EPI_SWIGLU)
+        return cf.fused(x, wd, out, norm=self._norms[f"l{layer}.ffn_norm"],
+                        eps=self.cfg.rms_eps, epi=cf.EPI_SWIGLU)
 
     def norm_linear(self, x: Any, norm: str, weight: str) -> Any:
         """RMSNorm then a linear layer (the final norm and the LM head)."""
@@ -242,7 +243,7 @@ class CupyBackend:
             return ck.linear(self.rmsnorm(x, norm), wd, out, tiled=True)
         if not self.fuses(x, "norm_linear"):
             return self.linear(self.rmsnorm(x, norm), weight)
-        return ck.linear_rows(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps)
+        return cf.fused(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps)
 
     def rope_and_store(self, qkv: Any, layer: int, meta: CupyMeta) -> Any:
         cfg = self.cfg

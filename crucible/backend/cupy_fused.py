@@ -1,0 +1,208 @@
+"""The fused decode-size GEMMs: RMSNorm -> GEMM -> store (+ residual) / SwiGLU / RoPE + K/V
+store, on the row kernels (cuda/linear_rows.cu: 1..8 rows per CTA, any batch up to 128) or
+the register-tiled block kernel (cuda/linear_block.cu: 16 rows x 32 columns per CTA, for
+16..128 rows). Both keep the canonical order of cuda/linear.cu, so the host picks by shape
+and the bits never change. Wrappers check every array before a launch (a clear ValueError,
+never an out-of-bounds read on the device).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crucible.backend.cupy_kernels import (KC, DeviceWeight, _check_out, _check_x, _ctype,
+                                           _cupy, _module, _need, _sm_count)
+from crucible.backend.cupy_launch import launch
+
+ROWS_MAX_M = 128  # up to here the row kernels (linear_rows.cu); above, the tiled one
+ROWS_MAX_K = 1536  # the row kernels give each 64-wide K chunk its own warp (<= 24 warps)
+ROWS_MAX_K_PAIRED = 768  # one-row SwiGLU and RoPE forms are compiled for <= 12 warps
+BLOCK_MIN_M = 16  # from here to ROWS_MAX_M rows, K <= BLOCK_MAX_K: linear_block.cu
+BLOCK_MAX_K = 768  # its CTA stages all of K for 16 rows and 32 columns (<= 12 warps)
+
+# (prologue, epilogue) pairs the backend uses: plain/residual, norm + plain (LM head),
+# norm + SwiGLU (gate/up), norm + RoPE + K/V store (QKV).
+_ROWS_FORMS = ((0, 0), (1, 0), (1, 1), (1, 2))
+EPI_STORE, EPI_SWIGLU, EPI_ROPE = 0, 1, 2
+
+
+def rows_mt(m: int) -> int:
+    """Rows per block of the row kernels: never more than needed for tiny M; 4 up to 64
+    rows (twice the CTAs of 8: 9-23% faster per GEMM at 64 rows on the H200,
+    bench/gpu-kernels-h200.json), then 8."""
+    return 1 if m == 1 else 4 if m <= 64 else 8
+
+
+def _rows_name(wdtype: str, mt: int, pro: int, epi: int) -> str:
+    return f"linear_rows<{_ctype(wdtype)}, {mt}, {pro}, {epi}>"
+
+
+_ROWS_NAMES = tuple(_rows_name(d, mt, pro, epi) for d in ("float32", "int8")
+                    for mt in (1, 4, 8) for pro, epi in _ROWS_FORMS)
+
+
+def _block_name(wdtype: str, pro: int, epi: int) -> str:
+    return f"linear_block<{_ctype(wdtype)}, {pro}, {epi}>"
+
+
+_BLOCK_NAMES = tuple(_block_name(d, pro, epi) for d in ("float32", "int8")
+                     for pro, epi in _ROWS_FORMS)
+
+
+@functools.cache
+def fused_kernel(name: str) -> Any:
+    if name in _ROWS_NAMES:
+        return _module("linear_rows.cu", _ROWS_NAMES).get_function(name)
+    return _module("linear_block.cu", _BLOCK_NAMES).get_function(name)
+
+
+@dataclass(frozen=True)
+class RopeStore:
+    """Where the QKV epilogue rotates and stores: step metadata, tables, pools, layer."""
+
+    positions: Any
+    pages: Any
+    slots: Any
+    cos: Any
+    sin: Any
+    k_pool: Any
+    v_pool: Any
+    layer: int
+    n_heads: int
+    n_kv: int
+
+
+def rows_max_k(m: int, epi: int) -> int:
+    return ROWS_MAX_K_PAIRED if epi != EPI_STORE and rows_mt(m) == 1 else ROWS_MAX_K
+
+
+def use_rows(m: int, k: int, epi: int = 0) -> bool:
+    return m <= ROWS_MAX_M and k <= rows_max_k(m, epi)
+
+
+@dataclass(frozen=True)
+class _Form:
+    """One fused GEMM call, checked: rows, K, output width, column blocks of 32 (or heads),
+    columns per lane, and the RoPE arguments (null pointers unless epi is EPI_ROPE)."""
+
+    m: int
+    k: int
+    n_out: int
+    blocks: int
+    nc: int
+    rope_args: tuple
+
+
+def _form(what: str, x: Any, wd: DeviceWeight, out: Any, residual: Any, norm: Any, epi: int,
+          rope: RopeStore | None) -> _Form:
+    cp = _cupy()
+    n_w, k = wd.shape
+    _check_x(x, k)
+    m = x.shape[0]
+    rope_args: tuple = (np.uint64(0),) * 7 + (cp.int32(0),) * 4
+    if epi == EPI_STORE:
+        n_out, blocks, nc = n_w, -(-n_w // 32), 1
+        _check_out(out, (m, n_out), "out")
+        if residual is not None:
+            _check_out(residual, (m, n_out), "residual")
+    elif epi == EPI_SWIGLU:
+        _need(n_w % 2 == 0 and residual is None, f"{what}: SwiGLU needs [2F, K], no residual")
+        n_out, blocks, nc = n_w // 2, -(-(n_w // 2) // 32), 2
+        _check_out(out, (m, n_out), "out")
+    else:
+        _need(rope is not None and residual is None, f"{what}: RoPE needs its RopeStore")
+        heads = rope.n_heads + 2 * rope.n_kv
+        _need(n_w == heads * 64, f"{what}: QKV width {n_w} != {heads} heads x 64")
+        n_out, blocks, nc = n_w, heads, 2
+        _check_out(out, (m, rope.n_heads * 64), "q_out")
+        rope_args = (rope.positions, rope.pages, rope.slots, rope.cos, rope.sin, rope.k_pool,
+                     rope.v_pool, cp.int32(rope.layer), cp.int32(rope.k_pool.shape[1]),
+                     cp.int32(rope.n_heads), cp.int32(rope.n_kv))
+    _need(norm is None or norm.shape == (k,), f"{what}: norm weight must be [{k}]")
+    return _Form(m, k, n_out, blocks, nc, rope_args)
+
+
+def _head_args(x: Any, wd: DeviceWeight, out: Any, norm: Any, eps: float,
+               residual: Any) -> tuple:
+    null = np.uint64(0)
+    return (x, wd.w, wd.scale if wd.scale is not None else out,
+            norm if norm is not None else null, np.float32(eps),
+            residual if residual is not None else null, out)
+
+
+def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
+                norm: Any = None, eps: float = 0.0, epi: int = EPI_STORE,
+                rope: RopeStore | None = None, mt: int | None = None) -> Any:
+    """The fused row kernel (cuda/linear_rows.cu): optional RMSNorm of x with ``norm``
+    first, then the GEMM, then store (+ residual), SwiGLU, or RoPE + K/V store. ``mt``
+    (1, 4 or 8 rows per CTA) overrides ``rows_mt`` for benchmarks; bits do not depend on it."""
+    from crucible.kernels.loader import ensure_dynamic_smem
+
+    cp = _cupy()
+    f = _form("linear_rows", x, wd, out, residual, norm, epi, rope)
+    m, k = f.m, f.k
+    _need(k <= rows_max_k(m, epi), f"linear_rows: K={k} is above {rows_max_k(m, epi)}, the "
+          f"most this form supports for {m} rows")
+    if m == 0:
+        return out
+    mt = rows_mt(m) if mt is None else mt
+    _need(mt in (1, 4, 8), f"linear_rows: {mt} rows per CTA is not built (1, 4 or 8)")
+    chunks = -(-k // KC)
+    row_groups = -(-m // mt)
+    # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
+    # once (the LM head); then each CTA stages and normalises x once for several blocks.
+    groups = max(1, -(-f.blocks * row_groups // (4 * _sm_count())))
+    fn = fused_kernel(_rows_name(str(wd.w.dtype), mt, 0 if norm is None else 1, epi))
+    smem = 4 * (mt * k + chunks * mt * f.nc * 32 + k)
+    ensure_dynamic_smem(fn, smem)
+    args = _head_args(x, wd, out, norm, eps, residual) + (
+        cp.int32(m), cp.int32(f.n_out), cp.int32(k), cp.int32(groups)) + f.rope_args
+    launch(fn, (-(-f.blocks // groups), row_groups), (32, max(chunks, 8)), args,
+           shared_mem=smem)
+    return out
+
+
+def use_block(m: int, k: int) -> bool:
+    """Whether linear_block (cuda/linear_block.cu) serves m rows of K (any form)."""
+    return BLOCK_MIN_M <= m <= ROWS_MAX_M and k <= BLOCK_MAX_K and k % 16 == 0
+
+
+def linear_block(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
+                 norm: Any = None, eps: float = 0.0, epi: int = EPI_STORE,
+                 rope: RopeStore | None = None) -> Any:
+    """The same fused forms as ``linear_rows`` on the register-tiled kernel for 16..128
+    rows (cuda/linear_block.cu; same bits): 16 rows x 32 weight columns per CTA."""
+    from crucible.kernels.loader import ensure_dynamic_smem
+
+    cp = _cupy()
+    f = _form("linear_block", x, wd, out, residual, norm, epi, rope)
+    m, k = f.m, f.k
+    _need(k <= BLOCK_MAX_K and k % 16 == 0,
+          f"linear_block: K={k} must be a multiple of 16 and at most {BLOCK_MAX_K}")
+    if m == 0:
+        return out
+    # Column tiles of 32 weight columns: N/32 plain, F/16 SwiGLU pairs, two per head.
+    tiles = {EPI_STORE: f.blocks, EPI_SWIGLU: -(-f.n_out // 16), EPI_ROPE: 2 * f.blocks}[epi]
+    fn = fused_kernel(_block_name(str(wd.w.dtype), 0 if norm is None else 1, epi))
+    smem = 4 * (k * (20 + 36) + k)
+    ensure_dynamic_smem(fn, smem)
+    args = _head_args(x, wd, out, norm, eps, residual) + (
+        cp.int32(m), cp.int32(f.n_out), cp.int32(k)) + f.rope_args
+    launch(fn, (tiles, -(-m // 16)), (32, -(-k // KC)), args, shared_mem=smem)
+    return out
+
+
+def fused(x: Any, wd: DeviceWeight, out: Any, **form: Any) -> Any:
+    """One fused GEMM (keywords of ``linear_rows``) on whichever kernel suits the shape."""
+    if use_block(x.shape[0], x.shape[1]):
+        return linear_block(x, wd, out, **form)
+    return linear_rows(x, wd, out, **form)
+
+
+def fuses(m: int, k: int, epi: int) -> bool:
+    """Whether a fused form runs for m rows of K (else the caller composes primitives)."""
+    return use_block(m, k) or use_rows(m, k, epi)
