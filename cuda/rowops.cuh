@@ -18,26 +18,18 @@
 // The block size is a multiple of 32, so each virtual warp is one real warp's iteration and
 // the shuffle tree is exactly rmsnorm's. part[r*8 + w] = warp w's partial of row r; the
 // caller adds them with cru_rows_total after a __syncthreads (done here).
-// Element d of row r sits at xs[r * row_step + d * elem_step] (rows back to back: D, 1;
-// a [D][rows] transposed tile: 1, its row pitch).
-__device__ __forceinline__ void cru_rows_sumsq(const float* xs, int rows, int D, float* part,
-                                               int row_step, int elem_step) {
+__device__ __forceinline__ void cru_rows_sumsq(const float* xs, int rows, int D, float* part) {
     const int nthreads = blockDim.x * blockDim.y;
     for (int v = threadIdx.y * blockDim.x + threadIdx.x; v < rows * 256; v += nthreads) {
-        const float* row = xs + (v >> 8) * row_step;
+        const float* row = xs + (v >> 8) * D;
         float acc = 0.0f;
-        for (int d = v & 255; d < D; d += 256)
-            acc = __fmaf_rn(row[d * elem_step], row[d * elem_step], acc);
+        for (int d = v & 255; d < D; d += 256) acc = __fmaf_rn(row[d], row[d], acc);
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1)
             acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, off));
         if ((v & 31) == 0) part[v >> 5] = acc;
     }
     __syncthreads();
-}
-
-__device__ __forceinline__ void cru_rows_sumsq(const float* xs, int rows, int D, float* part) {
-    cru_rows_sumsq(xs, rows, D, part, D, 1);
 }
 
 // Row r's total: its 8 warp partials added in ascending order.
