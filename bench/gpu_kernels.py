@@ -79,32 +79,6 @@ def kernels(be: Any, meta: Any, m: int) -> dict[str, Callable[[], Any]]:
     }
 
 
-def shape_variants(be: Any, meta: Any, m: int) -> dict[str, Callable[[], Any]]:
-    """The same fused GEMMs on the row kernels (rows_mt rows per CTA) and on the register-
-    tiled block kernel (16 x 32 per CTA): which suits a batch of m rows (same bits)."""
-    import cupy as cp
-
-    cfg = be.cfg
-    x = cp.asarray(np.random.default_rng(0).standard_normal((m, cfg.hidden_size)),
-                   dtype=cp.float32)
-    q = be.attn_in(x, 0, meta)
-    lin = be._linear
-    out_h = cp.empty((m, cfg.hidden_size), cp.float32)
-    out_f = cp.empty((m, lin["l0.gate_up"].shape[0] // 2), cp.float32)
-    out_q = cp.empty_like(q)
-    rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, be._cos, be._sin, be.k_pool,
-                        be.v_pool, 0, cfg.n_heads, cfg.n_kv_heads)
-    norm = be._norms["l0.attn_norm"]
-    out = {}
-    for name, fn in (("rows", cf.linear_rows), ("block", cf.linear_block)):
-        out[f"o (+residual) {name}"] = lambda fn=fn: fn(q, lin["l0.o"], out_h, residual=x)
-        out[f"norm+gate_up+swiglu {name}"] = lambda fn=fn: fn(
-            x, lin["l0.gate_up"], out_f, norm=norm, eps=cfg.rms_eps, epi=cf.EPI_SWIGLU)
-        out[f"norm+qkv+rope_kv_store {name}"] = lambda fn=fn: fn(
-            x, lin["l0.qkv"], out_q, norm=norm, eps=cfg.rms_eps, epi=cf.EPI_ROPE, rope=rope)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default="bench/gpu-kernels.json")
@@ -119,16 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp
 
     res: dict[str, dict] = {}
-    for m in (1, 8, 16, 32, 64):
+    for m in (1, 64):
         n_pages = -(-(args.history + 1) // 16)
         batch = build_packed_batch([SegmentSpec(f"r{i}", [7], args.history,
                                                 list(range(i * 20, i * 20 + n_pages)), [0])
                                     for i in range(m)])
         meta = be.prepare(batch)
-        # The whole layer at batch 1 and 64; around the rows/block switch-over, the GEMMs.
-        cases = kernels(be, meta, m) if m in (1, 64) else {}
-        if m > 1:
-            cases.update(shape_variants(be, meta, m))
+        cases = kernels(be, meta, m)
         for name, fn in cases.items():
             for pdl in (False, True):  # the same graph captured with and without PDL
                 cupy_launch.set_enabled(pdl)
@@ -145,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
         head, norm = be._linear["lm_head"], be._norms["final_norm"]
         logits = cp.empty((m, be.cfg.vocab_size), cp.float32)
         cases = {"rows": lambda: cf.linear_rows(x, head, logits, norm=norm, eps=be.cfg.rms_eps),
-                 "block": lambda: cf.linear_block(x, head, logits, norm=norm,
-                                                  eps=be.cfg.rms_eps),
                  "norm + tiled": lambda: ck.linear(be.rmsnorm(x, "final_norm"), head, logits,
                                                    tiled=True)}
         for name, fn in cases.items():

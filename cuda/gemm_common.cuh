@@ -1,5 +1,5 @@
-// gemm_common.cuh: pieces of the canonical GEMM order shared by the decode-size kernels
-// (linear_rows.cu, linear_block.cu). The order itself is stated in linear.cu.
+// gemm_common.cuh: pieces of the canonical GEMM order for the decode-size kernels
+// (linear_rows.cu). The order itself is stated in linear.cu.
 // No standard headers (NVRTC).
 #pragma once
 

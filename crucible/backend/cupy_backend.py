@@ -222,9 +222,9 @@ class CupyBackend:
         q = self._new((meta.num_rows, cfg.q_dim))
         rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, self._cos, self._sin,
                             self.k_pool, self.v_pool, layer, cfg.n_heads, cfg.n_kv_heads)
-        return cf.fused(x, self._linear[f"l{layer}.qkv"], q,
-                        norm=self._norms[f"l{layer}.attn_norm"], eps=cfg.rms_eps,
-                        epi=cf.EPI_ROPE, rope=rope)
+        return cf.linear_rows(x, self._linear[f"l{layer}.qkv"], q,
+                              norm=self._norms[f"l{layer}.attn_norm"], eps=cfg.rms_eps,
+                              epi=cf.EPI_ROPE, rope=rope)
 
     def mlp_in(self, x: Any, layer: int) -> Any:
         """RMSNorm -> gate/up -> SwiGLU; returns [T, F]."""
@@ -232,8 +232,8 @@ class CupyBackend:
             return llama.compose_mlp_in(self, x, layer)
         wd = self._linear[f"l{layer}.gate_up"]
         out = self._new((x.shape[0], wd.shape[0] // 2))
-        return cf.fused(x, wd, out, norm=self._norms[f"l{layer}.ffn_norm"],
-                        eps=self.cfg.rms_eps, epi=cf.EPI_SWIGLU)
+        return cf.linear_rows(x, wd, out, norm=self._norms[f"l{layer}.ffn_norm"],
+                              eps=self.cfg.rms_eps, epi=cf.EPI_SWIGLU)
 
     def norm_linear(self, x: Any, norm: str, weight: str) -> Any:
         """RMSNorm then a linear layer (the final norm and the LM head)."""
@@ -243,7 +243,7 @@ class CupyBackend:
             return ck.linear(self.rmsnorm(x, norm), wd, out, tiled=True)
         if not self.fuses(x, "norm_linear"):
             return self.linear(self.rmsnorm(x, norm), weight)
-        return cf.fused(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps)
+        return cf.linear_rows(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps)
 
     def rope_and_store(self, qkv: Any, layer: int, meta: CupyMeta) -> Any:
         cfg = self.cfg

@@ -1,9 +1,12 @@
 """The fused decode-size GEMMs: RMSNorm -> GEMM -> store (+ residual) / SwiGLU / RoPE + K/V
-store, on the row kernels (cuda/linear_rows.cu: 1..8 rows per CTA, any batch up to 128) or
-the register-tiled block kernel (cuda/linear_block.cu: 16 rows x 32 columns per CTA, for
-16..128 rows). Both keep the canonical order of cuda/linear.cu, so the host picks by shape
-and the bits never change. Wrappers check every array before a launch (a clear ValueError,
-never an out-of-bounds read on the device).
+store, on the row kernels (cuda/linear_rows.cu: 1, 4 or 8 rows per CTA, batches up to 128).
+They keep the canonical order of cuda/linear.cu, so the host may pick them or the tiled
+kernel by shape and the bits never change. Wrappers check every array before a launch (a
+clear ValueError, never an out-of-bounds read on the device).
+
+Tried and dropped (2026-11-30): a register-tiled variant (16 rows x 32 columns per CTA, a
+4 x 4 tile of chains per lane) was bit-exact on the H200 but 1.3-1.6x slower than these row
+kernels at 8..64 rows, and 2x slower on the LM head.
 """
 
 from __future__ import annotations
@@ -21,8 +24,6 @@ from crucible.backend.cupy_launch import launch
 ROWS_MAX_M = 128  # up to here the row kernels (linear_rows.cu); above, the tiled one
 ROWS_MAX_K = 1536  # the row kernels give each 64-wide K chunk its own warp (<= 24 warps)
 ROWS_MAX_K_PAIRED = 768  # one-row SwiGLU and RoPE forms are compiled for <= 12 warps
-BLOCK_MIN_M = 16  # from here to ROWS_MAX_M rows, K <= BLOCK_MAX_K: linear_block.cu
-BLOCK_MAX_K = 768  # its CTA stages all of K for 16 rows and 32 columns (<= 12 warps)
 
 # (prologue, epilogue) pairs the backend uses: plain/residual, norm + plain (LM head),
 # norm + SwiGLU (gate/up), norm + RoPE + K/V store (QKV).
@@ -45,19 +46,9 @@ _ROWS_NAMES = tuple(_rows_name(d, mt, pro, epi) for d in ("float32", "int8")
                     for mt in (1, 4, 8) for pro, epi in _ROWS_FORMS)
 
 
-def _block_name(wdtype: str, pro: int, epi: int) -> str:
-    return f"linear_block<{_ctype(wdtype)}, {pro}, {epi}>"
-
-
-_BLOCK_NAMES = tuple(_block_name(d, pro, epi) for d in ("float32", "int8")
-                     for pro, epi in _ROWS_FORMS)
-
-
 @functools.cache
 def fused_kernel(name: str) -> Any:
-    if name in _ROWS_NAMES:
-        return _module("linear_rows.cu", _ROWS_NAMES).get_function(name)
-    return _module("linear_block.cu", _BLOCK_NAMES).get_function(name)
+    return _module("linear_rows.cu", _ROWS_NAMES).get_function(name)
 
 
 @dataclass(frozen=True)
@@ -166,43 +157,6 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     return out
 
 
-def use_block(m: int, k: int) -> bool:
-    """Whether linear_block (cuda/linear_block.cu) serves m rows of K (any form)."""
-    return BLOCK_MIN_M <= m <= ROWS_MAX_M and k <= BLOCK_MAX_K and k % 16 == 0
-
-
-def linear_block(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
-                 norm: Any = None, eps: float = 0.0, epi: int = EPI_STORE,
-                 rope: RopeStore | None = None) -> Any:
-    """The same fused forms as ``linear_rows`` on the register-tiled kernel for 16..128
-    rows (cuda/linear_block.cu; same bits): 16 rows x 32 weight columns per CTA."""
-    from crucible.kernels.loader import ensure_dynamic_smem
-
-    cp = _cupy()
-    f = _form("linear_block", x, wd, out, residual, norm, epi, rope)
-    m, k = f.m, f.k
-    _need(k <= BLOCK_MAX_K and k % 16 == 0,
-          f"linear_block: K={k} must be a multiple of 16 and at most {BLOCK_MAX_K}")
-    if m == 0:
-        return out
-    # Column tiles of 32 weight columns: N/32 plain, F/16 SwiGLU pairs, two per head.
-    tiles = {EPI_STORE: f.blocks, EPI_SWIGLU: -(-f.n_out // 16), EPI_ROPE: 2 * f.blocks}[epi]
-    fn = fused_kernel(_block_name(str(wd.w.dtype), 0 if norm is None else 1, epi))
-    smem = 4 * (k * (20 + 36) + k)
-    ensure_dynamic_smem(fn, smem)
-    args = _head_args(x, wd, out, norm, eps, residual) + (
-        cp.int32(m), cp.int32(f.n_out), cp.int32(k)) + f.rope_args
-    launch(fn, (tiles, -(-m // 16)), (32, -(-k // KC)), args, shared_mem=smem)
-    return out
-
-
-def fused(x: Any, wd: DeviceWeight, out: Any, **form: Any) -> Any:
-    """One fused GEMM (keywords of ``linear_rows``) on whichever kernel suits the shape."""
-    if use_block(x.shape[0], x.shape[1]):
-        return linear_block(x, wd, out, **form)
-    return linear_rows(x, wd, out, **form)
-
-
 def fuses(m: int, k: int, epi: int) -> bool:
     """Whether a fused form runs for m rows of K (else the caller composes primitives)."""
-    return use_block(m, k) or use_rows(m, k, epi)
+    return use_rows(m, k, epi)

@@ -1,5 +1,5 @@
 """Compile the model kernels (cuda/linear.cu, model_ops.cu) once; launch them. The fused
-decode-size GEMMs (linear_rows.cu, linear_block.cu) are in cupy_fused.py.
+decode-size GEMMs (linear_rows.cu) are in cupy_fused.py.
 
 Wrappers check dtypes, shapes and contiguity before every launch: a wrong array is a clear
 ValueError on the host, never a silent out-of-bounds read on the device.
@@ -108,8 +108,6 @@ def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
         return out
     from crucible.backend import cupy_fused as cf
 
-    if cf.use_block(m, k) and not tiled:
-        return cf.linear_block(x, wd, out, residual=residual)
     if cf.use_rows(m, k) and not tiled:
         return cf.linear_rows(x, wd, out, residual=residual)
     return linear_tiled(x, wd, out, residual)
