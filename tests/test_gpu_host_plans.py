@@ -136,3 +136,45 @@ def test_dynamic_smem_opt_in_counts_static_memory() -> None:
     big = SimpleNamespace(shared_size_bytes=0, max_dynamic_shared_size_bytes=100_000)
     ensure_dynamic_smem(big, 60_000)
     assert big.max_dynamic_shared_size_bytes == 100_000  # never lowered
+
+
+def test_decode_graph_metadata_matches_the_batch() -> None:
+    """host_meta fills a bucket's buffer from a decode batch: real rows first (tokens,
+    positions, each row's page and slot from the general slot mapping, its segment's
+    absolute start, its page table zero-padded), then untouched padding rows."""
+    import numpy as np
+
+    from crucible.backend.cupy_graphs import BUCKETS, DecodeGraphs
+    from crucible.engine.batch import SegmentSpec, build_packed_batch
+
+    g = DecodeGraphs.__new__(DecodeGraphs)  # host side only: no device, no stream
+    g.width, g.scratch, g._templates = 12, 500, {}
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        b = int(rng.integers(1, 65))
+        bucket = next(x for x in BUCKETS if x >= b)
+        pos = rng.integers(0, 190, b)
+        specs = [SegmentSpec(f"r{i}", [int(rng.integers(0, 999))], int(p),
+                             rng.permutation(400)[: int(p) // 16 + 1].tolist(), [0])
+                 for i, p in enumerate(pos)]
+        batch = build_packed_batch(specs)
+        out = g.host_meta(batch, bucket)
+        pad = g.host_meta(None, bucket)
+        slots = batch.slot_mapping()
+        assert (out[:b] == batch.token_ids).all()
+        assert (out[bucket : bucket + b] == batch.positions).all()
+        assert (out[2 * bucket : 2 * bucket + b] == slots >> 4).all()
+        assert (out[3 * bucket : 3 * bucket + b] == slots & 15).all()
+        seg = out[4 * bucket : 8 * bucket].reshape(bucket, 4)
+        assert (seg[:b, 2] == batch.segments[:, 2]).all()
+        tables = out[8 * bucket : 8 * bucket + bucket * 12].reshape(bucket, 12)
+        for i, s in enumerate(specs):
+            assert tables[i, : len(s.pages)].tolist() == list(s.pages)
+            assert not tables[i, len(s.pages):].any()
+        # Everything else is the all-padding template.
+        mask = np.ones(out.size, bool)
+        for k in range(4):
+            mask[k * bucket : k * bucket + b] = False
+        mask[4 * bucket : 4 * bucket + 4 * b] = False
+        mask[8 * bucket : 8 * bucket + 12 * b] = False
+        assert (out[mask] == pad[mask]).all()

@@ -106,16 +106,19 @@ class DecodeGraphs:
             return template.copy()
         out = template.copy()
         b, w = batch.num_rows, self.width
-        slots = batch.slot_mapping()
+        pos = batch.positions
+        # A decode step: row i is segment i, so row i's page table is that segment's table
+        # and its slot is (table[pos >> 4], pos & 15): no general slot mapping needed.
+        rows_tables = batch.page_tables[batch.segments[:, 3]]
         out[0:b] = batch.token_ids
-        out[bucket : bucket + b] = batch.positions
-        out[2 * bucket : 2 * bucket + b] = slots >> 4
-        out[3 * bucket : 3 * bucket + b] = slots & 15
+        out[bucket : bucket + b] = pos
+        out[2 * bucket : 2 * bucket + b] = rows_tables[np.arange(b), pos >> 4]
+        out[3 * bucket : 3 * bucket + b] = pos & 15
         seg = out[4 * bucket : 8 * bucket].reshape(bucket, 4)
         seg[:b, 2] = batch.segments[:, 2]
         tables = out[8 * bucket : 8 * bucket + bucket * w].reshape(bucket, w)
         tables[:b] = 0
-        tables[:b, : batch.page_tables.shape[1]] = batch.page_tables[batch.segments[:, 3]]
+        tables[:b, : rows_tables.shape[1]] = rows_tables
         return out
 
     def _padding_meta(self, bucket: int) -> np.ndarray:
