@@ -3,6 +3,8 @@ operations for many); both must give identical arrays for every batch."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from crucible.engine.batch import (
     _pack_loop,
     _pack_vectorised,
     build_packed_batch,
+    quick_init,
 )
 
 FIELDS = ("token_ids", "positions", "segments", "page_tables", "table_lengths", "final_rows")
@@ -50,3 +53,56 @@ def test_packed_layout_by_hand() -> None:
     assert b.page_tables.tolist() == [[3 * i, 3 * i + 1] for i in range(10)]
     assert b.final_rows.tolist() == list(range(10))
     assert b.slot_mapping().tolist() == [(3 * i + 1) * 16 + (20 + i) % 16 for i in range(10)]
+
+
+def test_quick_init_keeps_a_frozen_dataclass() -> None:
+    """The per-step records built with quick_init behave as the generated frozen __init__
+    made them: same fields, keywords, eq, repr, replace(), and no assignment."""
+    from crucible.backend.sampling_meta import RowSampling
+    from crucible.engine.engine import RequestDelta
+    from crucible.engine.sampling import SampleResult
+    from crucible.engine.scheduler import ScheduledSlice
+
+    @dataclasses.dataclass(frozen=True)
+    class Plain:
+        a: int
+        b: tuple[int, ...]
+
+    @quick_init
+    @dataclasses.dataclass(frozen=True)
+    class Quick:
+        a: int
+        b: tuple[int, ...]
+
+    x, y = Quick(1, b=(2,)), Plain(1, b=(2,))
+    assert (x.a, x.b) == (y.a, y.b) and repr(x) == repr(y).replace("Plain", "Quick")
+    assert x == Quick(a=1, b=(2,)) and x != Quick(1, (3,)) and hash(x) == hash(Quick(1, (2,)))
+    assert dataclasses.replace(x, a=5) == Quick(5, (2,))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        x.a = 2
+    with pytest.raises(TypeError):
+        Quick(1)
+    for cls in (SegmentSpec, ScheduledSlice, RowSampling, SampleResult, RequestDelta):
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+        assert cls.__init__.__qualname__ == f"{cls.__qualname__}.__init__"
+    spec = SegmentSpec("r", [1], 0, [2], [0])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.pages = [3]
+
+
+def test_quick_init_refuses_what_it_cannot_keep() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class WithDefault:
+        a: int = 0
+
+    @dataclasses.dataclass
+    class NotFrozen:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Slotted:
+        a: int
+
+    for cls in (WithDefault, NotFrozen, Slotted):
+        with pytest.raises(TypeError):
+            quick_init(cls)

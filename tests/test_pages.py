@@ -66,6 +66,16 @@ def test_page_table_grow_and_release():
     assert len(t) == 0 and a.num_free == 3
 
 
+def test_grow_within_the_last_page_needs_no_free_page():
+    a = PageAllocator(2)
+    t = PageTable()
+    assert t.grow(a, 20) and a.num_free == 0
+    before = list(t.pages)
+    for n in (0, 1, 20, 32):  # all fit the two pages held: True, nothing taken
+        assert t.grow(a, n) and t.pages == before and a.num_free == 0
+    assert not t.grow(a, 33) and t.pages == before  # a third page: none left
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 80)), max_size=60))
 def test_tables_never_share_pages_and_all_come_back(ops):

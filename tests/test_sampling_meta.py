@@ -11,7 +11,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from crucible.backend.sampling_meta import (MASK, PEN, REP, ROW_WORDS, pack_rows, row_sampling,
+from crucible.backend.sampling_meta import (MASK, MASK64, PEN, REP, ROW_WORDS, RowSampling,
+                                            pack_rows, plain_row_sampling, row_sampling,
                                             unpack_rows)
 from crucible.engine.sampling import SamplingParams, sample_row
 from sampler_twin import NumpyTwinSampler
@@ -122,3 +123,36 @@ def test_twin_through_the_packed_buffer_equals_sample_row():
     for i, (p, pr, o, st, s) in enumerate(reqs):
         want = sample_row(logits[i % 8], p, prompt=pr, output=o, seed=s, stop_ids=st)
         assert (got.token_ids[i], got.logprobs[i]) == (want.token_id, want.logprobs), i
+
+
+def test_plain_rows_need_no_history():
+    """plain_row_sampling (the engine's per-step fast path) gives exactly the record of the
+    general rule when a row has no penalty and min_tokens is met, and None otherwise."""
+    rng = np.random.default_rng(3)
+    plain_seen = 0
+    for i in range(400):
+        p, prompt, output, stop, seed = random_request(rng)
+        got = plain_row_sampling(i % 8, p, num_output=len(output), seed=seed)
+        plain = (p.repetition_penalty == 1.0 and p.presence_penalty == 0
+                 and p.frequency_penalty == 0 and len(output) >= p.min_tokens)
+        assert (got is not None) == plain, i
+        if got is None:
+            continue
+        plain_seen += 1
+        # The general rule: parameters as plain numbers, no entries.
+        none = np.zeros(0, np.int32)
+        want = RowSampling(logits_row=i % 8, temperature=float(p.temperature),
+                           top_k=int(p.top_k or 0), top_p=float(p.top_p), min_p=float(p.min_p),
+                           repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                           seed=seed & MASK64, counter=len(output), num_logprobs=p.logprobs,
+                           entry_ids=none, entry_counts=none, entry_flags=none)
+        full = row_sampling(i % 8, p, prompt=prompt, output=output, seed=seed, stop_ids=stop,
+                            vocab_size=VOCAB)
+        for f in dataclasses.fields(RowSampling):
+            for other in (want, full):
+                a, b = getattr(got, f.name), getattr(other, f.name)
+                if isinstance(a, np.ndarray):
+                    assert a.dtype == b.dtype and np.array_equal(a, b), (i, f.name)
+                else:
+                    assert type(a) is type(b) and a == b, (i, f.name)
+    assert plain_seen > 50

@@ -12,7 +12,7 @@ from crucible.engine.engine import LLMEngine
 from crucible.engine.pages import pages_for
 from crucible.engine.request import RequestStatus
 from crucible.engine.sampling import SamplingParams
-from crucible.engine.scheduler import SchedulerConfig
+from crucible.engine.scheduler import ScheduledSlice, SchedulerConfig
 from crucible.errors import QueueFullError
 from engine_fakes import FakeRunner, fake_tokenizer
 
@@ -189,6 +189,25 @@ def test_abort_frees_pages_before_next_step():
     assert eng.abort(short)  # mid-decode
     assert eng.allocator.num_free == 32 and not eng.has_unfinished()
     assert eng.step() == [] and not eng.abort(short)
+
+
+def test_slices_logits_rows_and_segment():
+    """logits_rows: the prompt rows, then the sampled last row; segment() carries them."""
+    eng = LLMEngine(FakeRunner(8, vocab_size=VOCAB), None)
+    eng.add_request(list(range(10)), SamplingParams(max_tokens=2, prompt_logprobs=1))
+    req = next(iter(eng.requests.values()))
+    for prompt_rows, sample in [((), False), ((), True), ((0, 2), False), ((1, 3), True)]:
+        sl = ScheduledSlice(req, 2, 4, prompt_rows, sample)
+        assert sl.logits_rows == prompt_rows + ((3,) if sample else ())
+    [sl] = eng.scheduler.schedule().slices  # the whole prompt, with prompt-logprob rows
+    assert sl.prompt_rows == tuple(range(9)) and sl.logits_rows == tuple(range(10))
+    spec = sl.segment()
+    assert (spec.token_ids, spec.absolute_start, list(spec.pages)) == (
+        list(range(10)), 0, req.page_table.pages)
+    plain = LLMEngine(FakeRunner(8, vocab_size=VOCAB), None)
+    plain.add_request(list(range(10)), SamplingParams(max_tokens=2))
+    [sl] = plain.scheduler.schedule().slices
+    assert sl.prompt_rows == () and sl.logits_rows == (9,) and sl.sample
 
 
 def test_scheduler_layer_never_touches_arrays():

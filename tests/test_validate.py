@@ -156,15 +156,15 @@ def _full(batch, **kw):
     """The full checks alone: True if they accept."""
     import crucible.engine.validate as v
 
-    saved = v._SMALL_ROWS
-    v._SMALL_ROWS = 0
+    saved = v._SMALL_ROWS, v._vector_ok
+    v._SMALL_ROWS, v._vector_ok = 0, lambda *args: False
     try:
         check(batch, **kw)
         return True
     except BatchValidationError:
         return False
     finally:
-        v._SMALL_ROWS = saved
+        v._SMALL_ROWS, v._vector_ok = saved
 
 
 def _small(batch, num_pages=NUM_PAGES, max_pages=None):
@@ -207,3 +207,60 @@ def test_small_pass_never_accepts_what_the_full_checks_refuse():
             accepted += 1
             assert _full(b), (name, a)
     assert accepted > 0  # some corruptions stay valid (a token id within the vocabulary)
+
+
+# --- The whole-array pass accepts a good batch of any size before the full checks run. It
+# may only accept what they accept, and it accepts everything they accept except a page
+# held by two tables (which it leaves to them).
+def _vector(batch, num_pages, max_pages=None):
+    from crucible.engine.validate import _vector_ok
+
+    return _vector_ok(batch, num_pages, VOCAB, max_pages)
+
+
+def _held_twice(batch) -> bool:
+    """Some page sits in two tables (within the tables' stated lengths)."""
+    valid = np.arange(batch.page_tables.shape[1])[None, :] < batch.table_lengths[:, None]
+    owners = {}
+    for t, e in zip(*np.nonzero(valid)):
+        owners.setdefault(int(batch.page_tables[t, e]), set()).add(int(t))
+    return any(len(ts) > 1 for ts in owners.values())
+
+
+def test_vector_pass_accepts_good_and_leaves_sharing_to_the_full_checks():
+    assert _vector(_many(), 80) and _vector(good(), NUM_PAGES, 3)
+    shared = build_packed_batch([SegmentSpec("a", [1], 16, [9, 4], [0]),
+                                 SegmentSpec("b", [2, 3], 20, [9, 6], [1])])
+    assert not _vector(shared, NUM_PAGES) and _full(shared)
+    assert not _vector(good(), NUM_PAGES, 2) and not _vector(good(), 7)  # limit, pool
+
+
+@pytest.mark.parametrize("name,make,match", CASES, ids=[c[0] for c in CASES])
+def test_vector_pass_refuses_every_malformed_case(name, make, match):
+    assert not _vector(make(), NUM_PAGES)
+
+
+@pytest.mark.parametrize("make", [good, _many], ids=["few segments", "many segments"])
+def test_vector_pass_agrees_with_the_full_checks(make):
+    """3,000 random single-entry corruptions: the whole-array pass accepts exactly what the
+    full checks accept, but for a page held by two tables, where it always refuses."""
+    rng = np.random.default_rng(11)
+    num_pages = 80 if make is _many else NUM_PAGES
+    fields = ("token_ids", "positions", "segments", "page_tables", "table_lengths",
+              "final_rows")
+    accepted = 0
+    for _ in range(3000):
+        name = fields[rng.integers(len(fields))]
+        a = getattr(make(), name).copy()
+        flat = a.reshape(-1)
+        flat[rng.integers(flat.size)] += int(rng.choice([-17, -1, 1, 2, 16, 40]))
+        b = replace(make(), **{name: a})
+        max_pages = int(rng.choice([2, 3, 4])) if rng.random() < 0.3 else None
+        fast = _vector(b, num_pages, max_pages)
+        full = _full(b, num_pages=num_pages, max_pages_per_table=max_pages)
+        if _held_twice(b):
+            assert not fast, (name, a)
+        else:
+            assert fast == full, (name, a, max_pages)
+        accepted += fast
+    assert accepted > 0

@@ -32,6 +32,8 @@ from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
 
+from crucible.engine.batch import quick_init
+
 ROW_WORDS = 16
 ENTRY_WORDS = 2  # int64 words per entry (four int32)
 REP, PEN, MASK = 1, 2, 4
@@ -43,6 +45,7 @@ _NONE = np.zeros(0, np.int32)
 _NONE.flags.writeable = False
 
 
+@quick_init  # built for every sampling row at every step
 @dataclass(frozen=True)
 class RowSampling:
     """One row to sample: ``logits_row`` of the step's final-row logits, and how."""
@@ -67,9 +70,28 @@ class RowSampling:
         return self.temperature == 0
 
 
+def plain_row_sampling(logits_row: int, params: Any, *, num_output: int,
+                       seed: int) -> RowSampling | None:
+    """The RowSampling of a row with no entries (no penalty, and ``min_tokens`` met after
+    ``num_output`` generated tokens), or None when the row needs its token history (then
+    call ``row_sampling``). The common case, and the caller need not copy any history:
+    this runs for every sampling row at every step."""
+    if not (params.repetition_penalty == 1.0 and not params.presence_penalty
+            and not params.frequency_penalty and num_output >= params.min_tokens):
+        return None
+    return RowSampling(int(logits_row), float(params.temperature), int(params.top_k or 0),
+                       float(params.top_p), float(params.min_p),
+                       float(params.repetition_penalty), float(params.presence_penalty),
+                       float(params.frequency_penalty), int(seed) & MASK64, num_output,
+                       params.logprobs, _NONE, _NONE, _NONE)
+
+
 def row_sampling(logits_row: int, params: Any, *, prompt: Sequence[int], output: Sequence[int],
                  seed: int, stop_ids: Iterable[int], vocab_size: int) -> RowSampling:
     """The RowSampling of one request (``params``: a SamplingParams) at its next draw."""
+    plain = plain_row_sampling(logits_row, params, num_output=len(output), seed=seed)
+    if plain is not None:
+        return plain
     flags: dict[int, int] = {}
     counts: dict[int, int] = {}
     if params.repetition_penalty != 1.0:

@@ -22,8 +22,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from crucible.backend.sampling_meta import RowSampling, SampleOutput, row_sampling
-from crucible.engine.batch import PackedBatch, build_packed_batch
+from crucible.backend.sampling_meta import (RowSampling, SampleOutput, plain_row_sampling,
+                                            row_sampling)
+from crucible.engine.batch import PackedBatch, build_packed_batch, quick_init
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.request import Request, RequestStatus
 from crucible.engine.rng import derive_seed
@@ -34,10 +35,14 @@ from crucible.engine.validate import validate_packed_batch
 from crucible.errors import RequestError
 
 Logprobs = dict[int, float]
-# One slice's update: (slice, logits of its prompt-logprob rows, its sample when it samples).
-_Update = tuple[ScheduledSlice, np.ndarray, Callable[[], SampleResult | None]]
+# A slice's draw: the device sampler's (token id, logprobs), the host draw still to run, or
+# None when the slice does not sample.
+_Draw = tuple[int, Logprobs | None] | Callable[[], SampleResult] | None
+# One slice's update: (slice, logits of its prompt-logprob rows (None: it has none), draw).
+_Update = tuple[ScheduledSlice, np.ndarray | None, _Draw]
 
 
+@quick_init  # built for every request at every step
 @dataclass(frozen=True)
 class RequestDelta:
     """What one request gained in one step (or its end)."""
@@ -136,8 +141,8 @@ class LLMEngine:
         self.num_steps += 1
         self.num_rows += batch.num_rows
         deltas = []
-        for sl, prompt_logits, sample in updates:
-            delta = self._update(sl, prompt_logits, sample)
+        for sl, prompt_logits, draw in updates:
+            delta = self._update(sl, prompt_logits, draw)
             if delta is not None:
                 deltas.append(delta)
         return deltas
@@ -147,14 +152,16 @@ class LLMEngine:
         if logits.shape != (batch.final_rows.shape[0], self.vocab_size):
             raise RuntimeError(f"runner returned logits of shape {logits.shape}, expected "
                                f"{(batch.final_rows.shape[0], self.vocab_size)}")
-        updates = []
+        updates: list[_Update] = []
         row = 0
         for sl in plan.slices:
             n = len(sl.prompt_rows)
-            last, req = logits[row + n] if sl.sample else None, sl.request
-            updates.append((sl, logits[row : row + n],
-                            lambda last=last, req=req: _sample_host(last, req)))
-            row += len(sl.logits_rows)
+            draw = None
+            if sl.sample:
+                last, req = logits[row + n], sl.request
+                draw = lambda last=last, req=req: _sample_host(last, req)  # noqa: E731
+            updates.append((sl, logits[row : row + n] if n else None, draw))
+            row += n + sl.sample  # its logits rows: the prompt rows, then the sampled row
         return updates
 
     def _sample_on_device(self, plan: StepPlan, batch: PackedBatch) -> list[_Update]:
@@ -163,31 +170,40 @@ class LLMEngine:
         host_rows: list[int] = []
         row = 0
         for sl in plan.slices:
-            req = sl.request
-            host_rows += range(row, row + len(sl.prompt_rows))
+            n = len(sl.prompt_rows)
+            if n:
+                host_rows += range(row, row + n)
             if sl.sample:
-                prompt, output = req.sampler_history()
-                rows.append(row_sampling(row + len(sl.prompt_rows), req.params, prompt=prompt,
-                                         output=output, seed=req.seed, stop_ids=req.stop_ids,
-                                         vocab_size=self.vocab_size))
-            row += len(sl.logits_rows)
+                req = sl.request
+                meta = plain_row_sampling(row + n, req.params, num_output=req.num_output_tokens,
+                                          seed=req.seed)
+                if meta is None:  # penalties or min_tokens masking: they read the history
+                    prompt, output = req.sampler_history()
+                    meta = row_sampling(row + n, req.params, prompt=prompt, output=output,
+                                        seed=req.seed, stop_ids=req.stop_ids,
+                                        vocab_size=self.vocab_size)
+                rows.append(meta)
+            row += n + sl.sample  # its logits rows: the prompt rows, then the sampled row
         out, host = self.runner.forward_sample(batch, rows, host_rows)
         if len(out.token_ids) != len(rows) or host.shape != (len(host_rows), self.vocab_size):
             raise RuntimeError(f"device sampler returned {len(out.token_ids)} tokens and "
                                f"{host.shape} host rows, expected {len(rows)} and "
                                f"{(len(host_rows), self.vocab_size)}")
-        updates = []
+        # The device already drew: its (token id, logprobs) go straight to _update.
+        updates: list[_Update] = []
         hrow = k = 0
         for sl in plan.slices:
             n = len(sl.prompt_rows)
-            res = SampleResult(out.token_ids[k], out.logprobs[k]) if sl.sample else None
-            updates.append((sl, host[hrow : hrow + n], lambda res=res: res))
+            draw = None
+            if sl.sample:
+                draw = (out.token_ids[k], out.logprobs[k])
+                k += 1
+            updates.append((sl, host[hrow : hrow + n] if n else None, draw))
             hrow += n
-            k += sl.sample
         return updates
 
-    def _update(self, sl: ScheduledSlice, prompt_logits: np.ndarray,
-                sample: Callable[[], SampleResult | None]) -> RequestDelta | None:
+    def _update(self, sl: ScheduledSlice, prompt_logits: np.ndarray | None,
+                draw: _Draw) -> RequestDelta | None:
         req = sl.request
         req.num_computed_tokens += sl.length
         for i, r in enumerate(sl.prompt_rows):
@@ -195,14 +211,18 @@ class LLMEngine:
             lp = log_softmax(prompt_logits[i])
             req.prompt_logprobs.append(top_logprobs(lp, req.params.prompt_logprobs,
                                                     req.token_ids[p + 1]))
-        if not sl.sample:
+        if draw is None:  # the slice does not sample
             return None
-        res = sample() if self.stage_timer is None else self.stage_timer("sampling", sample)
-        req.token_ids.append(res.token_id)
+        if callable(draw):  # the host sampler runs now (timed as a stage under --profile)
+            res = draw() if self.stage_timer is None else self.stage_timer("sampling", draw)
+            token, logprobs = res.token_id, res.logprobs
+        else:
+            token, logprobs = draw
+        req.token_ids.append(token)
         self.num_generated += 1
         if req.logprobs is not None:
-            req.logprobs.append(res.logprobs)
-        reason = self._stop_reason(req, res.token_id)
+            req.logprobs.append(logprobs)
+        reason = self._stop_reason(req, token)
         if reason is not None:
             self.scheduler.finish(req, reason)
             del self.requests[req.request_id]
@@ -210,13 +230,14 @@ class LLMEngine:
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
-        past_min = req.num_output_tokens >= p.min_tokens
+        num_tokens = len(req.token_ids)  # `token` included; read once (this runs per row)
+        num_output = num_tokens - req.num_prompt_tokens
         if token in req.stop_ids:
             req.output_text.finish()  # the stop token's own text is never shown
             return "stop"
-        if req.output_text.add(token, check_stop=past_min):
+        if req.output_text.add(token, num_output >= p.min_tokens):  # stop strings count
             return "stop"
-        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_context:
+        if num_output >= p.max_tokens or num_tokens >= self.max_context:
             req.output_text.finish()
             return "length"
         return None

@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from crucible.engine.batch import quick_init
 from crucible.engine.rng import uniform
 from crucible.errors import RequestError
 
@@ -133,6 +134,7 @@ def _penalize(x: np.ndarray, p: SamplingParams, prompt: Sequence[int],
     return x
 
 
+@quick_init  # one per host-sampled row per step
 @dataclass(frozen=True)
 class SampleResult:
     token_id: int

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from crucible.engine.batch import SegmentSpec
+from crucible.engine.batch import SegmentSpec, quick_init
 from crucible.engine.pages import PageAllocator, pages_for, PAGE_SIZE
 from crucible.engine.request import Request, RequestStatus
 from crucible.errors import ConfigError, QueueFullError
@@ -44,6 +44,7 @@ class SchedulerConfig:
             raise ConfigError(f"max_running must be >= 1, got {self.max_running}")
 
 
+@quick_init  # built for every running request at every step
 @dataclass(frozen=True)
 class ScheduledSlice:
     request: Request
@@ -54,17 +55,16 @@ class ScheduledSlice:
 
     @property
     def logits_rows(self) -> tuple[int, ...]:
+        if not self.prompt_rows:  # decodes and most prefills: no tuple to concatenate
+            return (self.length - 1,) if self.sample else ()
         return self.prompt_rows + ((self.length - 1,) if self.sample else ())
 
     def segment(self) -> SegmentSpec:
+        """This slice for ``build_packed_batch``. The spec shares the request's page list
+        (no copy): the engine packs it into arrays at once, before any table changes."""
         r = self.request
-        return SegmentSpec(
-            request_id=r.request_id,
-            token_ids=r.token_ids[self.start : self.start + self.length],
-            absolute_start=self.start,
-            pages=tuple(r.page_table.pages),
-            logits_rows=self.logits_rows,
-        )
+        return SegmentSpec(r.request_id, r.token_ids[self.start : self.start + self.length],
+                           self.start, r.page_table.pages, self.logits_rows)
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,8 @@ class Scheduler:
 
     def _slice(self, req: Request, n: int) -> ScheduledSlice:
         start = req.num_computed_tokens
+        if req.prompt_logprobs is None:  # the usual case (every decode): no prompt rows
+            return ScheduledSlice(req, start, n, (), start + n == len(req.token_ids))
         first = 0
         last = req.wants_prompt_logprobs_up_to()  # rows < last still need prompt logprobs
         if last:
@@ -147,12 +149,14 @@ class Scheduler:
         budget = self.config.token_budget
         slices: list[ScheduledSlice] = []
         alloc = self.allocator
+        running = RequestStatus.RUNNING
         # 1. Decodes. Victims come from the tail of `running`, which this loop has not
-        #    reached yet, so no already-scheduled request is ever preempted.
+        #    reached yet, so no already-scheduled request is ever preempted. (The loops
+        #    below read num_remaining inline: they visit every running request every step.)
         for req in list(self.running):
             if budget == 0:
                 break
-            if req.status is not RequestStatus.RUNNING or req.num_remaining != 1:
+            if req.status is not running or len(req.token_ids) - req.num_computed_tokens != 1:
                 continue
             while not req.page_table.grow(alloc, req.num_computed_tokens + 1):
                 victim = self.running[-1]
@@ -160,14 +164,14 @@ class Scheduler:
                 preempted.append(victim.request_id)
                 if victim is req:
                     break
-            if req.status is RequestStatus.RUNNING:
+            if req.status is running:
                 slices.append(self._slice(req, 1))
                 budget -= 1
         # 2. Running prefills: as much as budget, cap and free pages allow.
         for req in self.running:
             if budget == 0:
                 break
-            if req.num_remaining <= 1:
+            if len(req.token_ids) - req.num_computed_tokens <= 1:
                 continue
             room = (len(req.page_table) + alloc.num_free) * PAGE_SIZE - req.num_computed_tokens
             n = min(self._cap(req.num_remaining, budget), room)

@@ -41,7 +41,11 @@ def _check_array(name: str, a: object, ndim: int) -> np.ndarray:
 def validate_packed_batch(batch: PackedBatch, *, num_pages: int, vocab_size: int,
                           max_pages_per_table: int | None = None) -> None:
     """Raise BatchValidationError unless ``batch`` is safe to hand to a backend."""
-    if _small_ok(batch, num_pages, vocab_size, max_pages_per_table):
+    # A good batch is accepted by one of two silent passes (plain Python when small, whole
+    # arrays otherwise); anything else (a problem, or a page shared read-only) goes through
+    # the checks below, which name the first problem.
+    if (_small_ok(batch, num_pages, vocab_size, max_pages_per_table)
+            or _vector_ok(batch, num_pages, vocab_size, max_pages_per_table)):
         return
     tokens = _check_array("token_ids", batch.token_ids, 1)
     positions = _check_array("positions", batch.positions, 1)
@@ -132,25 +136,71 @@ def _writes_shared(segs: np.ndarray, tables: np.ndarray, shared_pages: np.ndarra
 
 def _segments_ok(segs: np.ndarray, tables: np.ndarray, lengths: np.ndarray, n_rows: int,
                  max_pages: int | None) -> bool:
-    """True when every segment check below passes (vectorised; no message)."""
+    """True when every segment check below passes (vectorised; no message). Minima and
+    maxima replace elementwise masks where they can: this runs every step."""
     if segs.shape[0] == 0:
         return n_rows == 0
     start, length, abs_start, t = segs.T
+    min_start, min_length, min_abs, min_t = segs.min(axis=0).tolist()
+    if min_start < 0 or min_length <= 0 or min_abs < 0 or min_t < 0:
+        return False
     ends = np.cumsum(length)
-    if ((start < 0) | (length <= 0) | (abs_start < 0)).any() or ends[-1] != n_rows:
+    if ends[-1] != n_rows or (start != ends - length).any():
         return False
-    if ((start + length > _INT32_MAX) | (abs_start + length > _INT32_MAX)).any():
+    # Tiled with positive lengths, start + length is ends, whose largest is ends[-1].
+    abs_end = abs_start + length
+    if ends[-1] > _INT32_MAX or abs_end.max() > _INT32_MAX:
         return False
-    if (start != ends - length).any() or ((t < 0) | (t >= tables.shape[0])).any():
+    if t.max() >= tables.shape[0]:
         return False
     n_table = lengths[t]
-    if ((n_table < 0) | (n_table > tables.shape[1])).any():
+    if n_table.min() < 0 or n_table.max() > tables.shape[1]:
         return False
-    if max_pages is not None and (n_table > max_pages).any():
+    if max_pages is not None and n_table.max() > max_pages:
         return False
-    if (abs_start + length > n_table * PAGE_SIZE).any():
+    if (abs_end > n_table * PAGE_SIZE).any():
         return False
-    return np.unique(t).size == t.size
+    return _distinct(t)
+
+
+def _distinct(a: np.ndarray) -> bool:
+    """No value twice in the 1-D ``a`` (one sort; cheaper than np.unique)."""
+    s = np.sort(a)
+    return not (s[1:] == s[:-1]).any()
+
+
+def _vector_ok(batch: PackedBatch, num_pages: int, vocab_size: int,
+               max_pages: int | None) -> bool:
+    """True when the batch passes every check of validate_packed_batch, in whole-array
+    operations (a decode step of many requests). It only accepts: False (a problem, or a
+    page held by two tables) leaves the verdict and the message to the full checks."""
+    arrays = (batch.token_ids, batch.positions, batch.segments, batch.page_tables,
+              batch.table_lengths, batch.final_rows)
+    for a, ndim in zip(arrays, (1, 1, 2, 2, 1, 1)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.int32 or a.ndim != ndim:
+            return False
+    tokens, positions, tables, finals = (batch.token_ids, batch.positions, batch.page_tables,
+                                         batch.final_rows)
+    segs, lengths = batch.segments.astype(np.int64), batch.table_lengths.astype(np.int64)
+    n_rows = tokens.shape[0]
+    if n_rows == 0 or positions.shape[0] != n_rows or segs.shape[1] != 4:
+        return False
+    if len(batch.request_ids) != segs.shape[0] or lengths.shape[0] != tables.shape[0]:
+        return False
+    if not _segments_ok(segs, tables, lengths, n_rows, max_pages):
+        return False
+    # Row packed_start + r sits at absolute_start + r (segments tile the rows, checked).
+    if (positions != np.repeat(segs[:, 2] - segs[:, 0], segs[:, 1]) + np.arange(n_rows)).any():
+        return False
+    # Every page in the pool and none twice anywhere: no table holds a page twice, and no
+    # page is shared, so none that a segment writes is.
+    pages = tables[np.arange(tables.shape[1])[None, :] < lengths[:, None]]
+    if pages.size and (pages.min() < 0 or pages.max() >= num_pages or not _distinct(pages)):
+        return False
+    if finals.size and not (finals[0] >= 0 and finals[-1] < n_rows
+                            and (finals[1:] > finals[:-1]).all()):
+        return False
+    return bool(tokens.min() >= 0 and tokens.max() < vocab_size)
 
 
 def _check_segments(batch: PackedBatch, segs: np.ndarray, tables: np.ndarray,
@@ -198,9 +248,12 @@ def _small_ok(batch: PackedBatch, num_pages: int, vocab_size: int,
     for a, ndim in zip(arrays, (1, 1, 2, 2, 1, 1)):
         if not isinstance(a, np.ndarray) or a.dtype != np.int32 or a.ndim != ndim:
             return False
+    # Sizes first: a big batch is sent on before any array is turned into lists.
+    if not 0 < batch.token_ids.shape[0] <= _SMALL_ROWS or batch.segments.shape[0] > _SMALL_SEGS:
+        return False
     tokens, positions = batch.token_ids.tolist(), batch.positions.tolist()
     n_rows, segs = len(tokens), batch.segments.tolist()
-    if not 0 < n_rows <= _SMALL_ROWS or len(positions) != n_rows or len(segs) > _SMALL_SEGS:
+    if len(positions) != n_rows:
         return False
     if batch.segments.shape[1] != 4 or len(batch.request_ids) != len(segs):
         return False
