@@ -158,8 +158,13 @@ def _pack_vectorised(specs: Sequence[SegmentSpec]) -> PackedBatch:
     # Row-major order of the mask is the order the pages are chained in.
     tables[np.arange(width)[None, :] < n_pages[:, None]] = np.fromiter(
         chain.from_iterable(s.pages for s in specs), np.int32, int(n_pages.sum()))
-    finals = [start + r for start, s in zip(packed_starts.tolist(), specs)
-              for r in sorted(s.logits_rows)]
+    finals: list[int] = []
+    for start, s in zip(packed_starts.tolist(), specs):
+        rows = s.logits_rows
+        if len(rows) == 1:  # a decode: nothing to sort (a third of this loop's cost)
+            finals.append(start + rows[0])
+        else:
+            finals.extend(start + r for r in sorted(rows))
     return _batch(specs, token_ids, positions, segments, tables, n_pages.astype(np.int32),
                   finals)
 
