@@ -73,8 +73,10 @@ def decode_rate(runner: ModelRunner, batch_size: int, steps: int, rng: np.random
 def engine_rate(runner: ModelRunner, tokenizer: object, batch_size: int, new: int,
                 rng: np.random.Generator) -> float:
     """Decode tok/s through LLMEngine (scheduler, validation, device sampling, detokenizing):
-    what a user of the engine gets. Greedy, 128-token prompts; the steps after the first
-    two decode steps are timed."""
+    what a user of the engine gets. Greedy, 128-token prompts. Timing starts once every
+    request has two output tokens (64 prompts take several prefill steps under the token
+    budget; the first decode steps capture graphs); tokens counted are those generated
+    after that."""
     from crucible.engine.engine import LLMEngine
     from crucible.engine.sampling import SamplingParams
 
@@ -82,13 +84,12 @@ def engine_rate(runner: ModelRunner, tokenizer: object, batch_size: int, new: in
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
     for _ in range(batch_size):
         eng.add_request(rng.integers(0, runner.config.vocab_size, 128).tolist(), params)
-    for _ in range(3):  # prefill, then two decode steps (graph capture on first use)
+    while min(r.num_output_tokens for r in eng.requests.values()) < 2:
         eng.step()
-    steps, t = 0, time.perf_counter()
+    done, t = eng.num_generated, time.perf_counter()
     while eng.has_unfinished():
         eng.step()
-        steps += 1
-    return batch_size * steps / (time.perf_counter() - t)
+    return (eng.num_generated - done) / (time.perf_counter() - t)
 
 
 def prefill_seconds(runner: ModelRunner, segs: list[tuple[int, int]],
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--json", default="bench/gpu-generate.json")
+    p.add_argument("--parts", default="decode,engine,prefill,profile",
+                   help="comma-separated subset of decode,engine,prefill,profile")
     args = p.parse_args(argv)
     model = load_model(args.model, args.weights)
     runner = ModelRunner(model, num_pages=1100, device="cuda")
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, list[float]] = {}
     graphs = runner.backend.graphs
     for r in range(args.rounds):
-        for b in (1, 64):
+        for b in (1, 64) if "decode" in args.parts else ():
             order = MODES if r % 2 == 0 else MODES[::-1]
             got = {}
             for mode in order:
@@ -161,9 +164,13 @@ def main(argv: list[str] | None = None) -> int:
                 res.setdefault(f"decode_b{b}_{mode}_tok_s", []).append(got[mode])
             res.setdefault(f"decode_b{b}_graph_over_eager", []).append(got["graph"] / got["eager"])
             res.setdefault(f"decode_b{b}_pdl_over_graph", []).append(got["graph_pdl"] / got["graph"])
-        for b in (1, 64):
+        for b in (1, 64) if "engine" in args.parts else ():
             res.setdefault(f"engine_decode_b{b}_tok_s", []).append(
                 engine_rate(runner, model.tokenizer, b, args.steps, rng))
+        if "prefill" not in args.parts:
+            print(f"round {r}: " + ", ".join(f"{k}={v[-1]:.4g}" for k, v in res.items()),
+                  file=sys.stderr, flush=True)
+            continue
         for n in (64, 256, 1024):  # a lone prompt: singleton prefill graph vs eager
             order = (False, True) if r % 2 == 0 else (True, False)
             got = {g: prefill_seconds(runner, [(n, 0)], rng, g) for g in order}
@@ -174,8 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         res.setdefault("prefill_16x64_s", []).append(prefill_seconds(runner, [(64, 0)] * 16, rng))
         print(f"round {r}: " + ", ".join(f"{k}={v[-1]:.4g}" for k, v in res.items()),
               file=sys.stderr, flush=True)
-    profiles = {"decode_b1": profile(runner, 1, 0, rng), "decode_b64": profile(runner, 64, 0, rng),
-                "prefill_1024": profile(runner, 0, 1024, rng)}
+    profiles = {}
+    if "profile" in args.parts:
+        profiles = {"decode_b1": profile(runner, 1, 0, rng),
+                    "decode_b64": profile(runner, 64, 0, rng),
+                    "prefill_1024": profile(runner, 0, 1024, rng)}
     for name, ms in profiles.items():
         print(f"profile {name}: total {sum(ms.values()):.3f} ms: " + ", ".join(
             f"{k} {v:.3f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1])), file=sys.stderr)
