@@ -159,6 +159,10 @@ def main(argv: list[str]) -> int:
     def alone(prompts: list[list[int]], params: list[SamplingParams]) -> dict[str, Outcome]:
         return one_at_a_time(model, prompts, params, device=args.device, attention="reference")
 
+    def progress(stage: str) -> None:  # a long run cut short still says how far it got
+        print(f"  {stage}: {rep.runs} packed runs, {rep.sequences} sequences, "
+              f"{rep.failures} failures ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+
     prompts, params = workload(rnd, 16, args.steps, vocab, ctx)
     ref = alone(prompts, params)
     shuffled = list(range(16))
@@ -168,6 +172,7 @@ def main(argv: list[str]) -> int:
                             ("shuffled", shuffled)):
             got, _ = run_workload(model, prompts, params, budget=budget, order=order, **kw)
             rep.compare(f"budget {budget} {name}", got, ref)
+    progress("chunk budgets x packing orders")
     aborts = {0: ["3"], 1: ["7"], 3: ["11"], 6: ["14"]}
     for budget in (1024, 37):
         got, _ = run_workload(model, prompts, params, budget=budget, aborts=aborts,
@@ -182,6 +187,7 @@ def main(argv: list[str]) -> int:
         got, stats = run_workload(model, prompts, params, budget=131, num_pages=pages, **kw)
         rep.compare(f"{pages}-page pool", got, ref)
         preemptions += stats["preemptions"]
+    progress("cancellations and small pools")
     ones = [SamplingParams(max_tokens=1, logprobs=2, seed=i, **KINDS[i % len(KINDS)])
             for i in range(8)]
     rep.compare("max_tokens=1", run_workload(model, prompts[:8], ones, **kw)[0],
@@ -191,6 +197,7 @@ def main(argv: list[str]) -> int:
         got, _ = run_workload(model, fp, fpar, budget=rnd.choice([16, 37, 64, 200, 1024]),
                               num_pages=rnd.choice([32, 64, 128]), **kw)
         rep.compare(f"fuzz {f}", got, alone(fp, fpar))
+        progress(f"fuzz set {f + 1}/{args.fuzz}")
     rejected = check_malformed(rep, vocab)
     print(f"gpu-packed-prefill-check: attention {selected} vs reference alone, device "
           f"{args.device}, weights {args.weights}: {rep.sequences} sequences in {rep.runs} "
