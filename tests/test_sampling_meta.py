@@ -156,3 +156,28 @@ def test_plain_rows_need_no_history():
                 else:
                     assert type(a) is type(b) and a == b, (i, f.name)
     assert plain_seen > 50
+
+
+def test_record_packing_equals_the_columnar_layout():
+    """Steps whose rows carry no entries are packed record by record (struct); the words
+    equal the columnar numpy path's for random rows (temperatures, top-k/p, min-p, seeds up
+    to 2^64 - 1, counters, logprobs)."""
+    from crucible.backend.sampling_meta import _pack_columnar, _pack_records
+
+    rng = np.random.default_rng(11)
+    for n in (1, 2, 7, 64):
+        rows = []
+        for i in range(n):
+            params = SamplingParams(temperature=float(rng.choice([0.0, 0.7, 1.3])),
+                                    top_k=int(rng.integers(0, 500)),
+                                    top_p=float(rng.uniform(0.05, 1.0)),
+                                    min_p=float(rng.uniform(0.0, 0.5)),
+                                    logprobs=None if i % 3 else int(rng.integers(0, 6)))
+            seed = int(rng.integers(0, 2**63)) * 2 + int(rng.integers(0, 2))
+            rows.append(row_sampling(n - 1 - i, params, prompt=[1, 2], output=[3] * (i % 4),
+                                     seed=seed, stop_ids=(), vocab_size=VOCAB))
+        assert all(r.entry_ids.size == 0 for r in rows)
+        got = _pack_records(rows)
+        assert got.dtype == np.int64 and got.flags.writeable
+        assert np.array_equal(got, _pack_columnar(rows, VOCAB))
+        assert np.array_equal(pack_rows(rows, n, VOCAB), got)
