@@ -8,13 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from crucible.engine.batch import (
-    SegmentSpec,
-    _pack_loop,
-    _pack_vectorised,
-    build_packed_batch,
-    quick_init,
-)
+from crucible.engine.batch import SegmentSpec, _pack_loop, _pack_vectorised, build_packed_batch
+from crucible.records import quick_init
 
 FIELDS = ("token_ids", "positions", "segments", "page_tables", "table_lengths", "final_rows")
 

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
 
-from crucible.engine.batch import quick_init
+from crucible.records import quick_init
 
 ROW_WORDS = 16
 ENTRY_WORDS = 2  # int64 words per entry (four int32)

@@ -24,7 +24,7 @@ import numpy as np
 
 from crucible.backend.sampling_meta import (RowSampling, SampleOutput, plain_row_sampling,
                                             row_sampling)
-from crucible.engine.batch import PackedBatch, build_packed_batch, quick_init
+from crucible.engine.batch import PackedBatch, build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.request import Request, RequestStatus
 from crucible.engine.rng import derive_seed
@@ -33,6 +33,7 @@ from crucible.engine.sampling import (SampleResult, SamplingParams, log_softmax,
 from crucible.engine.scheduler import ScheduledSlice, Scheduler, SchedulerConfig, StepPlan
 from crucible.engine.validate import validate_packed_batch
 from crucible.errors import RequestError
+from crucible.records import quick_init
 
 Logprobs = dict[int, float]
 # A slice's draw: the device sampler's (token id, logprobs), the host draw still to run, or

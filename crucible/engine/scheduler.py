@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from crucible.engine.batch import SegmentSpec, quick_init
+from crucible.engine.batch import SegmentSpec
+from crucible.records import quick_init
 from crucible.engine.pages import PageAllocator, pages_for, PAGE_SIZE
 from crucible.engine.request import Request, RequestStatus
 from crucible.errors import ConfigError, QueueFullError
