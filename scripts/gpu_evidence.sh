@@ -2,7 +2,8 @@
 # The GPU evidence of docs/gpu-engine.md, in one run on the GPU machine (from the repo root).
 #   bash scripts/gpu_evidence.sh [MODEL.gguf]
 # Without a model: the exactness suite on tiny random models and the per-kernel bench. With
-# the default model's GGUF: also the speed bench, perplexity (int8 and f32) and the HF peer.
+# the default model's GGUF: also the speed bench, perplexity (int8 and f32), the HF peer and
+# the full-size packed check (over 5 minutes on its own).
 # Logs and JSON go to $OUT (default: ./gpu-out). Copy what a doc quotes into bench/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,5 +28,9 @@ if [ $# -ge 1 ]; then
     done
     run hf-peer python3 bench/hf_peer.py --model "$model" --weights f32 --batches 1,32 \
         --json "$out/hf-peer.json"
+    # The full-size packed check on the default model runs past 285 s: give it its own
+    # command (10 minutes); its stderr reports progress after each stage.
+    run packed-full timeout 590 python3 -m crucible gpu-packed-prefill-check --model "$model" \
+        --steps 16 --fuzz 24
 fi
 exit $status
