@@ -33,7 +33,7 @@ EPI_STORE, EPI_SWIGLU, EPI_ROPE = 0, 1, 2
 
 def rows_mt(m: int) -> int:
     """Rows per block of the row kernels: never more than needed for tiny M; 4 up to 64
-    rows (twice the CTAs of 8: 9-23% faster per GEMM at 64 rows on the H200,
+    rows (twice the CTAs of 8: 8% less time per layer at 64 rows on the H200,
     bench/gpu-kernels-h200.json), then 8."""
     return 1 if m == 1 else 4 if m <= 64 else 8
 
