@@ -167,6 +167,19 @@ def _full(batch, **kw):
         v._SMALL_ROWS, v._vector_ok = saved
 
 
+def _corruptions(make, rng, n=3000):
+    """n batches from make(), each with one random entry of one array moved by a small
+    amount: (array name, the corrupted array, the batch)."""
+    fields = ("token_ids", "positions", "segments", "page_tables", "table_lengths",
+              "final_rows")
+    for _ in range(n):
+        name = fields[rng.integers(len(fields))]
+        a = getattr(make(), name).copy()
+        flat = a.reshape(-1)
+        flat[rng.integers(flat.size)] += int(rng.choice([-17, -1, 1, 2, 16, 40]))
+        yield name, a, replace(make(), **{name: a})
+
+
 def _small(batch, num_pages=NUM_PAGES, max_pages=None):
     from crucible.engine.validate import _small_ok
 
@@ -194,15 +207,8 @@ def test_small_pass_never_accepts_what_the_full_checks_refuse():
     """3,000 random single-entry corruptions of good batches: wherever the small pass
     accepts, the full checks accept too (and it accepts most unchanged batches)."""
     rng = np.random.default_rng(7)
-    fields = ("token_ids", "positions", "segments", "page_tables", "table_lengths",
-              "final_rows")
     accepted = 0
-    for _ in range(3000):
-        name = fields[rng.integers(len(fields))]
-        a = getattr(good(), name).copy()
-        flat = a.reshape(-1)
-        flat[rng.integers(flat.size)] += int(rng.choice([-17, -1, 1, 2, 16, 40]))
-        b = replace(good(), **{name: a})
+    for name, a, b in _corruptions(good, rng):
         if _small(b):
             accepted += 1
             assert _full(b), (name, a)
@@ -246,15 +252,8 @@ def test_vector_pass_agrees_with_the_full_checks(make):
     full checks accept, but for a page held by two tables, where it always refuses."""
     rng = np.random.default_rng(11)
     num_pages = 80 if make is _many else NUM_PAGES
-    fields = ("token_ids", "positions", "segments", "page_tables", "table_lengths",
-              "final_rows")
     accepted = 0
-    for _ in range(3000):
-        name = fields[rng.integers(len(fields))]
-        a = getattr(make(), name).copy()
-        flat = a.reshape(-1)
-        flat[rng.integers(flat.size)] += int(rng.choice([-17, -1, 1, 2, 16, 40]))
-        b = replace(make(), **{name: a})
+    for name, a, b in _corruptions(make, rng):
         max_pages = int(rng.choice([2, 3, 4])) if rng.random() < 0.3 else None
         fast = _vector(b, num_pages, max_pages)
         full = _full(b, num_pages=num_pages, max_pages_per_table=max_pages)

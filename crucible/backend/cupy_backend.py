@@ -123,20 +123,20 @@ class CupyBackend:
         from crucible.kernels.variants import parse_variant
 
         new = parse_variant(variant) if isinstance(variant, str) else variant
-        _cp().cuda.Device().synchronize()
-        for g in (self.graphs, self.prefill_graphs):
-            if g is not None:
-                g.clear()
+        self._drop_graphs()
         self.variant = new
 
     def set_pdl(self, on: bool) -> None:
         """Programmatic dependent launch in decode graphs on or off (cupy_launch.py): waits
         for queued work and drops every graph, since a graph bakes in how it launches."""
+        self._drop_graphs()
+        cupy_launch.set_enabled(on)
+
+    def _drop_graphs(self) -> None:
         _cp().cuda.Device().synchronize()
         for g in (self.graphs, self.prefill_graphs):
             if g is not None:
                 g.clear()
-        cupy_launch.set_enabled(on)
 
     def run_step(self, batch: PackedBatch) -> np.ndarray:
         """f32 logits of the final rows, on the host."""
