@@ -21,10 +21,10 @@ from collections import deque
 from dataclasses import dataclass
 
 from crucible.engine.batch import SegmentSpec
-from crucible.records import quick_init
 from crucible.engine.pages import PageAllocator, pages_for, PAGE_SIZE
 from crucible.engine.request import Request, RequestStatus
 from crucible.errors import ConfigError, QueueFullError
+from crucible.records import quick_init
 
 
 @dataclass(frozen=True)
@@ -150,14 +150,12 @@ class Scheduler:
         budget = self.config.token_budget
         slices: list[ScheduledSlice] = []
         alloc = self.allocator
-        running = RequestStatus.RUNNING
         # 1. Decodes. Victims come from the tail of `running`, which this loop has not
-        #    reached yet, so no already-scheduled request is ever preempted. (The loops
-        #    below read num_remaining inline: they visit every running request every step.)
+        #    reached yet, so no already-scheduled request is ever preempted.
         for req in list(self.running):
             if budget == 0:
                 break
-            if req.status is not running or len(req.token_ids) - req.num_computed_tokens != 1:
+            if req.status is not RequestStatus.RUNNING or req.num_remaining != 1:
                 continue
             while not req.page_table.grow(alloc, req.num_computed_tokens + 1):
                 victim = self.running[-1]
@@ -165,14 +163,14 @@ class Scheduler:
                 preempted.append(victim.request_id)
                 if victim is req:
                     break
-            if req.status is running:
+            if req.status is RequestStatus.RUNNING:
                 slices.append(self._slice(req, 1))
                 budget -= 1
         # 2. Running prefills: as much as budget, cap and free pages allow.
         for req in self.running:
             if budget == 0:
                 break
-            if len(req.token_ids) - req.num_computed_tokens <= 1:
+            if req.num_remaining <= 1:
                 continue
             room = (len(req.page_table) + alloc.num_free) * PAGE_SIZE - req.num_computed_tokens
             n = min(self._cap(req.num_remaining, budget), room)

@@ -163,6 +163,14 @@ def _segments_ok(segs: np.ndarray, tables: np.ndarray, lengths: np.ndarray, n_ro
     return _distinct(t)
 
 
+def _well_typed(batch: PackedBatch) -> bool:
+    """Every array an int32 numpy array of the right rank (what _check_array demands)."""
+    arrays = (batch.token_ids, batch.positions, batch.segments, batch.page_tables,
+              batch.table_lengths, batch.final_rows)
+    return all(isinstance(a, np.ndarray) and a.dtype == np.int32 and a.ndim == ndim
+               for a, ndim in zip(arrays, (1, 1, 2, 2, 1, 1)))
+
+
 def _distinct(a: np.ndarray) -> bool:
     """No value twice in the 1-D ``a`` (one sort; cheaper than np.unique)."""
     s = np.sort(a)
@@ -174,11 +182,8 @@ def _vector_ok(batch: PackedBatch, num_pages: int, vocab_size: int,
     """True when the batch passes every check of validate_packed_batch, in whole-array
     operations (a decode step of many requests). It only accepts: False (a problem, or a
     page held by two tables) leaves the verdict and the message to the full checks."""
-    arrays = (batch.token_ids, batch.positions, batch.segments, batch.page_tables,
-              batch.table_lengths, batch.final_rows)
-    for a, ndim in zip(arrays, (1, 1, 2, 2, 1, 1)):
-        if not isinstance(a, np.ndarray) or a.dtype != np.int32 or a.ndim != ndim:
-            return False
+    if not _well_typed(batch):
+        return False
     tokens, positions, tables, finals = (batch.token_ids, batch.positions, batch.page_tables,
                                          batch.final_rows)
     segs, lengths = batch.segments.astype(np.int64), batch.table_lengths.astype(np.int64)
@@ -243,11 +248,8 @@ def _small_ok(batch: PackedBatch, num_pages: int, vocab_size: int,
     """True when a small batch passes every check below, in plain Python. It only accepts:
     False (anything unusual, or a batch too big for this pass) sends the batch through the
     full checks, which name the first problem."""
-    arrays = (batch.token_ids, batch.positions, batch.segments, batch.page_tables,
-              batch.table_lengths, batch.final_rows)
-    for a, ndim in zip(arrays, (1, 1, 2, 2, 1, 1)):
-        if not isinstance(a, np.ndarray) or a.dtype != np.int32 or a.ndim != ndim:
-            return False
+    if not _well_typed(batch):
+        return False
     # Sizes first: a big batch is sent on before any array is turned into lists.
     if not 0 < batch.token_ids.shape[0] <= _SMALL_ROWS or batch.segments.shape[0] > _SMALL_SEGS:
         return False
