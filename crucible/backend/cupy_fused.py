@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from crucible.backend.cupy_kernels import (KC, DeviceWeight, _check_out, _check_x, _ctype,
-                                           _cupy, _module, _need, _sm_count)
+                                           _cupy, _module, _need)
 from crucible.backend.cupy_launch import launch
+from crucible.kernels.loader import ensure_dynamic_smem, sm_count
 
 ROWS_MAX_M = 128  # up to here the row kernels (linear_rows.cu); above, the tiled one
 ROWS_MAX_K = 1536  # the row kernels give each 64-wide K chunk its own warp (<= 24 warps)
@@ -131,8 +132,6 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     """The fused row kernel (cuda/linear_rows.cu): optional RMSNorm of x with ``norm``
     first, then the GEMM, then store (+ residual), SwiGLU, or RoPE + K/V store. ``mt``
     (1, 4 or 8 rows per CTA) overrides ``rows_mt`` for benchmarks; bits do not depend on it."""
-    from crucible.kernels.loader import ensure_dynamic_smem
-
     cp = _cupy()
     f = _form("linear_rows", x, wd, out, residual, norm, epi, rope)
     m, k = f.m, f.k
@@ -146,7 +145,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     row_groups = -(-m // mt)
     # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
     # once (the LM head); then each CTA stages and normalises x once for several blocks.
-    groups = max(1, -(-f.blocks * row_groups // (4 * _sm_count())))
+    groups = max(1, -(-f.blocks * row_groups // (4 * sm_count())))
     fn = fused_kernel(_rows_name(str(wd.w.dtype), mt, 0 if norm is None else 1, epi))
     smem = 4 * (mt * k + chunks * mt * f.nc * 32 + k)
     ensure_dynamic_smem(fn, smem)

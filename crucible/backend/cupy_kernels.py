@@ -126,12 +126,6 @@ def linear_tiled(x: Any, wd: DeviceWeight, out: Any, residual: Any = None) -> An
     return out
 
 
-@functools.cache
-def _sm_count() -> int:
-    cp = _cupy()
-    return int(cp.cuda.Device().attributes["MultiProcessorCount"])
-
-
 def rows_launch(name: str, rows: int, args: tuple, threads: int = 256) -> None:
     if rows:
         kernel(name)((rows,), (threads,), args)

@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from crucible.backend.sampling_meta import (LP_WORDS, RowSampling, SampleOutput, pack_rows)
+from crucible.kernels.loader import sm_count
 from crucible.kernels.source import cuda_source_dir, read_cuda_source
 
 THREADS = 512  # THREADS in sampling.cu
@@ -50,13 +51,6 @@ def _module() -> Any:
     # No fast-math: the kernels spell out f64 rounding with intrinsics.
     return _cupy().RawModule(code=read_cuda_source("sampling.cu"),
                              options=("-std=c++17", f"-I{cuda_source_dir()}"))
-
-
-@functools.cache
-def _sm_count() -> int:
-    cp = _cupy()
-    # cudaDevAttrMultiProcessorCount is 16 in every CUDA release.
-    return int(cp.cuda.runtime.deviceGetAttribute(16, cp.cuda.runtime.getDevice()))
 
 
 class CupySampler:
@@ -117,7 +111,7 @@ class CupySampler:
         """The kernel alone over checked inputs (``sample`` checks them; timings call this):
         device (tokens [>= r], logprob words [>= r, 43]), valid until the next call."""
         vocab = logits.shape[1]
-        slots = min(r, self.max_slots or _sm_count())
+        slots = min(r, self.max_slots or sm_count())
         keys, keys2, ids1, ids2 = self._scratch_for(slots, vocab)
         tokens, paths, lp = self._outputs(r)
         self._paths = paths[:r]
