@@ -2,10 +2,12 @@
 
     python3 bench/gpu_generate.py --model PATH [--weights int8] [--rounds 3] [--json PATH]
 
-Decode: batches of 1 and 64 requests with 128-token histories; per round, three modes run in
+Decode: batches of 1 and 64 requests with 128-token histories; per round, four modes run in
 alternating order: eager, decode graphs, decode graphs with programmatic dependent launch
-(PDL). A step is timed from building its packed batch on the host to the sampled ids on the
-host (greedy, sampled on the device, each step fed the previous step's ids); then the same
+(PDL), and the last pipelined (step t+1 queued before step t's ids are read; its input ids
+come from the device). A step is timed from building its packed batch on the host to the
+sampled ids on the host (greedy, sampled on the device, each step fed the previous step's
+ids; pipelined: steps per second over the whole run); then the same
 through LLMEngine (scheduler, validation, sampling on the device, detokenizing), which is
 what the engine's users get. Prefill: one prompt of 64, 256 and 1,024 tokens (time to logits of its last row),
 singleton prefill graphs on and off alternating, and 16 x 64 packed (eager).
@@ -29,19 +31,23 @@ from crucible.model.loader import load_model
 from crucible.model.runner import ModelRunner
 
 
-MODES = ("eager", "graph", "graph_pdl")  # decode graphs off; on without PDL; on with PDL
+# decode graphs off; on without PDL; on with PDL; the last, pipelined (step t+1 queued
+# before step t's ids are read, its input ids fed on the device: crucible/engine/pipeline.py)
+MODES = ("eager", "graph", "graph_pdl", "graph_pdl_pipe")
 
 
 def set_mode(runner: ModelRunner, mode: str, graphs: object) -> None:
     """Graphs on or off, and PDL for the graphs captured next (set_pdl drops old graphs)."""
     be = runner.backend
     be.graphs = None if mode == "eager" else graphs
-    be.set_pdl(mode == "graph_pdl")
+    be.set_pdl(mode.startswith("graph_pdl"))
 
 
-def decode_rate(runner: ModelRunner, batch_size: int, steps: int, rng: np.random.Generator) -> float:
+def decode_rate(runner: ModelRunner, batch_size: int, steps: int, rng: np.random.Generator,
+                pipelined: bool = False) -> float:
     """tok/s of decode steps as the engine runs them: the packed batch built on the host,
-    the forward, greedy sampling on the device, the ids back on the host."""
+    the forward, greedy sampling on the device, the ids back on the host. Pipelined: step
+    p + 1 is queued (its ids fed on the device) before step p's ids are read."""
     from crucible.backend.sampling_meta import row_sampling
     from crucible.engine.sampling import SamplingParams
 
@@ -64,6 +70,20 @@ def decode_rate(runner: ModelRunner, batch_size: int, steps: int, rng: np.random
 
     step(128)
     step(129)  # warm-up (and capture when graphs are on)
+    if pipelined:
+        feed = np.arange(batch_size, dtype=np.int32)
+        t = time.perf_counter()
+        pend = runner.launch_sample(build_packed_batch(
+            [SegmentSpec(f"r{i}", [toks[i]], 130, tables[i], [0]) for i in range(batch_size)]),
+            rows)
+        for p in range(131, 130 + steps):
+            nxt = runner.launch_sample(build_packed_batch(
+                [SegmentSpec(f"r{i}", [0], p, tables[i], [0]) for i in range(batch_size)]),
+                rows, feed=feed)
+            toks = list(pend.result()[0].token_ids)
+            pend = nxt
+        toks = list(pend.result()[0].token_ids)
+        return batch_size * steps / (time.perf_counter() - t)
     t = time.perf_counter()
     for p in range(130, 130 + steps):
         step(p)
@@ -158,12 +178,14 @@ def main(argv: list[str] | None = None) -> int:
             got = {}
             for mode in order:
                 set_mode(runner, mode, graphs)
-                got[mode] = decode_rate(runner, b, args.steps, rng)
+                got[mode] = decode_rate(runner, b, args.steps, rng, mode.endswith("pipe"))
             set_mode(runner, "graph_pdl", graphs)
             for mode in MODES:
                 res.setdefault(f"decode_b{b}_{mode}_tok_s", []).append(got[mode])
             res.setdefault(f"decode_b{b}_graph_over_eager", []).append(got["graph"] / got["eager"])
             res.setdefault(f"decode_b{b}_pdl_over_graph", []).append(got["graph_pdl"] / got["graph"])
+            res.setdefault(f"decode_b{b}_pipe_over_pdl", []).append(
+                got["graph_pdl_pipe"] / got["graph_pdl"])
         for b in (1, 64) if "engine" in args.parts else ():
             res.setdefault(f"engine_decode_b{b}_tok_s", []).append(
                 engine_rate(runner, model.tokenizer, b, args.steps, rng))

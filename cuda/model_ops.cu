@@ -6,6 +6,9 @@
 // bits never depend on the other rows of the step.
 //
 // embed_rows:   grid (T), block 256: y[t, :] = table[ids[t], :].
+// embed_fed:    as embed_rows, but a row with feed[t] >= 0 takes its id from fed[feed[t]]:
+//   the previous step's sampled ids, still on the device (pipelined decode; the host
+//   launches step t+1 before it has read step t's ids).
 // rmsnorm_rows: grid (T), block 256 (8 warps): thread j squares-and-adds x[j], x[j+256], ...
 //   with fma; shuffle-down tree 16,8,4,2,1 per warp; warp 0 lane 0 adds the 8 warp partials
 //   in ascending order; inv = 1 / sqrt(ss / D + eps); y = (x * inv) * w.
@@ -22,6 +25,15 @@ __global__ void embed_rows(const float* __restrict__ table, const int* __restric
                            float* __restrict__ y, int D) {
     const long t = blockIdx.x;
     const float* src = table + (long)ids[t] * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) y[t * D + d] = src[d];
+}
+
+__global__ void embed_fed(const float* __restrict__ table, const int* __restrict__ ids,
+                          const int* __restrict__ feed, const int* __restrict__ fed,
+                          float* __restrict__ y, int D) {
+    const long t = blockIdx.x;
+    const int f = feed[t];
+    const float* src = table + (long)(f >= 0 ? fed[f] : ids[t]) * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x) y[t * D + d] = src[d];
 }
 

@@ -103,9 +103,9 @@ def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
         def wait_event(self, event: str) -> None:
             log.append((self.name, "waits", event))
 
-    class Meta:
-        def set(self, host: np.ndarray, stream: Stream) -> None:
-            log.append((stream.name, "meta", host.tolist()))
+    class Ring:  # page-locked staging (cupy_pinned.PinnedRing): queued on the stream
+        def upload(self, host: np.ndarray, dev: str, stream: Stream) -> None:
+            log.append((stream.name, "meta", dev, host.tolist()))
 
     class Graph:
         def launch(self, stream: Stream) -> None:
@@ -114,9 +114,9 @@ def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=Stream("default")))
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    cap = Captured(Graph(), Meta(), logits="logits", pool=None)
-    assert cap.replay(Stream("graphs"), np.array([1, 2])) == "logits"
-    assert log == [("graphs", "waits", "event(default)"), ("graphs", "meta", [1, 2]),
+    cap = Captured(Graph(), "meta_dev", logits="logits", pool=None)
+    assert cap.replay(Stream("graphs"), np.array([1, 2]), Ring()) == "logits"
+    assert log == [("graphs", "waits", "event(default)"), ("graphs", "meta", "meta_dev", [1, 2]),
                    ("graphs", "launch"), ("default", "waits", "event(graphs)")]
 
 
@@ -158,8 +158,11 @@ def test_decode_graph_metadata_matches_the_batch() -> None:
                              rng.permutation(400)[: int(p) // 16 + 1].tolist(), [0])
                  for i, p in enumerate(pos)]
         batch = build_packed_batch(specs)
-        out = g.host_meta(batch, bucket)
+        feed = rng.integers(-1, 64, b).astype(np.int32)
+        out = g.host_meta(batch, bucket, feed if b % 2 else None)
         pad = g.host_meta(None, bucket)
+        fed = out[9 * bucket + 12 * bucket : 10 * bucket + 12 * bucket]
+        assert (fed[:b] == (feed if b % 2 else -1)).all() and (fed[b:] == -1).all()
         slots = batch.slot_mapping()
         assert (out[:b] == batch.token_ids).all()
         assert (out[bucket : bucket + b] == batch.positions).all()
@@ -177,4 +180,6 @@ def test_decode_graph_metadata_matches_the_batch() -> None:
             mask[k * bucket : k * bucket + b] = False
         mask[4 * bucket : 4 * bucket + 4 * b] = False
         mask[8 * bucket : 8 * bucket + 12 * b] = False
+        mask[9 * bucket + 12 * bucket : 9 * bucket + 12 * bucket + b] = False
         assert (out[mask] == pad[mask]).all()
+        assert out.size == 10 * bucket + 12 * bucket  # 4 columns, segments, tables, finals, feed

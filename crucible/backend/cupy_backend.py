@@ -58,6 +58,10 @@ class CupyMeta:
     max_chunk: int
     score_capacity: int
     all_final: bool = False  # final_rows == 0..T-1 (a decode step)
+    # Pipelined decode (decode graphs only): row t takes its id from fed[feed[t]] when
+    # feed[t] >= 0, i.e. from the previous step's sampled ids still on the device.
+    feed: Any = None
+    fed: Any = None
 
 
 class CupyBackend:
@@ -132,6 +136,13 @@ class CupyBackend:
         self._drop_graphs()
         cupy_launch.set_enabled(on)
 
+    def fed_ids(self, rows: int) -> Any:
+        """Where a step's sampler should write its ``rows`` ids so that the next decode step
+        can read them on the device (``run_step_device(..., feed=...)``), or None when that
+        next step cannot be fed (no decode graphs, or more rows than a graph holds)."""
+        g = self.graphs
+        return g.fed if g is not None and rows <= g.fed.shape[0] else None
+
     def _drop_graphs(self) -> None:
         _cp().cuda.Device().synchronize()
         for g in (self.graphs, self.prefill_graphs):
@@ -142,16 +153,21 @@ class CupyBackend:
         """f32 logits of the final rows, on the host."""
         return self.to_host(self.run_step_device(batch))
 
-    def run_step_device(self, batch: PackedBatch) -> Any:
+    def run_step_device(self, batch: PackedBatch, feed: np.ndarray | None = None) -> Any:
         """Logits [R, vocab] of the final rows as a device array. Decode steps and singleton
         prefills replay CUDA graphs; everything else runs eagerly. The array belongs to the
-        backend and is only valid until the next step (a graph reuses its buffer)."""
+        backend and is only valid until the next step (a graph reuses its buffer).
+
+        ``feed`` (pipelined decode, see ``fed_ids``): per row, the index of the previous
+        step's sampled id that is this row's input token, or -1 for the batch's own id."""
         from crucible.backend.cupy_graphs import is_decode_step
         from crucible.backend.cupy_prefill_graphs import is_singleton_prefill
         from crucible.kernels.variants import score_capacity
 
+        if feed is not None and (self.graphs is None or not is_decode_step(batch)):
+            raise ValueError("a fed step must be a decode step run by the decode graphs")
         if self.graphs is not None and is_decode_step(batch):
-            return self.graphs.run(batch, score_capacity(batch.max_end))
+            return self.graphs.run(batch, score_capacity(batch.max_end), feed)
         if self.prefill_graphs is not None and is_singleton_prefill(batch):
             out = self.prefill_graphs.run(batch, score_capacity(batch.max_end))
             if out is not None:
@@ -186,8 +202,12 @@ class CupyBackend:
     def embed(self, meta: CupyMeta) -> Any:
         d = self.cfg.hidden_size
         y = self._new((meta.num_rows, d))
-        ck.rows_launch("embed_rows", meta.num_rows, (self.embedding, meta.token_ids, y,
-                                                      np.int32(d)))
+        if meta.feed is not None:
+            ck.rows_launch("embed_fed", meta.num_rows, (self.embedding, meta.token_ids,
+                                                         meta.feed, meta.fed, y, np.int32(d)))
+        else:
+            ck.rows_launch("embed_rows", meta.num_rows, (self.embedding, meta.token_ids, y,
+                                                          np.int32(d)))
         return y
 
     def rmsnorm(self, x: Any, weight: str) -> Any:

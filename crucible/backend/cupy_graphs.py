@@ -9,8 +9,10 @@ scratch slot.
 
 A graph is keyed by (bucket, score capacity), since the attention launch depends on both.
 Everything it touches lives at fixed addresses: one int32 metadata buffer (refilled by one
-host-to-device copy before each replay) and the graph's private memory pool, which holds
-its activations and logits (``capture_forward``). At most ``MAX_GRAPHS`` graphs are kept;
+host-to-device copy before each replay), the graph's private memory pool, which holds
+its activations and logits (``capture_forward``), and ``fed``: the sampled ids of the
+previous step, written there by the sampler, which a pipelined step's rows read as their
+input tokens (the metadata's ``feed`` column says which; -1 takes the batch's own id). At most ``MAX_GRAPHS`` graphs are kept;
 the oldest is dropped first.
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from crucible.backend.cupy_pinned import PinnedRing
 from crucible.engine.batch import PackedBatch
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -35,13 +38,15 @@ class Captured:
     logits: Any  # [R, vocab] device buffer written by the graph
     pool: Any  # the graph's private memory pool: every intermediate it touches lives here
 
-    def replay(self, stream: Any, host_meta: np.ndarray) -> Any:
-        """Refill the metadata, replay on ``stream``, and return the logits buffer."""
+    def replay(self, stream: Any, host_meta: np.ndarray, ring: Any) -> Any:
+        """Refill the metadata (through page-locked staging: nothing here waits for the
+        device), replay on ``stream``, and return the logits buffer."""
         import cupy as cp
 
-        # Work queued eagerly on the default stream (a prefill's K/V) must land first.
+        # Work queued eagerly on the default stream (a prefill's K/V, the previous step's
+        # sampler and its ids) must land first.
         stream.wait_event(cp.cuda.Stream.null.record())
-        self.meta_dev.set(host_meta, stream=stream)
+        ring.upload(host_meta, self.meta_dev, stream)
         self.graph.launch(stream=stream)
         # Later work on the default stream (sampling, the next eager step) sees the logits.
         cp.cuda.Stream.null.wait_event(stream.record())
@@ -90,12 +95,15 @@ class DecodeGraphs:
         self.num_captures = 0
         self.num_replays = 0
         self._templates: dict[int, np.ndarray] = {}
+        self.fed = cp.zeros(BUCKETS[-1], dtype=cp.int32)
+        self.ring = PinnedRing()
 
     def clear(self) -> None:
         self.stream.synchronize()
         self.graphs.clear()
 
-    def host_meta(self, batch: PackedBatch | None, bucket: int) -> np.ndarray:
+    def host_meta(self, batch: PackedBatch | None, bucket: int,
+                  feed: np.ndarray | None = None) -> np.ndarray:
         """The bucket's metadata, real rows first, then padding rows. Built from a cached
         all-padding template, so a step only writes its real rows (this runs every step)."""
         template = self._templates.get(bucket)
@@ -119,6 +127,10 @@ class DecodeGraphs:
         tables = out[8 * bucket : 8 * bucket + bucket * w].reshape(bucket, w)
         tables[:b] = 0
         tables[:b, : rows_tables.shape[1]] = rows_tables
+        if feed is not None:
+            if len(feed) != b:
+                raise ValueError(f"feed has {len(feed)} entries for a {b}-row step")
+            out[9 * bucket + bucket * w : 9 * bucket + bucket * w + b] = feed
         return out
 
     def _padding_meta(self, bucket: int) -> np.ndarray:
@@ -131,18 +143,20 @@ class DecodeGraphs:
         tables = np.zeros((bucket, self.width), np.int32)
         tables[:, 0] = self.scratch
         finals = np.arange(bucket, dtype=np.int32)
-        return np.concatenate([tok, pos, page, slot, seg.ravel(), tables.ravel(), finals])
+        feed = np.full(bucket, -1, np.int32)
+        return np.concatenate([tok, pos, page, slot, seg.ravel(), tables.ravel(), finals, feed])
 
     def _views(self, meta_dev: Any, bucket: int, capacity: int) -> Any:
         from crucible.backend.cupy_backend import CupyMeta
 
-        sizes = [bucket] * 4 + [bucket * 4, bucket * self.width, bucket]
+        sizes = [bucket] * 4 + [bucket * 4, bucket * self.width, bucket, bucket]
         v, o = [], 0
         for n in sizes:
             v.append(meta_dev[o : o + n])
             o += n
         return CupyMeta(bucket, v[0], v[1], v[2], v[3], v[4].reshape(bucket, 4),
-                        v[5].reshape(bucket, self.width), v[6], bucket, 1, capacity, True)
+                        v[5].reshape(bucket, self.width), v[6], bucket, 1, capacity, True,
+                        feed=v[7], fed=self.fed)
 
     def _capture(self, bucket: int, capacity: int) -> Captured:
         import cupy as cp
@@ -153,7 +167,7 @@ class DecodeGraphs:
         self.num_captures += 1
         return cap
 
-    def run(self, batch: PackedBatch, capacity: int) -> Any:
+    def run(self, batch: PackedBatch, capacity: int, feed: np.ndarray | None = None) -> Any:
         b = batch.num_rows
         bucket = next(x for x in BUCKETS if x >= b)
         key = (bucket, capacity)
@@ -165,6 +179,6 @@ class DecodeGraphs:
                 self.graphs.popitem(last=False)
         else:
             self.graphs.move_to_end(key)
-        logits = cap.replay(self.stream, self.host_meta(batch, bucket))
+        logits = cap.replay(self.stream, self.host_meta(batch, bucket, feed), self.ring)
         self.num_replays += 1
         return logits[:b]

@@ -16,7 +16,7 @@ import numpy as np
 from crucible.kernels.source import cuda_source_dir, read_cuda_source
 
 KC = 64
-_OPS = ("embed_rows", "rmsnorm_rows", "rope_store", "swiglu_rows", "gather_rows")
+_OPS = ("embed_rows", "embed_fed", "rmsnorm_rows", "rope_store", "swiglu_rows", "gather_rows")
 
 
 def _cupy() -> Any:

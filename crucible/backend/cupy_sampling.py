@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from crucible.backend.sampling_meta import (LP_WORDS, RowSampling, SampleOutput, pack_rows)
+from crucible.backend.cupy_pinned import PinnedRing, device_buffer
 from crucible.kernels.loader import sm_count
 from crucible.kernels.source import cuda_source_dir, read_cuda_source
 
@@ -69,6 +70,8 @@ class CupySampler:
         self._shape = (0, 0)
         self._out: tuple[Any, Any, Any] | None = None  # tokens, route flags, logprob words
         self._paths: Any = None  # the last call's route flags per row (PATH_* in sampling.cu)
+        self._meta: Any = None  # the metadata's device buffer (grown, never per step)
+        self._ring = PinnedRing()
 
     def _scratch_for(self, slots: int, vocab: int) -> tuple[Any, ...]:
         cp = _cupy()
@@ -89,6 +92,13 @@ class CupySampler:
         return self._out
 
     def sample(self, logits: Any, rows: Sequence[RowSampling]) -> SampleOutput:
+        return self.sample_async(logits, rows).result()
+
+    def sample_async(self, logits: Any, rows: Sequence[RowSampling],
+                     tokens_out: Any = None) -> "PendingSample":
+        """Queue the sampling of ``rows`` and the copy of their ids back; nothing here waits
+        for the device. ``tokens_out`` (int32 device array, >= len(rows)): where the kernel
+        writes the ids, for a next step that reads them on the device."""
         cp = _cupy()
         if not isinstance(logits, cp.ndarray) or logits.dtype != cp.float32 or logits.ndim != 2 \
                 or not logits.flags.c_contiguous:
@@ -98,22 +108,30 @@ class CupySampler:
         num_logits, vocab = logits.shape
         if not 1 <= vocab <= MAX_VOCAB:
             raise ValueError(f"device sampler: vocabulary of {vocab} outside [1, {MAX_VOCAB}]")
-        meta = cp.asarray(pack_rows(rows, num_logits, vocab))  # the step's one upload
         r = len(rows)
-        tokens, lp = self.launch(logits, meta, r)
-        ids = cp.asnumpy(tokens[:r])  # the one device-to-host copy (4 bytes a row) ...
-        lps: list[dict[int, float] | None] = [None] * r
+        if r == 0:
+            return PendingSample(None, None, None, rows)
+        host_meta = pack_rows(rows, num_logits, vocab)
+        self._meta = device_buffer(self._meta, host_meta.size, cp.int64)
+        meta = self._meta[: host_meta.size]
+        stream = cp.cuda.get_current_stream()
+        self._ring.upload(host_meta, meta, stream)  # the step's one upload
+        tokens, lp = self.launch(logits, meta, r, tokens_out)
+        ids = self._ring.download(tokens[:r], stream)  # 4 bytes a row come back ...
+        lps = None
         if any(row.num_logprobs is not None for row in rows):  # ... unless logprobs were asked
-            lps = unpack_logprobs(cp.asnumpy(lp[:r]), rows)
-        return SampleOutput(tuple(int(t) for t in ids), tuple(lps))
+            lps = self._ring.download(lp[:r], stream)
+        return PendingSample(stream.record(), ids, lps, rows)
 
-    def launch(self, logits: Any, meta: Any, r: int) -> tuple[Any, Any]:
+    def launch(self, logits: Any, meta: Any, r: int, tokens_out: Any = None) -> tuple[Any, Any]:
         """The kernel alone over checked inputs (``sample`` checks them; timings call this):
         device (tokens [>= r], logprob words [>= r, 43]), valid until the next call."""
         vocab = logits.shape[1]
         slots = min(r, self.max_slots or sm_count())
         keys, keys2, ids1, ids2 = self._scratch_for(slots, vocab)
         tokens, paths, lp = self._outputs(r)
+        if tokens_out is not None:
+            tokens = tokens_out
         self._paths = paths[:r]
         _module().get_function("sample_rows")(
             (slots,), (THREADS,),
@@ -132,6 +150,24 @@ class CupySampler:
         if not rows:
             return np.empty((0, logits.shape[1]), np.float32)
         return cp.asnumpy(logits[cp.asarray(np.asarray(rows, np.int64))])
+
+
+class PendingSample:
+    """A queued sampling call: ``result()`` waits for its ids (and logprobs) to arrive."""
+
+    def __init__(self, event: Any, ids: np.ndarray | None, lps: np.ndarray | None,
+                 rows: Sequence[RowSampling]) -> None:
+        self._event, self._ids, self._lps, self._rows = event, ids, lps, rows
+
+    def result(self) -> SampleOutput:
+        if self._event is None:
+            return SampleOutput((), ())
+        self._event.synchronize()
+        ids = tuple(int(t) for t in self._ids)  # copied out before the ring slot returns
+        lps: list[dict[int, float] | None] = [None] * len(self._rows)
+        if self._lps is not None:
+            lps = unpack_logprobs(np.array(self._lps), self._rows)
+        return SampleOutput(ids, tuple(lps))
 
 
 def unpack_logprobs(lp: np.ndarray, rows: Sequence[RowSampling]) -> list[dict[int, float] | None]:

@@ -39,6 +39,7 @@ def _spin_kernel() -> Any:
 
 class ProfiledBackend:
     run_step = None  # no fast path: the runner calls llama.forward, one timed op at a time
+    fed_ids = None  # nor pipelined decode: every step's stages are timed in turn
 
     def __init__(self, backend: Any) -> None:
         self.be = backend
@@ -138,6 +139,8 @@ class ProfiledBackend:
 
 class ProfiledSampler:
     """Times a device sampler's launches as the "sampling" stage of a ProfiledBackend."""
+
+    sample_async = None  # the runner then calls sample(), which is timed
 
     def __init__(self, sampler: Any, profiled: ProfiledBackend) -> None:
         self.inner, self.pb = sampler, profiled

@@ -26,6 +26,7 @@ from crucible.backend.sampling_meta import (RowSampling, SampleOutput, plain_row
                                             row_sampling)
 from crucible.engine.batch import PackedBatch, build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
+from crucible.engine.pipeline import Launched, plan_chained
 from crucible.engine.request import Request, RequestStatus
 from crucible.engine.rng import derive_seed
 from crucible.engine.sampling import (SampleResult, SamplingParams, log_softmax, sample_row,
@@ -74,6 +75,8 @@ class LLMEngine:
         self.num_steps = 0
         self.num_rows = 0
         self.num_generated = 0
+        self.num_chained = 0  # steps queued by the pipeline, before the previous one's ids
+        self._inflight: Launched | None = None  # a queued step whose results are not applied
         # --profile: (stage, fn) -> fn(), timed. Host sampling runs through it; the device
         # sampler is timed where it is launched (the runner's sampler is wrapped instead).
         self.stage_timer: Callable[[str, Callable[[], Any]], Any] | None = None
@@ -128,34 +131,70 @@ class LLMEngine:
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
-        plan = self.scheduler.schedule()
-        if not plan.slices:
-            return []
-        batch = build_packed_batch([s.segment() for s in plan.slices])
+        """Run one step and return what it produced. With a runner that can pipeline
+        (crucible/engine/pipeline.py) the next decode step is queued before this one's
+        results are read, so one step may still be in flight when this returns."""
+        while True:
+            cur = self._inflight
+            if cur is None:
+                plan = self.scheduler.schedule()
+                if not plan.slices:
+                    return []
+                cur = self._launch(plan.slices, [s.segment() for s in plan.slices])
+            self._inflight = self._chain(cur)
+            deltas, live = self._collect(cur)
+            if live:  # else every row of cur belonged to requests that ended meanwhile
+                return deltas
+
+    def _launch(self, slices: Sequence[ScheduledSlice], specs: Sequence[Any],
+                rows: Sequence[RowSampling] | None = None,
+                feed: np.ndarray | None = None) -> Launched:
+        batch = build_packed_batch(specs)
         validate_packed_batch(batch, num_pages=self.allocator.num_pages,
                               vocab_size=self.vocab_size,
                               max_pages_per_table=pages_for(self.max_context))
-        if getattr(self.runner, "sampler", None) is not None:
-            updates = self._sample_on_device(plan, batch)
-        else:
-            updates = self._sample_on_host(plan, batch)
         self.num_steps += 1
         self.num_rows += batch.num_rows
-        deltas = []
+        if getattr(self.runner, "sampler", None) is None:
+            return Launched(tuple(slices), None, self._sample_on_host(slices, batch), 0)
+        host_rows: list[int] = []
+        if rows is None:
+            rows, host_rows = self._sampling_rows(slices)
+        launch = getattr(self.runner, "launch_sample", None)
+        if launch is None:  # a runner without pipelining: the step completes here
+            done = _Done(self.runner.forward_sample(batch, rows, host_rows))
+            return Launched(tuple(slices), done, None, len(rows))
+        return Launched(tuple(slices), launch(batch, rows, host_rows, feed), None, len(rows))
+
+    def _chain(self, cur: Launched) -> Launched | None:
+        nxt = plan_chained(cur, self.scheduler.running, bool(self.scheduler.waiting),
+                           self.allocator, self.max_context,
+                           getattr(self.runner, "chain_rows", 0))
+        if nxt is None:
+            return None
+        self.num_chained += 1
+        return self._launch(nxt.slices, nxt.specs, nxt.rows, nxt.feed)
+
+    def _collect(self, cur: Launched) -> tuple[list[RequestDelta], bool]:
+        updates = cur.updates if cur.updates is not None else self._device_updates(cur)
+        deltas, live = [], False
         for sl, prompt_logits, draw in updates:
+            if sl.request.status is RequestStatus.FINISHED:
+                continue  # it ended after this step was queued: the row is dropped
+            live = True
             delta = self._update(sl, prompt_logits, draw)
             if delta is not None:
                 deltas.append(delta)
-        return deltas
+        return deltas, live
 
-    def _sample_on_host(self, plan: StepPlan, batch: PackedBatch) -> list[_Update]:
+    def _sample_on_host(self, slices: Sequence[ScheduledSlice], batch: PackedBatch) -> list[_Update]:
         logits = self.runner.forward(batch)
         if logits.shape != (batch.final_rows.shape[0], self.vocab_size):
             raise RuntimeError(f"runner returned logits of shape {logits.shape}, expected "
                                f"{(batch.final_rows.shape[0], self.vocab_size)}")
         updates: list[_Update] = []
         row = 0
-        for sl in plan.slices:
+        for sl in slices:
             n = len(sl.prompt_rows)
             draw = None
             if sl.sample:
@@ -165,12 +204,12 @@ class LLMEngine:
             row += n + sl.sample  # its logits rows: the prompt rows, then the sampled row
         return updates
 
-    def _sample_on_device(self, plan: StepPlan, batch: PackedBatch) -> list[_Update]:
+    def _sampling_rows(self, slices: Sequence[ScheduledSlice]) -> tuple[list[RowSampling], list[int]]:
         # Every request appears once per step, so its state here is the state at its update.
         rows: list[RowSampling] = []
         host_rows: list[int] = []
         row = 0
-        for sl in plan.slices:
+        for sl in slices:
             n = len(sl.prompt_rows)
             if n:
                 host_rows += range(row, row + n)
@@ -185,15 +224,19 @@ class LLMEngine:
                                         vocab_size=self.vocab_size)
                 rows.append(meta)
             row += n + sl.sample  # its logits rows: the prompt rows, then the sampled row
-        out, host = self.runner.forward_sample(batch, rows, host_rows)
-        if len(out.token_ids) != len(rows) or host.shape != (len(host_rows), self.vocab_size):
+        return rows, host_rows
+
+    def _device_updates(self, cur: Launched) -> list[_Update]:
+        out, host = cur.pending.result()
+        n_host = sum(len(sl.prompt_rows) for sl in cur.slices)
+        if len(out.token_ids) != cur.num_sampled or host.shape != (n_host, self.vocab_size):
             raise RuntimeError(f"device sampler returned {len(out.token_ids)} tokens and "
-                               f"{host.shape} host rows, expected {len(rows)} and "
-                               f"{(len(host_rows), self.vocab_size)}")
+                               f"{host.shape} host rows, expected {cur.num_sampled} and "
+                               f"{(n_host, self.vocab_size)}")
         # The device already drew: its (token id, logprobs) go straight to _update.
         updates: list[_Update] = []
         hrow = k = 0
-        for sl in plan.slices:
+        for sl in cur.slices:
             n = len(sl.prompt_rows)
             draw = None
             if sl.sample:
@@ -269,6 +312,16 @@ class LLMEngine:
             "rows_computed": self.num_rows,
             "tokens_generated": self.num_generated,
         }
+
+
+class _Done:
+    """A step that already completed (a runner without ``launch_sample``)."""
+
+    def __init__(self, result: tuple[SampleOutput, np.ndarray]) -> None:
+        self._result = result
+
+    def result(self) -> tuple[SampleOutput, np.ndarray]:
+        return self._result
 
 
 def _sample_host(logits: np.ndarray, req: Request) -> SampleResult:

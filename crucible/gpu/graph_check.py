@@ -10,6 +10,7 @@ gpu-graph-check   decode steps replayed from CUDA graphs (padded up to a bucket)
                   a step of its own. On the GPU every decode step must also be a replay. Where
                   there are no graphs (the numpy backend, CRUCIBLE_DECODE_GRAPHS=0) it says so
                   and compares eager against eager: the harness and pool reuse still run.
+                  Then the pipelined engine against the plain one (gpu/pipeline_check.py).
 gpu-decode-prefill  teacher forcing: the logits of decode step t equal the prefill logits of
                   prompt + generated[:t], bitwise (DESIGN.md 5.3). Checked against one
                   prefill per request with every row wanted, and against a packed step of
@@ -26,6 +27,7 @@ import numpy as np
 
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.gpu.batch_check import Counts, Req, add_common, load, pages_for, report, run_step
+from crucible.gpu.pipeline_check import check_pipeline
 from crucible.model.runner import ModelRunner
 
 GRAPH_SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 32, 33, 47, 48, 49, 63, 64,
@@ -152,6 +154,12 @@ def graph_main(argv: list[str]) -> int:
     passed, failed = check_graphs(cand, ref, args.sizes, args.steps, max_prompt, args.seed)
     if graphs is not None:
         print(f"graphs: {graphs.num_captures} captures, {graphs.num_replays} replays")
+    same, diff, chained = check_pipeline(model, args.device, args.seed)
+    if graphs is not None and chained == 0:
+        diff += 1  # pipelining is on by default with decode graphs: it must have run
+    print(f"pipelined engine vs plain engine: {same} requests identical, {diff} failures, "
+          f"{chained} steps queued before the previous step's ids were read")
+    passed, failed = passed + same, failed + diff
     print(f"{'graph replay' if graphs is not None else 'eager'} vs eager, sizes {args.sizes}, "
           f"{args.steps} decode steps each, requests finishing and joining")
     return report("gpu-graph-check", cand, args, passed, failed, t0)

@@ -35,6 +35,10 @@ class ModelRunner:
         variant_from_env()
         self.model = model
         self.num_pages = num_pages
+        from crucible.backend.cupy_backend import env_flag
+
+        # CRUCIBLE_PIPELINE=0: never queue a decode step before the previous one's ids are read.
+        self.pipeline = env_flag("CRUCIBLE_PIPELINE")
         self.backend = make_backend(device, attention)
         self.device = "cuda" if self.backend.name != "numpy" else "cpu"
         self.backend.load_weights(model.config, model.weights, model.weights_mode)
@@ -71,12 +75,53 @@ class ModelRunner:
                        host_rows: Sequence[int] = ()) -> tuple[SampleOutput, np.ndarray]:
         """One step sampled by ``self.sampler``: (the sampled rows' ids and logprobs, in the
         order of ``rows``; f32 logits of the final rows listed in ``host_rows``)."""
+        return self.launch_sample(batch, rows, host_rows).result()
+
+    @property
+    def chain_rows(self) -> int:
+        """The most rows a pipelined decode step may have (0: this runner cannot pipeline).
+        Such a step (``launch_sample(..., feed=...)``) is queued before the previous step's
+        ids reach the host: its rows read them on the device."""
+        fed = getattr(self.backend, "fed_ids", None)
+        if not self.pipeline or self.sampler is None or fed is None \
+                or getattr(self.sampler, "sample_async", None) is None:
+            return 0
+        buf = fed(1)
+        return 0 if buf is None else int(buf.shape[0])
+
+    def launch_sample(self, batch: PackedBatch, rows: Sequence[RowSampling],
+                      host_rows: Sequence[int] = (), feed: np.ndarray | None = None
+                      ) -> "PendingStep":
+        """Queue one sampled step without waiting for its ids (``forward_sample`` waits).
+        ``feed``: per row, the index among the previous launch's sampled rows whose id is this
+        row's input token (-1: the batch's own), for a decode step of at most ``chain_rows``."""
         if self.sampler is None:
             raise RuntimeError("forward_sample: this runner has no device sampler")
-        logits = self.forward_device(batch)
+        if feed is not None:
+            logits = self.backend.run_step_device(batch, feed=np.asarray(feed, np.int32))
+        else:
+            logits = self.forward_device(batch)
         want = (int(batch.final_rows.shape[0]), self.config.vocab_size)
         if tuple(logits.shape) != want:
             raise RuntimeError(f"backend returned logits of shape {tuple(logits.shape)}, "
                                f"expected {want}")
-        out = self.sampler.sample(logits, rows) if rows else SampleOutput((), ())
-        return out, self.sampler.rows_to_host(logits, host_rows)
+        host = self.sampler.rows_to_host(logits, host_rows)
+        async_sample = getattr(self.sampler, "sample_async", None)
+        if async_sample is None:  # a host-side twin: the result is ready at once
+            out = self.sampler.sample(logits, rows) if rows else SampleOutput((), ())
+            return PendingStep(None, out, host)
+        fed = getattr(self.backend, "fed_ids", None)
+        return PendingStep(async_sample(logits, rows, fed(len(rows)) if fed else None),
+                           None, host)
+
+
+class PendingStep:
+    """A launched step: ``result()`` waits for (SampleOutput, host logits rows)."""
+
+    def __init__(self, pending: Any, out: SampleOutput | None, host: np.ndarray) -> None:
+        self._pending, self._out, self._host = pending, out, host
+
+    def result(self) -> tuple[SampleOutput, np.ndarray]:
+        if self._out is None:
+            self._out = self._pending.result()
+        return self._out, self._host

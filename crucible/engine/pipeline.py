@@ -1,0 +1,81 @@
+"""Pipelined decode: queue step t+1 before step t's sampled ids reach the host.
+
+A decode step's metadata does not depend on the tokens it feeds: positions, pages and slots
+follow from the lengths, and a plain sampling row (no penalties, ``min_tokens`` met) needs
+only its draw counter. So when step t is a pure decode (or ends every running request's
+prefill) of every running request and nobody waits for admission, the engine can plan step
+t+1 from step t's plan alone and queue it; its rows read their input ids from the device,
+where step t's sampler wrote them (``ModelRunner.launch_sample(..., feed=...)``). The host
+then reads step t's ids while the device computes step t+1, so the host's share of a step
+(scheduling, packing, validation, detokenizing) overlaps the device's instead of adding
+to it. The tokens are the same bits as without pipelining: every row computes what it
+would have computed one step later.
+
+What a request cannot know yet is whether step t stopped it (a stop id, a stop string).
+Such a request's row of step t+1 is computed and dropped. That row only writes the K/V of
+the request's own last token at the next position, in a page the request owns; a page it
+releases afterwards is reused only by steps queued after that row, in stream order.
+Requests that step t certainly ends (``max_tokens``, the context) are left out of step t+1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crucible.backend.sampling_meta import RowSampling, plain_row_sampling
+from crucible.engine.batch import SegmentSpec
+from crucible.engine.request import RequestStatus
+from crucible.engine.scheduler import ScheduledSlice
+
+
+@dataclass
+class Launched:
+    """A step handed to the runner whose results the engine has not applied yet."""
+
+    slices: tuple[ScheduledSlice, ...]
+    pending: Any  # a runner.PendingStep, or None when ``updates`` are ready
+    updates: list | None  # the host sampler's (slice, prompt logits, draw) list
+    num_sampled: int  # sampling rows (their ids, in slice order, are the next step's feed)
+
+
+@dataclass(frozen=True)
+class ChainedStep:
+    slices: tuple[ScheduledSlice, ...]
+    specs: tuple[SegmentSpec, ...]
+    rows: tuple[RowSampling, ...]
+    feed: np.ndarray  # per row: its token's index among the previous step's sampled ids
+
+
+def plan_chained(cur: Launched, running: list, has_waiting: bool, allocator: Any,
+                 max_context: int, max_rows: int) -> ChainedStep | None:
+    """Step t+1 planned from step t (``cur``), or None when it must wait for step t's
+    results (then the scheduler plans it as usual)."""
+    if (not max_rows or cur.pending is None or has_waiting or cur.num_sampled > max_rows
+            or len(cur.slices) != len(running)):
+        return None
+    slices, specs, rows, feed = [], [], [], []
+    k = 0  # index of the slice's sampled id in step t
+    for sl in cur.slices:
+        req = sl.request
+        # Every running request is in step t (same count, each at most once) and samples.
+        if not sl.sample or sl.prompt_rows or req.status is not RequestStatus.RUNNING:
+            return None
+        pos = sl.start + sl.length  # the next row: step t's token at its position
+        num_output = req.num_output_tokens + 1  # counting step t's token
+        k += 1
+        if num_output >= req.params.max_tokens or pos + 1 >= max_context:
+            continue  # step t ends this request for sure
+        meta = plain_row_sampling(len(rows), req.params, num_output=num_output, seed=req.seed)
+        if meta is None or not req.page_table.grow(allocator, pos + 1):
+            return None  # penalties / min_tokens read the new token; or no page is free
+        slices.append(ScheduledSlice(req, pos, 1, (), True))
+        # Token 0 stands in for the id the device feeds; the page list is shared as usual.
+        specs.append(SegmentSpec(req.request_id, [0], pos, req.page_table.pages, (0,)))
+        rows.append(meta)
+        feed.append(k - 1)
+    if not slices or len(slices) > max_rows:
+        return None
+    return ChainedStep(tuple(slices), tuple(specs), tuple(rows), np.asarray(feed, np.int32))
