@@ -22,26 +22,20 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from crucible.backend.sampling_meta import (RowSampling, SampleOutput, plain_row_sampling,
-                                            row_sampling)
-from crucible.engine.batch import PackedBatch, build_packed_batch
+from crucible.backend.sampling_meta import RowSampling, SampleOutput
+from crucible.engine.batch import build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import Launched, plan_chained
 from crucible.engine.request import Request, RequestStatus
 from crucible.engine.rng import derive_seed
-from crucible.engine.sampling import (SampleResult, SamplingParams, log_softmax, sample_row,
-                                      top_logprobs)
-from crucible.engine.scheduler import ScheduledSlice, Scheduler, SchedulerConfig, StepPlan
+from crucible.engine.sampling import SamplingParams, log_softmax, top_logprobs
+from crucible.engine.scheduler import ScheduledSlice, Scheduler, SchedulerConfig
+from crucible.engine.step_rows import Draw, device_updates, host_updates, sampling_rows
 from crucible.engine.validate import validate_packed_batch
 from crucible.errors import RequestError
 from crucible.records import quick_init
 
 Logprobs = dict[int, float]
-# A slice's draw: the device sampler's (token id, logprobs), the host draw still to run, or
-# None when the slice does not sample.
-_Draw = tuple[int, Logprobs | None] | Callable[[], SampleResult] | None
-# One slice's update: (slice, logits of its prompt-logprob rows (None: it has none), draw).
-_Update = tuple[ScheduledSlice, np.ndarray | None, _Draw]
 
 
 @quick_init  # built for every request at every step
@@ -156,10 +150,10 @@ class LLMEngine:
         self.num_steps += 1
         self.num_rows += batch.num_rows
         if getattr(self.runner, "sampler", None) is None:
-            return Launched(tuple(slices), None, self._sample_on_host(slices, batch), 0)
+            return Launched(tuple(slices), None, host_updates(self.runner, slices, batch, self.vocab_size), 0)
         host_rows: list[int] = []
         if rows is None:
-            rows, host_rows = self._sampling_rows(slices)
+            rows, host_rows = sampling_rows(slices, self.vocab_size)
         launch = getattr(self.runner, "launch_sample", None)
         if launch is None:  # a runner without pipelining: the step completes here
             done = _Done(self.runner.forward_sample(batch, rows, host_rows))
@@ -176,7 +170,7 @@ class LLMEngine:
         return self._launch(nxt.slices, nxt.specs, nxt.rows, nxt.feed)
 
     def _collect(self, cur: Launched) -> tuple[list[RequestDelta], bool]:
-        updates = cur.updates if cur.updates is not None else self._device_updates(cur)
+        updates = cur.updates if cur.updates is not None else device_updates(cur, self.vocab_size)
         deltas, live = [], False
         for sl, prompt_logits, draw in updates:
             if sl.request.status is RequestStatus.FINISHED:
@@ -187,67 +181,8 @@ class LLMEngine:
                 deltas.append(delta)
         return deltas, live
 
-    def _sample_on_host(self, slices: Sequence[ScheduledSlice], batch: PackedBatch) -> list[_Update]:
-        logits = self.runner.forward(batch)
-        if logits.shape != (batch.final_rows.shape[0], self.vocab_size):
-            raise RuntimeError(f"runner returned logits of shape {logits.shape}, expected "
-                               f"{(batch.final_rows.shape[0], self.vocab_size)}")
-        updates: list[_Update] = []
-        row = 0
-        for sl in slices:
-            n = len(sl.prompt_rows)
-            draw = None
-            if sl.sample:
-                last, req = logits[row + n], sl.request
-                draw = lambda last=last, req=req: _sample_host(last, req)  # noqa: E731
-            updates.append((sl, logits[row : row + n] if n else None, draw))
-            row += n + sl.sample  # its logits rows: the prompt rows, then the sampled row
-        return updates
-
-    def _sampling_rows(self, slices: Sequence[ScheduledSlice]) -> tuple[list[RowSampling], list[int]]:
-        # Every request appears once per step, so its state here is the state at its update.
-        rows: list[RowSampling] = []
-        host_rows: list[int] = []
-        row = 0
-        for sl in slices:
-            n = len(sl.prompt_rows)
-            if n:
-                host_rows += range(row, row + n)
-            if sl.sample:
-                req = sl.request
-                meta = plain_row_sampling(row + n, req.params, num_output=req.num_output_tokens,
-                                          seed=req.seed)
-                if meta is None:  # penalties or min_tokens masking: they read the history
-                    prompt, output = req.sampler_history()
-                    meta = row_sampling(row + n, req.params, prompt=prompt, output=output,
-                                        seed=req.seed, stop_ids=req.stop_ids,
-                                        vocab_size=self.vocab_size)
-                rows.append(meta)
-            row += n + sl.sample  # its logits rows: the prompt rows, then the sampled row
-        return rows, host_rows
-
-    def _device_updates(self, cur: Launched) -> list[_Update]:
-        out, host = cur.pending.result()
-        n_host = sum(len(sl.prompt_rows) for sl in cur.slices)
-        if len(out.token_ids) != cur.num_sampled or host.shape != (n_host, self.vocab_size):
-            raise RuntimeError(f"device sampler returned {len(out.token_ids)} tokens and "
-                               f"{host.shape} host rows, expected {cur.num_sampled} and "
-                               f"{(n_host, self.vocab_size)}")
-        # The device already drew: its (token id, logprobs) go straight to _update.
-        updates: list[_Update] = []
-        hrow = k = 0
-        for sl in cur.slices:
-            n = len(sl.prompt_rows)
-            draw = None
-            if sl.sample:
-                draw = (out.token_ids[k], out.logprobs[k])
-                k += 1
-            updates.append((sl, host[hrow : hrow + n] if n else None, draw))
-            hrow += n
-        return updates
-
     def _update(self, sl: ScheduledSlice, prompt_logits: np.ndarray | None,
-                draw: _Draw) -> RequestDelta | None:
+                draw: Draw) -> RequestDelta | None:
         req = sl.request
         req.num_computed_tokens += sl.length
         for i, r in enumerate(sl.prompt_rows):
@@ -322,9 +257,3 @@ class _Done:
 
     def result(self) -> tuple[SampleOutput, np.ndarray]:
         return self._result
-
-
-def _sample_host(logits: np.ndarray, req: Request) -> SampleResult:
-    prompt, output = req.sampler_history()
-    return sample_row(logits, req.params, prompt=prompt, output=output, seed=req.seed,
-                      stop_ids=req.stop_ids)
