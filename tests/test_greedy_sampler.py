@@ -179,7 +179,7 @@ def gpu():
     from crucible.backend.cupy_greedy import GreedyLauncher
     from crucible.backend.cupy_sampling import CupySampler
 
-    return GreedyLauncher(), CupySampler()
+    return GreedyLauncher(), CupySampler(split_greedy=False)  # the one-block path as reference
 
 
 def check_rows(gpu, logits: np.ndarray, order: list[int], device_logits=None) -> np.ndarray:

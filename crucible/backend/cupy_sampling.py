@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from crucible.backend.sampling_meta import (LP_WORDS, RowSampling, SampleOutput, pack_rows)
+from crucible.backend.cupy_greedy import GreedyLauncher, greedy_only
 from crucible.backend.cupy_pinned import PinnedRing, device_buffer
 from crucible.kernels.loader import sm_count
 from crucible.kernels.source import cuda_source_dir, read_cuda_source
@@ -64,8 +65,13 @@ class CupySampler:
 
     name = "cupy"
 
-    def __init__(self, max_slots: int | None = None) -> None:
+    def __init__(self, max_slots: int | None = None, split_greedy: bool = True) -> None:
         self.max_slots = max_slots  # concurrent blocks (default: one per SM)
+        # Plain greedy steps on the row-splitting argmax (False: one block per row, as the
+        # other rows; both give the same ids, gpu-sampling checks it).
+        self.split_greedy = split_greedy
+        self._greedy = GreedyLauncher()
+        self._last_r = 0
         self._scratch: tuple[Any, ...] | None = None
         self._shape = (0, 0)
         self._out: tuple[Any, Any, Any] | None = None  # tokens, route flags, logprob words
@@ -116,16 +122,27 @@ class CupySampler:
         meta = self._meta[: host_meta.size]
         stream = cp.cuda.get_current_stream()
         self._ring.upload(host_meta, meta, stream)  # the step's one upload
-        tokens, lp = self.launch(logits, meta, r, tokens_out)
+        tokens, lp = self.launch(logits, meta, r, tokens_out,
+                                 greedy=self.split_greedy and greedy_only(rows))
         ids = self._ring.download(tokens[:r], stream)  # 4 bytes a row come back ...
         lps = None
         if any(row.num_logprobs is not None for row in rows):  # ... unless logprobs were asked
             lps = self._ring.download(lp[:r], stream)
         return PendingSample(stream.record(), ids, lps, rows)
 
-    def launch(self, logits: Any, meta: Any, r: int, tokens_out: Any = None) -> tuple[Any, Any]:
+    def launch(self, logits: Any, meta: Any, r: int, tokens_out: Any = None,
+               greedy: bool = False) -> tuple[Any, Any]:
         """The kernel alone over checked inputs (``sample`` checks them; timings call this):
-        device (tokens [>= r], logprob words [>= r, 43]), valid until the next call."""
+        device (tokens [>= r], logprob words [>= r, 43]), valid until the next call.
+        ``greedy``: every row is greedy without entries or logprobs (``greedy_only``), so the
+        row-splitting argmax (cuda/sampling_greedy.cu) gives the same ids in a few µs."""
+        if greedy:
+            tokens, _, lp = self._outputs(r)
+            tokens = tokens if tokens_out is None else tokens_out
+            self._greedy.launch(logits, meta, r, tokens)
+            self._paths = None  # every row took the greedy route (PATH_GREEDY)
+            self._last_r = r
+            return tokens, lp
         vocab = logits.shape[1]
         slots = min(r, self.max_slots or sm_count())
         keys, keys2, ids1, ids2 = self._scratch_for(slots, vocab)
@@ -143,6 +160,8 @@ class CupySampler:
         """Route flags of the last call's rows: 1 full-row sort, 2 a decision redone in the
         host's sequential order, 4 top_k past the shared-memory prefix, 8 greedy on f32,
         16 the first 256 candidates did not decide (the 2048-candidate prefix ran)."""
+        if self._paths is None:
+            return np.full(self._last_r, 8, np.int32)
         return _cupy().asnumpy(self._paths)
 
     def rows_to_host(self, logits: Any, rows: Sequence[int]) -> np.ndarray:
