@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from crucible.backend.cupy_graphs import Captured, capture_forward
+from crucible.backend.cupy_pinned import PinnedRing
 from crucible.engine.batch import PackedBatch
 
 MAX_GRAPHS = 64
@@ -43,6 +44,7 @@ class PrefillGraphs:
         self.width = table_width
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)
+        self.ring = PinnedRing()  # page-locked metadata staging (cupy_pinned.py)
         self.graphs: OrderedDict[tuple[int, bool, int], Captured] = OrderedDict()
         self.num_captures = 0
         self.num_replays = 0
@@ -97,6 +99,6 @@ class PrefillGraphs:
                                   self._views(meta_dev, length, want, capacity))
             self.graphs[key] = cap
             self.num_captures += 1
-        logits = cap.replay(self.stream, self.host_meta(batch, length, want))
+        logits = cap.replay(self.stream, self.host_meta(batch, length, want), self.ring)
         self.num_replays += 1
         return logits
