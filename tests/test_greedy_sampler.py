@@ -189,8 +189,13 @@ def check_rows(gpu, logits: np.ndarray, order: list[int], device_logits=None) ->
     rows = [greedy_row(i) for i in order]
     d = cp.asarray(logits) if device_logits is None else device_logits
     got = launcher.tokens(d, rows)
-    # + 0.0 folds -0.0 into +0.0 (okey's tie), so argmax's first-of-max is the lowest id.
-    ref = np.array([int(np.argmax(logits[i].astype(np.float64) + 0.0)) for i in order])
+    # The lowest id of the largest order key, in integer arithmetic: a float compare on the
+    # host would follow the CPU's denormal mode (flush-to-zero libraries set it process-wide).
+    def first_max(row: np.ndarray) -> int:
+        k = pack32(row, np.zeros(row.size, np.int64)) >> np.uint64(32)
+        return int(np.flatnonzero(k == k.max())[0])
+
+    ref = np.array([first_max(logits[i]) for i in order])
     one_block = np.array(sampler.sample(d, rows).token_ids)
     assert np.array_equal(got, ref), (got, ref)
     assert np.array_equal(got, one_block), (got, one_block)

@@ -5,9 +5,12 @@ synchronous ``cudaMemcpy``: it waits for all queued work), which would stall a p
 decode loop exactly where it should run ahead. Every per-step copy therefore goes through a
 ring of page-locked buffers and is queued on a stream like a kernel.
 
-A ring slot is reused ``SLOTS`` copies later. The engine keeps at most two steps in flight
-and waits for the older one before it queues a third, so by the time a slot comes round
-again the copy that used it has finished.
+Each kind of copy (a step's metadata, its ids, its logprob words) has its own ring, so a
+step makes at most one copy per ring and a slot is reused ``SLOTS`` steps later. The engine
+keeps at most two steps in flight and waits for the older one before it queues a third, so
+by the time a slot comes round again its copy has finished and the host has read it. (A
+shared ring once let the next step's logprob words land in a slot whose ids the host had
+not read yet.)
 """
 
 from __future__ import annotations

@@ -77,7 +77,9 @@ class CupySampler:
         self._out: tuple[Any, Any, Any] | None = None  # tokens, route flags, logprob words
         self._paths: Any = None  # the last call's route flags per row (PATH_* in sampling.cu)
         self._meta: Any = None  # the metadata's device buffer (grown, never per step)
-        self._ring = PinnedRing()
+        # One ring per kind of copy: the engine keeps two steps in flight, so a step's ids
+        # must not share slots with the next step's metadata or logprob words.
+        self._up, self._ids, self._lps = PinnedRing(), PinnedRing(), PinnedRing()
 
     def _scratch_for(self, slots: int, vocab: int) -> tuple[Any, ...]:
         cp = _cupy()
@@ -121,13 +123,13 @@ class CupySampler:
         self._meta = device_buffer(self._meta, host_meta.size, cp.int64)
         meta = self._meta[: host_meta.size]
         stream = cp.cuda.get_current_stream()
-        self._ring.upload(host_meta, meta, stream)  # the step's one upload
+        self._up.upload(host_meta, meta, stream)  # the step's one upload
         tokens, lp = self.launch(logits, meta, r, tokens_out,
                                  greedy=self.split_greedy and greedy_only(rows))
-        ids = self._ring.download(tokens[:r], stream)  # 4 bytes a row come back ...
+        ids = self._ids.download(tokens[:r], stream)  # 4 bytes a row come back ...
         lps = None
         if any(row.num_logprobs is not None for row in rows):  # ... unless logprobs were asked
-            lps = self._ring.download(lp[:r], stream)
+            lps = self._lps.download(lp[:r], stream)
         return PendingSample(stream.record(), ids, lps, rows)
 
     def launch(self, logits: Any, meta: Any, r: int, tokens_out: Any = None,

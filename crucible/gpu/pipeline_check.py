@@ -63,8 +63,12 @@ def check_pipeline(model: object, device: str, seed: int, requests: int = 24
     plain.pipeline = False
     got, eng = _run(piped, model.tokenizer, prompts, stop)
     want, _ = _run(plain, model.tokenizer, prompts, stop)
-    same = sum(got.get(rid) == w for rid, w in want.items())
-    diff = len(want) - same + (set(got) != set(want))
+    bad = [rid for rid, w in want.items() if got.get(rid) != w]
+    for rid in bad[:3]:
+        print(f"  {rid}: pipelined {got.get(rid)} != plain {want[rid]}")
+    same = len(want) - len(bad)
+    diff = len(bad) + (set(got) != set(want))
     if eng.allocator.num_free != piped.num_pages:
+        print(f"  pages: {eng.allocator.num_free} free of {piped.num_pages} at the end")
         diff += 1  # a page was lost
     return same, diff, eng.num_chained
