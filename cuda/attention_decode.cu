@@ -11,44 +11,161 @@
 // step has few rows; G = the group size reads each K/V row once for all the heads sharing
 // it, best for large batches. What changes is who computes what, never the arithmetic:
 //   - page-table entries of the row's history are staged in shared memory once;
-//   - QK: thread j loads key j's 64 floats (16 float4) once and, for each of the G heads,
-//     replays the reference warp's xor-butterfly dot tree sequentially (level 1 pairs
-//     lanes i and i + 16, then + 8, + 4, + 2, + 1; fp add commutes, so lane 0's butterfly
-//     value is exactly this tree); 256 keys per sweep;
-//   - softmax: cru_ref_softmax (common.cuh), the reference's own code, once per head;
-//   - PV: threads g*64 .. g*64+63 run head g's ascending fused chain (the reference's),
-//     one output dimension each, over V tiles of 128 positions staged in shared memory by
-//     all 256 threads; the next tile's loads are in flight while the chains consume one.
-// PDL (pdl.cuh): before cru_pdl_wait, the page table and (G = 1) the first V tile load and
-// the keys are prefetched into L2, all except position len - 1, whose K/V the step's QKV kernel
-// writes just before this one; q and that position load after it.
-// Dynamic shared memory: 4 * (128*64 + G*capacity + capacity/16). No standard headers.
+//   - QK: thread j loads key j's 64 floats (16 float4) once and replays, for the G heads
+//     side by side, the reference warp's xor-butterfly dot tree (level 1 pairs lanes i and
+//     i + 16, then + 8, + 4, + 2, + 1; fp add commutes, so lane 0's butterfly value is
+//     exactly this tree); 256 keys per sweep;
+//   - softmax: cru_ref_softmax_g (softmax_group.cuh): per head the reference's passes and
+//     trees, with the G heads sharing every pass and barrier;
+//   - PV: thread d < 64 runs the reference's ascending fused chain of output dimension d for
+//     all G heads (one V read feeds G chains), over V tiles of 128 positions staged in shared
+//     memory by all 256 threads; the next tile's loads are in flight while the chains run.
+// PDL (pdl.cuh): before cru_pdl_wait, the page table is staged, (G = 1) the first V tile
+// loads, and the other keys and values are prefetched into L2, all except position len - 1,
+// whose K/V the step's QKV kernel writes just before this one; q and that position load
+// after it.
+// Dynamic shared memory: 4 * (128*64 + G*capacity + capacity/16); static: q and the
+// softmax scratch (variants.decode_static_bytes bounds it). No standard headers.
 #include "common.cuh"
 #include "pdl.cuh"
+#include "softmax_group.cuh"
 
 #define CRU_DEC_VT 128  // V positions per staged tile
 
-// The 8 float4 of V tile `base` this thread stages: positions base + (i*256 + tid) / 16,
-// those in [lo, hi) only (the others keep what r holds).
+// The 8 float4 of V tile `base` this thread stages: positions base + 16 i + tid / 16 (i < 8),
+// those in [lo, hi) only (the others keep what r holds), columns 4 (tid & 15) .. + 3. base is
+// a multiple of 16, so the 8 positions are one slot of 8 consecutive pages: one in-page
+// offset serves all of them (cru_pool_row's address, factored) and each page-table read is
+// a broadcast.
 __device__ __forceinline__ void cru_dec_load_v(float4* r, const float* v_pool, const int* tab,
                                                int base, int lo, int hi, int n_layers,
                                                int layer, int kv_dim, int kvh) {
+    int slot = threadIdx.x >> 4;
+    // Opaque, so each call rebuilds `col`: kept live from one call to the next (through QK)
+    // it would cost G = 1 two of its last registers.
+    asm volatile("" : "+r"(slot));
+    const float* col = v_pool + ((long long)(layer * 16 + slot) * kv_dim + kvh * CRU_HEAD_DIM +
+                                 (threadIdx.x & 15) * 4);
+    const long long page_floats = (long long)n_layers * 16 * kv_dim;
 #pragma unroll
-    for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i) {
-        const int idx = i * 256 + threadIdx.x, pos = base + (idx >> 4);
+    for (int i = 0; i < CRU_DEC_VT / 16; ++i) {
+        const int pos = base + 16 * i + slot;
         if (pos >= lo && pos < hi)
-            r[i] = reinterpret_cast<const float4*>(
-                v_pool + cru_pool_row(tab, pos, n_layers, layer, kv_dim, kvh))[idx & 15];
+            r[i] = *reinterpret_cast<const float4*>(col + tab[(base >> 4) + i] * page_floats);
     }
 }
 
-// Ask L2 for key `pos`'s 256 bytes (two lines) without holding registers for them.
-__device__ __forceinline__ void cru_dec_prefetch_k(const float* k_pool, const int* tab, int pos,
-                                                   int n_layers, int layer, int kv_dim,
-                                                   int kvh) {
-    const float* p = k_pool + cru_pool_row(tab, pos, n_layers, layer, kv_dim, kvh);
+// Ask L2 for position `pos`'s 256 bytes (two lines) without holding registers for them.
+__device__ __forceinline__ void cru_dec_prefetch(const float* pool, const int* tab, int pos,
+                                                 int n_layers, int layer, int kv_dim, int kvh) {
+    const float* p = pool + cru_pool_row(tab, pos, n_layers, layer, kv_dim, kvh);
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 32));
+}
+
+// Key `pos`'s 64 floats into registers (16 float4 loads in flight at once).
+__device__ __forceinline__ void cru_dec_load_k(float (&k)[CRU_HEAD_DIM], const float* k_pool,
+                                               const int* tab, int pos, int n_layers,
+                                               int layer, int kv_dim, int kvh) {
+    const float4* kr = reinterpret_cast<const float4*>(
+        k_pool + cru_pool_row(tab, pos, n_layers, layer, kv_dim, kvh));
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const float4 v = kr[i];
+        k[4 * i] = v.x; k[4 * i + 1] = v.y; k[4 * i + 2] = v.z; k[4 * i + 3] = v.w;
+    }
+}
+
+// Where q dimension d is staged: "octet order", slot 8 * (d & 7) + (d >> 3), so that the
+// eight dimensions i, i + 8, ..., i + 56 one level-2 node of the tree needs are two float4.
+__device__ __forceinline__ int cru_dec_q_slot(int d) { return 8 * (d & 7) + (d >> 3); }
+
+// The G heads' scaled dot products with one key (k: its 64 floats in registers). The
+// reference tree is evaluated node by node: level-2 node i (i < 8) is
+// (leaf(i) + leaf(i + 16)) + (leaf(i + 8) + leaf(i + 24)), leaf(x) = q[x+32]*k[x+32] fused
+// onto q[x]*k[x]; nodes i and i + 4 meet at level 3, then 0+2 and 1+3, then the root. Going
+// node-major keeps 8 partials per head live, so the G trees run side by side (and keys
+// die as they are used) instead of one tree of 16 level-1 partials at a time.
+template <int G>
+__device__ __forceinline__ void cru_dec_dots(const float (&k)[CRU_HEAD_DIM],
+                                             const float (*q_s)[CRU_HEAD_DIM], float (&s)[G]) {
+    float b[G][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            // lo: q dims i, i + 8, i + 16, i + 24; hi: the same + 32
+            const float4 lo = *reinterpret_cast<const float4*>(&q_s[g][8 * i]);
+            const float4 hi = *reinterpret_cast<const float4*>(&q_s[g][8 * i + 4]);
+            const float l0 = cru_leaf(lo.x, hi.x, k[i], k[i + 32]);
+            const float l8 = cru_leaf(lo.y, hi.y, k[i + 8], k[i + 40]);
+            const float l16 = cru_leaf(lo.z, hi.z, k[i + 16], k[i + 48]);
+            const float l24 = cru_leaf(lo.w, hi.w, k[i + 24], k[i + 56]);
+            b[g][i] = cru_add(cru_add(l0, l16), cru_add(l8, l24));
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const float c0 = cru_add(b[g][0], b[g][4]), c1 = cru_add(b[g][1], b[g][5]);
+        const float c2 = cru_add(b[g][2], b[g][6]), c3 = cru_add(b[g][3], b[g][7]);
+        s[g] = cru_scale(cru_add(cru_add(c0, c2), cru_add(c1, c3)));
+    }
+}
+
+// Four steps of the G chains: acc[g] += p[g].{x,y,z,w} * v[0..3], in that order.
+template <int G>
+__device__ __forceinline__ void cru_dec_pv4(const float4 (&p)[G], const float (&v)[4],
+                                            float (&acc)[G]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        acc[g] = cru_pv(p[g].x, v[0], acc[g]);
+        acc[g] = cru_pv(p[g].y, v[1], acc[g]);
+        acc[g] = cru_pv(p[g].z, v[2], acc[g]);
+        acc[g] = cru_pv(p[g].w, v[3], acc[g]);
+    }
+}
+
+// Step s's operands: each head's four probabilities (one float4) and v[s..s+3][d].
+template <int G>
+__device__ __forceinline__ void cru_dec_load4(const float* vt, const float* sc, int stride,
+                                              int s, int d, float4 (&p)[G], float (&v)[4]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) p[g] = *reinterpret_cast<const float4*>(sc + g * stride + s);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = vt[(s + u) * CRU_HEAD_DIM + d];
+}
+
+// Chains of dimension d over n staged positions: acc[g] += p[g][s] * v[s][d], s ascending
+// (sc = head 0's probabilities of the tile; head g's are stride floats further). Four
+// positions per step so each head's probabilities are one float4 (sc is 16-byte aligned:
+// tiles start at multiples of 128 and stride is a multiple of 256); each step's loads are
+// issued before the previous step's fmas, so shared-memory latency overlaps the chains.
+template <int G>
+__device__ __forceinline__ void cru_dec_pv_tile(const float* vt, const float* sc, int stride,
+                                                int n, int d, float (&acc)[G]) {
+    const int n4 = n & ~3;
+    if (n4 > 0) {
+        float4 p[G];
+        float v[4];
+        cru_dec_load4<G>(vt, sc, stride, 0, d, p, v);
+#pragma unroll 2
+        for (int s = 4; s < n4; s += 4) {
+            float4 pc[G];  // copies the compiler renames away
+            float vc[4];
+#pragma unroll
+            for (int g = 0; g < G; ++g) pc[g] = p[g];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) vc[u] = v[u];
+            cru_dec_load4<G>(vt, sc, stride, s, d, p, v);
+            cru_dec_pv4<G>(pc, vc, acc);
+        }
+        cru_dec_pv4<G>(p, v, acc);
+    }
+    for (int s = n4; s < n; ++s) {
+        const float v = vt[s * CRU_HEAD_DIM + d];
+#pragma unroll
+        for (int g = 0; g < G; ++g) acc[g] = cru_pv(sc[g * stride + s], v, acc[g]);
+    }
 }
 
 template <int G>
@@ -57,14 +174,13 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             const float* __restrict__ v_pool, const int4* __restrict__ segs, int n_segs,
             const int* __restrict__ tables, int table_stride, float* __restrict__ out,
             int n_heads, int n_kv_heads, int n_layers, int layer, int capacity) {
-    static_assert(G >= 1 && G * CRU_HEAD_DIM <= 256, "G heads of 64 need G*64 <= 256 threads");
+    static_assert(G >= 1 && G <= 4, "attn_decode is instantiated for 1..4 heads per CTA");
     extern __shared__ float4 dec_smem4[];
     float* vt = reinterpret_cast<float*>(dec_smem4);  // [CRU_DEC_VT][64]
     float* scores = vt + CRU_DEC_VT * CRU_HEAD_DIM;    // [G][capacity]
     int* tab = reinterpret_cast<int*>(scores + G * capacity);  // [capacity / 16]
-    __shared__ float q_s[G][CRU_HEAD_DIM];
-    __shared__ float red[8];
-    __shared__ float bcast;
+    __shared__ __align__(16) float q_s[G][CRU_HEAD_DIM];  // octet order (cru_dec_q_slot)
+    __shared__ CruSoftmaxScratch<G> sm;
     const int head0 = blockIdx.x * G, row = blockIdx.y, tid = threadIdx.x;
     if (row >= n_segs) return;
     const int4 sd = segs[row];  // decode: segment `row` is row `row` (one row each)
@@ -80,77 +196,69 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
 #pragma unroll
     for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i) vr[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // One head: the first V tile is in flight through QK. G heads: registers go to QK, and
-    // the tile loads after it, in flight through the G softmaxes instead.
+    // the tile loads after it (from L2, prefetched here), in flight through the softmax.
     if (G == 1) cru_dec_load_v(vr, v_pool, tab, 0, 0, hist, n_layers, layer, kv_dim, kvh);
-    for (int j = tid; j < hist; j += 256)
-        cru_dec_prefetch_k(k_pool, tab, j, n_layers, layer, kv_dim, kvh);
+    for (int j = tid; j < hist; j += 256)  // keys first: QK needs them first
+        cru_dec_prefetch(k_pool, tab, j, n_layers, layer, kv_dim, kvh);
+    // Values too, so the V tiles after QK load from L2 (G = 1 holds tile 0 in registers).
+    for (int j = tid + (G == 1 ? CRU_DEC_VT : 0); j < hist; j += 256)
+        cru_dec_prefetch(v_pool, tab, j, n_layers, layer, kv_dim, kvh);
     cru_pdl_wait();
     cru_pdl_trigger();
     if (tid < G * CRU_HEAD_DIM)
-        q_s[tid >> 6][tid & 63] = q[((long long)row * n_heads + head0) * CRU_HEAD_DIM + tid];
+        q_s[tid >> 6][cru_dec_q_slot(tid & 63)] =
+            q[((long long)row * n_heads + head0) * CRU_HEAD_DIM + tid];
     if (G == 1) cru_dec_load_v(vr, v_pool, tab, 0, hist, len, n_layers, layer, kv_dim, kvh);
+    // QK: thread j scores keys j, j + 256, ... The first key's loads are issued before the
+    // barrier that publishes q_s, so their latency overlaps q's instead of following it.
+    float k[CRU_HEAD_DIM];
+    if (tid < len) cru_dec_load_k(k, k_pool, tab, tid, n_layers, layer, kv_dim, kvh);
     __syncthreads();
-
-    for (int j = tid; j < len; j += 256) {  // the V tile's loads are in flight meanwhile
-        const float4* kr = reinterpret_cast<const float4*>(
-            k_pool + cru_pool_row(tab, j, n_layers, layer, kv_dim, kvh));
-        float k[CRU_HEAD_DIM];
+    for (int j = tid; j < len;) {  // (G = 1) the V tile's loads are in flight meanwhile
+        // q_s is loop-invariant, and hoisting its G*16 float4 out of the sweep would spill:
+        // an opaque zero offset makes every sweep load it afresh (shared loads are cheap).
+        int fresh = 0;
+        asm volatile("" : "+r"(fresh));
+        float s[G];
+        cru_dec_dots<G>(k, q_s + fresh, s);
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const float4 v = kr[i];
-            k[4 * i] = v.x; k[4 * i + 1] = v.y; k[4 * i + 2] = v.z; k[4 * i + 3] = v.w;
-        }
-#pragma unroll 1
-        for (int g = 0; g < G; ++g) {  // one tree at a time: three would spill
-            // Leaves i and i + 16 are added as soon as both exist (level 1 of the tree), so
-            // 16 values are live instead of 32.
-            float a[16];
-#pragma unroll
-            for (int i = 0; i < 16; ++i)
-                a[i] = cru_add(cru_leaf(q_s[g][i], q_s[g][i + 32], k[i], k[i + 32]),
-                               cru_leaf(q_s[g][i + 16], q_s[g][i + 48], k[i + 16], k[i + 48]));
-#pragma unroll
-            for (int i = 0; i < 8; ++i) a[i] = cru_add(a[i], a[i + 8]);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = cru_add(a[i], a[i + 4]);
-            a[0] = cru_add(a[0], a[2]);
-            a[1] = cru_add(a[1], a[3]);
-            a[0] = cru_add(a[0], a[1]);
-            scores[g * capacity + j] = cru_scale(a[0]);
-        }
+        for (int g = 0; g < G; ++g) scores[g * capacity + j] = s[g];
+        j += 256;
+        if (j < len) cru_dec_load_k(k, k_pool, tab, j, n_layers, layer, kv_dim, kvh);
     }
     if (G > 1) cru_dec_load_v(vr, v_pool, tab, 0, 0, len, n_layers, layer, kv_dim, kvh);
-    __syncthreads();
-    __shared__ float inv_s[G];  // 1 / sum per head (kept in shared memory: registers are full)
-    for (int g = 0; g < G; ++g) {
-        const float inv = cru_ref_softmax(scores + g * capacity, len, red, &bcast);
-        if (tid == 0) inv_s[g] = inv;
-    }
+    // The softmax's passes read only the scores this thread wrote (thread j computed key j,
+    // j + 256, ...), so no barrier is needed first.
+    cru_ref_softmax_g<G>(scores, capacity, len, sm);
 
-    const int g = tid >> 6, d = tid & 63;  // the chain this thread runs, if tid < G*64
-    const float* sc = scores + g * capacity;
-    float acc = 0.0f;
-    for (int base = 0; base < len; base += CRU_DEC_VT) {
-        __syncthreads();  // the chains finished reading the previous tile
+    const int d = tid & 63;  // the output dimension this thread's chains own, if tid < 64
+    float acc[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) acc[g] = 0.0f;
+    for (int base = 0;;) {  // vt is free: tile 0 is its first use, later tiles follow a barrier
 #pragma unroll
         for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i)
             reinterpret_cast<float4*>(vt)[i * 256 + tid] = vr[i];
-        __syncthreads();
-        if (base + CRU_DEC_VT < len) {
+        __syncthreads();  // the tile (and, the first time, sm.inv) is visible
+        const bool more = base + CRU_DEC_VT < len;
+        if (more) {
 #pragma unroll
             for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i) vr[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             cru_dec_load_v(vr, v_pool, tab, base + CRU_DEC_VT, 0, len, n_layers, layer, kv_dim,
                            kvh);
         }
-        if (tid < G * CRU_HEAD_DIM) {
-            const int n = min(CRU_DEC_VT, len - base);
-            // Unrolled so the shared loads run ahead of the (ascending, unchanged) fma chain.
-#pragma unroll 8
-            for (int s = 0; s < n; ++s) acc = cru_pv(sc[base + s], vt[s * CRU_HEAD_DIM + d], acc);
-        }
+        if (tid < CRU_HEAD_DIM)
+            cru_dec_pv_tile<G>(vt, scores + base, capacity, min(CRU_DEC_VT, len - base), d, acc);
+        base += CRU_DEC_VT;
+        if (!more) break;
+        __syncthreads();  // the chains finished reading the tile
     }
-    if (tid < G * CRU_HEAD_DIM)  // inv_s was written before the tile loop's barriers
-        out[((long long)row * n_heads + head0 + g) * CRU_HEAD_DIM + d] = __fmul_rn(acc, inv_s[g]);
+    if (tid < CRU_HEAD_DIM) {
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+            out[((long long)row * n_heads + head0 + g) * CRU_HEAD_DIM + d] =
+                __fmul_rn(acc[g], sm.inv[g]);
+    }
 }
 
 #ifndef __CUDACC_RTC__

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from crucible.kernels.attention_cases import Case
@@ -21,6 +22,11 @@ CASES = [
     Case("hetero", 9, 3, HETERO, pages="interleaved", seed=2),
     Case("g8-prefix", 16, 2, ((33, 70),), data="huge", seed=3),
     Case("g1-decodes", 4, 4, ((5, 1), (700, 1), (0, 3)), data="zeros", seed=4),
+    # 64 decode rows: attn_decode<3>, the default model's group per CTA (histories around
+    # one QK sweep of 256 keys and two V tiles of 128, plus the edges)
+    Case("g3-decodes-64", 9, 3,
+         tuple((int(s), 1) for s in np.random.default_rng(6).integers(129, 261, 58))
+         + tuple((s, 1) for s in (0, 127, 128, 255, 256, 600)), pages="interleaved", seed=6),
 ]
 
 

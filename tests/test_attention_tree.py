@@ -65,3 +65,28 @@ def test_slot_of_each_dimension_matches_the_kernel_mapping() -> None:
     slots = [2 * bitrev5(d & 31) + (d >> 5) for d in range(64)]
     assert sorted(slots) == list(range(64))
     assert slots[0] == 0 and slots[32] == 1 and slots[16] == 2 and slots[48] == 3
+
+
+def decode_node_order(p: np.ndarray) -> np.float32:
+    """attn_decode's order (cru_dec_dots): q is staged at slot 8*(d & 7) + (d >> 3), so one
+    level-2 node i < 8 reads lanes i, i+8, i+16, i+24 as (lo.x, lo.y, lo.z, lo.w) and adds
+    (lo.x + lo.z) + (lo.y + lo.w); nodes i and i+4 meet, then 0+2 and 1+3, then the root."""
+    slot = [8 * (d & 7) + (d >> 3) for d in range(64)]
+    staged = np.empty(64, dtype=np.int64)
+    staged[slot] = np.arange(64)  # staged[s] = the dimension held at slot s
+    leaf = p.astype(np.float32)
+    b = []
+    for i in range(8):
+        lanes = staged[8 * i:8 * i + 4]  # lo = dims i, i+8, i+16, i+24 (their lanes)
+        assert list(staged[8 * i + 4:8 * i + 8]) == [x + 32 for x in lanes]  # hi = + 32
+        l0, l8, l16, l24 = leaf[lanes]
+        b.append(np.float32(np.float32(l0 + l16) + np.float32(l8 + l24)))
+    c = [np.float32(b[i] + b[i + 4]) for i in range(4)]
+    return np.float32(np.float32(c[0] + c[2]) + np.float32(c[1] + c[3]))
+
+
+def test_decode_node_order_equals_the_butterfly_bit_for_bit() -> None:
+    rng = np.random.default_rng(2)
+    for _ in range(3000):
+        p = _wide(rng)
+        assert butterfly(p).view(np.uint32) == decode_node_order(p).view(np.uint32)

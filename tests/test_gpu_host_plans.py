@@ -10,7 +10,8 @@ from crucible.backend.cupy_graphs import is_decode_step
 from crucible.backend.cupy_prefill_graphs import MAX_LENGTH, is_singleton_prefill
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.errors import ConfigError
-from crucible.kernels.variants import decode_smem_bytes, parse_variant, plan_launch
+from crucible.kernels.variants import (decode_smem_bytes, decode_static_bytes, parse_variant,
+                                       plan_launch)
 
 
 def _batch(*specs: tuple[int, int, list[int]]):
@@ -67,8 +68,13 @@ def test_decode_heads_per_cta() -> None:
     assert decode_heads_per_cta(8, 8, 64, 132) == 1  # no sharing (MHA)
     assert decode_heads_per_cta(8, 4, 64, 132) == 2
     # When G score vectors do not fit, one head per CTA still does.
-    tight = dict(kw, capacity=32768, smem_limit=decode_smem_bytes(32768) + 16)
-    assert plan_launch(exact, decode=True, rows=64, **tight).decode_heads == 1
+    tight = dict(kw, capacity=32768, smem_limit=decode_smem_bytes(32768) + decode_static_bytes())
+    one = plan_launch(exact, decode=True, rows=64, **tight)
+    assert one.decode and one.decode_heads == 1
+    # Static shared memory counts against the same limit: dynamic bytes exactly at the limit
+    # (G = 4, capacity 12288 on a 227 KiB device) must not launch G heads per CTA.
+    edge = dict(kw, n_heads=12, capacity=12288, smem_limit=decode_smem_bytes(12288, 4))
+    assert plan_launch(exact, decode=True, rows=64, **edge).decode_heads == 1
 
 
 def test_graph_switches(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,16 +127,16 @@ def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_dynamic_smem_opt_in_counts_static_memory() -> None:
-    """48 KiB bounds static + dynamic shared memory: 48,448 dynamic bytes next to 816 static
+    """48 KiB bounds static + dynamic shared memory: 48,448 dynamic bytes next to 992 static
     ones (attn_decode<3>) need the opt-in although the dynamic part alone is under 48 KiB."""
     from types import SimpleNamespace
 
     from crucible.kernels.loader import ensure_dynamic_smem
 
-    k = SimpleNamespace(shared_size_bytes=816, max_dynamic_shared_size_bytes=0)
+    k = SimpleNamespace(shared_size_bytes=992, max_dynamic_shared_size_bytes=0)
     ensure_dynamic_smem(k, 48_448)
     assert k.max_dynamic_shared_size_bytes == 48_448
-    small = SimpleNamespace(shared_size_bytes=816, max_dynamic_shared_size_bytes=0)
+    small = SimpleNamespace(shared_size_bytes=992, max_dynamic_shared_size_bytes=0)
     ensure_dynamic_smem(small, 40_000)
     assert small.max_dynamic_shared_size_bytes == 0  # no opt-in needed, none made
     big = SimpleNamespace(shared_size_bytes=0, max_dynamic_shared_size_bytes=100_000)

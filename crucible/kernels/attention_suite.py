@@ -3,9 +3,10 @@
 Fixed cases cover page boundaries on both sides (15/16/17 ... 255/256/257), context edges
 (941/1023/1024), long prompts up to and past the default tile's shared-memory capacity (so
 the hand-over to fewer rows runs), zero / page-aligned / unaligned prefixes, packed
-heterogeneous slices, many single-row decodes (64 at once: the grouped decode launch),
-G = 1, 2, 3, 4, 8 (and 9, which must hand over to the reference), and adversarial data
-(huge score spread, rising maxima, zeros).
+heterogeneous slices, many single-row decodes (64 at once: the grouped decode launch, also
+on the default model's typical histories with a huge score spread), G = 1, 2, 3, 4, 8 (and
+9, which must hand over to the reference), and adversarial data (huge score spread, rising
+maxima, zeros).
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def fixed_cases() -> list[Case]:
         tuple((s, 1) for s in (0, 127, 128, 255, 256, 1023))
     cases += [Case(f"decodes-64-g{nh // nkv}", nh, nkv, wide, pages="interleaved", seed=16)
               for nh, nkv in GEOMETRIES]
+    # The grouped launch on the default model's typical decode histories (130..261: one QK
+    # sweep, or a second for a few keys; 2-3 V tiles), with most exponentials underflowing.
+    model = tuple((int(s), 1) for s in np.random.default_rng(17).integers(129, 261, 64))
+    cases.append(Case("decodes-64-g3-huge", *DEFAULT_MODEL, model, data="huge", seed=18))
     for nh, nkv in GEOMETRIES + ((18, 2),):
         g = f"g{nh // nkv}-{nh}/{nkv}"
         cases += [

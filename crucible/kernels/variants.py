@@ -123,6 +123,12 @@ def decode_smem_bytes(capacity: int, heads: int = 1) -> int:
     return 4 * (DECODE_V_TILE * HEAD_DIM + heads * capacity + capacity // 16)
 
 
+def decode_static_bytes(heads: int = 1) -> int:
+    """attn_decode's static shared memory, rounded up: q (heads*64 floats) and the softmax
+    scratch (18 floats per head). Static and dynamic bytes share the per-CTA opt-in limit."""
+    return 4 * (heads * HEAD_DIM + 18 * heads) + 16
+
+
 def decode_heads_per_cta(n_heads: int, n_kv_heads: int, rows: int, sm_count: int) -> int:
     """1 (a CTA per query head) unless the step has enough rows that a CTA per KV head
     still fills the GPU; then the whole group, so each K/V row is read once for it."""
@@ -160,9 +166,13 @@ def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: 
         return ref
     if decode and requested.family == "exact":
         heads = decode_heads_per_cta(n_heads, n_kv_heads, rows, sm_count)
-        if decode_smem_bytes(capacity, heads) > smem_limit:
+
+        def fits(h: int) -> bool:
+            return decode_smem_bytes(capacity, h) + decode_static_bytes(h) <= smem_limit
+
+        if not fits(heads):
             heads = 1
-        if decode_smem_bytes(capacity, heads) <= smem_limit:
+        if fits(heads):
             return LaunchPlan(requested, requested, decode_smem_bytes(capacity, heads), 256,
                               decode=True, decode_heads=heads)
     group = n_heads // n_kv_heads if n_kv_heads and n_heads % n_kv_heads == 0 else 0
