@@ -126,6 +126,57 @@ def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
                    ("graphs", "launch"), ("default", "waits", "event(graphs)")]
 
 
+def test_capture_waits_for_the_default_stream_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capture's warm-up forward runs only after the default stream's queued work (the
+    metadata upload, a pipelined step still in flight): the wait is the first thing queued."""
+    import sys
+    import types
+    from contextlib import nullcontext
+
+    from crucible.backend import cupy_graphs
+    from crucible.model import llama
+
+    log: list[str] = []
+
+    class Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def record(self) -> str:
+            return f"event({self.name})"
+
+        def wait_event(self, event: str) -> None:
+            log.append(f"{self.name} waits {event}")
+
+        def __enter__(self) -> "Stream":
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def synchronize(self) -> None:
+            log.append(f"{self.name} sync")
+
+        def begin_capture(self) -> None:
+            log.append("begin")
+
+        def end_capture(self) -> str:
+            log.append("end")
+            return "graph"
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=Stream("default")),
+                                      MemoryPool=lambda: types.SimpleNamespace(malloc=None),
+                                      using_allocator=lambda _: nullcontext())
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(llama, "forward_meta", lambda *a: log.append("forward") or "logits")
+    cap = cupy_graphs.capture_forward(types.SimpleNamespace(cfg=None), Stream("graphs"),
+                                      "meta_dev", "meta")
+    assert cap.graph == "graph" and cap.logits == "logits"
+    assert log == ["graphs waits event(default)", "forward", "graphs sync", "begin", "forward",
+                   "end"]
+
+
 def test_dynamic_smem_opt_in_counts_static_memory() -> None:
     """48 KiB bounds static + dynamic shared memory: 48,448 dynamic bytes next to 992 static
     ones (attn_decode<3>) need the opt-in although the dynamic part alone is under 48 KiB."""

@@ -198,7 +198,12 @@ def check_rows(gpu, logits: np.ndarray, order: list[int], device_logits=None) ->
     ref = np.array([first_max(logits[i]) for i in order])
     one_block = np.array(sampler.sample(d, rows).token_ids)
     assert np.array_equal(got, ref), (got, ref)
-    assert np.array_equal(got, one_block), (got, one_block)
+    # The one-block path flushes f32 denormals to zero on the H200 (its f64 keys tie a
+    # denormal with 0.0); this kernel orders them as the host's f64 values do. Real logits are
+    # never denormal: compare the paths on the other rows.
+    normal = [k for k, i in enumerate(order)
+              if not ((logits[i] != 0) & (np.abs(logits[i]) < np.finfo(np.float32).tiny)).any()]
+    assert np.array_equal(got[normal], one_block[normal]), (got, one_block)
     assert not cp.asnumpy(launcher._counters).any(), "counters must be back at zero"
     return got
 

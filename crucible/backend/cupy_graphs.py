@@ -59,12 +59,18 @@ def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any) -> Captured:
     Every array the forward allocates comes from a private memory pool that lives as long
     as the graph. Intermediates freed during the forward are reused by later ones, exactly
     as eagerly (one stream orders them), so a graph holds one forward's peak working set,
-    and nothing outside the graph can ever be handed its memory."""
+    and nothing outside the graph can ever be handed its memory.
+
+    The warm-up runs on ``stream`` after everything queued on the default stream: that is
+    where ``meta_dev`` was filled, and, with pipelined decode, where the previous step may
+    still be running. (Without this wait the warm-up once read a metadata buffer whose copy
+    had not landed yet and faulted on its garbage page indices.)"""
     import cupy as cp
 
     from crucible.model.llama import forward_meta
 
     pool = cp.cuda.MemoryPool()
+    stream.wait_event(cp.cuda.Stream.null.record())
     with cp.cuda.using_allocator(pool.malloc), stream:
         forward_meta(be.cfg, be, meta)  # warm-up: compiles, and sizes the private pool
         stream.synchronize()
