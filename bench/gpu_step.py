@@ -53,7 +53,7 @@ def step_costs(runner: ModelRunner, b: int, steps: int, history: int) -> dict[st
     g = be.graphs
     bucket = next(x for x in BUCKETS if x >= b)
     cap = g.graphs[(bucket, score_capacity(history + 1))]
-    meta = g.host_meta(batch(history), bucket)
+    meta = g.host_meta(batch(history), bucket, g.table_width(score_capacity(history + 1)))
     out: dict[str, float] = {}
 
     def timed(name: str, fn) -> None:
@@ -73,7 +73,8 @@ def step_costs(runner: ModelRunner, b: int, steps: int, history: int) -> dict[st
 
     def full() -> None:
         logits = cap.replay(g.stream, meta, g.ring)
-        sampler.sample_async(logits[:b], rows, fed)
+        with g.stream:
+            sampler.sample_async(logits[:b], rows, fed)
 
     timed("+sample", full)
     feed = np.arange(b, dtype=np.int32)

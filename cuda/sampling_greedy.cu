@@ -3,7 +3,8 @@
 //
 // Layout: logits f32 [rows, V] row-major (4-byte aligned; rows need not be 16-byte aligned);
 // meta int64, GREEDY_ROW_WORDS words per sampled row, word GREEDY_LOGITS_ROW = the logits row
-// to read (crucible/backend/sampling_meta.py; the entries after the records are not read);
+// to read (crucible/backend/sampling_meta.py; the entries after the records are not read),
+// or null when row r reads logits row r (then the step uploads no metadata at all);
 // part u64 [R, S]: one packed (key, id) partial per CTA; counters u32 [R]: zero between
 // launches (the last CTA of a row puts it back to 0); tokens int32 [R].
 //
@@ -59,7 +60,9 @@ greedy_rows(const float* __restrict__ logits, int V, const long long* __restrict
     const int s = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     if (r >= R) return;  // uniform per CTA: a grid larger than R stays harmless
-    const long long lrow = meta[(long long)r * GREEDY_ROW_WORDS + GREEDY_LOGITS_ROW];
+    // No metadata: row r samples logits row r (a decode step's rows, in order).
+    const long long lrow =
+        meta != nullptr ? meta[(long long)r * GREEDY_ROW_WORDS + GREEDY_LOGITS_ROW] : r;
     const float* row = logits + lrow * V;
     // Elements before the row's first 16-byte boundary (rows of odd V, offset views).
     const int mis = (int)((unsigned long long)row & 15ull);

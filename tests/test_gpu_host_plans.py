@@ -216,8 +216,8 @@ def test_decode_graph_metadata_matches_the_batch() -> None:
                  for i, p in enumerate(pos)]
         batch = build_packed_batch(specs)
         feed = rng.integers(-1, 64, b).astype(np.int32)
-        out = g.host_meta(batch, bucket, feed if b % 2 else None)
-        pad = g.host_meta(None, bucket)
+        out = g.host_meta(batch, bucket, 12, feed if b % 2 else None)
+        pad = g.host_meta(None, bucket, 12)
         fed = out[9 * bucket + 12 * bucket : 10 * bucket + 12 * bucket]
         assert (fed[:b] == (feed if b % 2 else -1)).all() and (fed[b:] == -1).all()
         slots = batch.slot_mapping()
@@ -240,3 +240,10 @@ def test_decode_graph_metadata_matches_the_batch() -> None:
         mask[9 * bucket + 12 * bucket : 9 * bucket + 12 * bucket + b] = False
         assert (out[mask] == pad[mask]).all()
         assert out.size == 10 * bucket + 12 * bucket  # 4 columns, segments, tables, finals, feed
+    # A narrower width (a graph of smaller score capacity) keeps the pages it can read only.
+    g.width = 512
+    assert g.table_width(256) == 16 and g.table_width(8192) == 512 and g.table_width(10**6) == 512
+    batch = build_packed_batch([SegmentSpec("a", [5], 40, list(range(100, 120)), [0])])
+    out = g.host_meta(batch, 1, 16)
+    assert out[2] == 102 and out[3] == 40 & 15  # page and slot of position 40
+    assert out[8 : 8 + 16].tolist() == list(range(100, 116))  # 20 pages grown, 16 kept

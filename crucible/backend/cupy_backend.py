@@ -75,6 +75,7 @@ class CupyBackend:
         self.cfg: ModelConfig | None = None
         self.graphs = None  # DecodeGraphs once the pool exists (CRUCIBLE_DECODE_GRAPHS=0: off)
         self.prefill_graphs = None  # PrefillGraphs likewise (CRUCIBLE_PREFILL_GRAPHS=0: off)
+        self.step_stream = None  # the stream the last step's logits were made on (None: default)
         self._linear: dict[str, ck.DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
@@ -166,7 +167,11 @@ class CupyBackend:
 
         if feed is not None and (self.graphs is None or not is_decode_step(batch)):
             raise ValueError("a fed step must be a decode step run by the decode graphs")
+        self.step_stream = None
         if self.graphs is not None and is_decode_step(batch):
+            # The sampler may follow on the graph's own stream: no hop through the default
+            # stream between the logits and the ids (the default stream still waits for both).
+            self.step_stream = self.graphs.stream
             return self.graphs.run(batch, score_capacity(batch.max_end), feed)
         if self.prefill_graphs is not None and is_singleton_prefill(batch):
             out = self.prefill_graphs.run(batch, score_capacity(batch.max_end))

@@ -94,13 +94,13 @@ class DecodeGraphs:
         import cupy as cp
 
         self.be = backend
-        self.width = table_width  # fixed page-table width: pages of one full context
+        self.width = table_width  # pages of one full context: the widest table a graph holds
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: OrderedDict[tuple[int, int], Captured] = OrderedDict()
         self.num_captures = 0
         self.num_replays = 0
-        self._templates: dict[int, np.ndarray] = {}
+        self._templates: dict[tuple[int, int], np.ndarray] = {}
         self.fed = cp.zeros(BUCKETS[-1], dtype=cp.int32)
         self.ring = PinnedRing()
 
@@ -108,18 +108,24 @@ class DecodeGraphs:
         self.stream.synchronize()
         self.graphs.clear()
 
-    def host_meta(self, batch: PackedBatch | None, bucket: int,
+    def table_width(self, capacity: int) -> int:
+        """Page-table columns a graph of score capacity ``capacity`` holds: every position
+        its attention reads is below the capacity, so pages past capacity / 16 are never
+        read. (A full-context width would make a 64-row step upload 128 KiB of tables.)"""
+        return min(self.width, -(-capacity // 16))
+
+    def host_meta(self, batch: PackedBatch | None, bucket: int, width: int,
                   feed: np.ndarray | None = None) -> np.ndarray:
         """The bucket's metadata, real rows first, then padding rows. Built from a cached
         all-padding template, so a step only writes its real rows (this runs every step)."""
-        template = self._templates.get(bucket)
+        template = self._templates.get((bucket, width))
         if template is None:
-            template = self._padding_meta(bucket)
-            self._templates[bucket] = template
+            template = self._padding_meta(bucket, width)
+            self._templates[(bucket, width)] = template
         if batch is None:
             return template.copy()
         out = template.copy()
-        b, w = batch.num_rows, self.width
+        b, w = batch.num_rows, width
         pos = batch.positions
         # A decode step: row i is segment i, so row i's page table is that segment's table
         # and its slot is (table[pos >> 4], pos & 15): no general slot mapping needed.
@@ -132,21 +138,22 @@ class DecodeGraphs:
         seg[:b, 2] = batch.segments[:, 2]
         tables = out[8 * bucket : 8 * bucket + bucket * w].reshape(bucket, w)
         tables[:b] = 0
-        tables[:b, : rows_tables.shape[1]] = rows_tables
+        used = min(w, rows_tables.shape[1])  # pages grown ahead of the position stay out
+        tables[:b, :used] = rows_tables[:, :used]
         if feed is not None:
             if len(feed) != b:
                 raise ValueError(f"feed has {len(feed)} entries for a {b}-row step")
             out[9 * bucket + bucket * w : 9 * bucket + bucket * w + b] = feed
         return out
 
-    def _padding_meta(self, bucket: int) -> np.ndarray:
+    def _padding_meta(self, bucket: int, width: int) -> np.ndarray:
         """Every row a padding request: token 0 at position 0 on the scratch page."""
         tok, pos = np.zeros(bucket, np.int32), np.zeros(bucket, np.int32)
         page = np.full(bucket, self.scratch, np.int32)
         slot = np.zeros(bucket, np.int32)
         seg = np.stack([np.arange(bucket), np.ones(bucket), np.zeros(bucket),
                         np.arange(bucket)], axis=1).astype(np.int32)
-        tables = np.zeros((bucket, self.width), np.int32)
+        tables = np.zeros((bucket, width), np.int32)
         tables[:, 0] = self.scratch
         finals = np.arange(bucket, dtype=np.int32)
         feed = np.full(bucket, -1, np.int32)
@@ -155,19 +162,20 @@ class DecodeGraphs:
     def _views(self, meta_dev: Any, bucket: int, capacity: int) -> Any:
         from crucible.backend.cupy_backend import CupyMeta
 
-        sizes = [bucket] * 4 + [bucket * 4, bucket * self.width, bucket, bucket]
+        w = self.table_width(capacity)
+        sizes = [bucket] * 4 + [bucket * 4, bucket * w, bucket, bucket]
         v, o = [], 0
         for n in sizes:
             v.append(meta_dev[o : o + n])
             o += n
         return CupyMeta(bucket, v[0], v[1], v[2], v[3], v[4].reshape(bucket, 4),
-                        v[5].reshape(bucket, self.width), v[6], bucket, 1, capacity, True,
+                        v[5].reshape(bucket, w), v[6], bucket, 1, capacity, True,
                         feed=v[7], fed=self.fed)
 
     def _capture(self, bucket: int, capacity: int) -> Captured:
         import cupy as cp
 
-        meta_dev = cp.asarray(self.host_meta(None, bucket))
+        meta_dev = cp.asarray(self.host_meta(None, bucket, self.table_width(capacity)))
         cap = capture_forward(self.be, self.stream, meta_dev,
                               self._views(meta_dev, bucket, capacity))
         self.num_captures += 1
@@ -185,6 +193,7 @@ class DecodeGraphs:
                 self.graphs.popitem(last=False)
         else:
             self.graphs.move_to_end(key)
-        logits = cap.replay(self.stream, self.host_meta(batch, bucket, feed), self.ring)
+        meta = self.host_meta(batch, bucket, self.table_width(capacity), feed)
+        logits = cap.replay(self.stream, meta, self.ring)
         self.num_replays += 1
         return logits[:b]

@@ -74,7 +74,7 @@ class GreedyLauncher:
 
     def launch(self, logits: Any, meta_dev: Any, r: int, tokens_out: Any) -> None:
         """tokens_out[:r] = the greedy tokens of the first r rows of ``meta_dev`` (the int64
-        device copy of ``pack_rows``). logits: C-contiguous f32 CuPy [rows, V]; inputs are
+        device copy of ``pack_rows``; None: row i is logits row i). logits: C-contiguous f32 CuPy [rows, V]; inputs are
         the caller's to check (``tokens`` does), as with CupySampler.launch."""
         if r <= 0:
             return
@@ -85,7 +85,8 @@ class GreedyLauncher:
         part, counters = self._scratch(r, s)
         _module().get_function("greedy_rows")(
             (s, r), (THREADS,),
-            (logits, np.int32(vocab), meta_dev, np.int32(r), np.int32(s),
+            (logits, np.int32(vocab), np.uint64(0) if meta_dev is None else meta_dev,
+             np.int32(r), np.int32(s),
              np.int32(self.slice_len), part, counters, tokens_out))
 
     def tokens(self, logits: Any, rows: Sequence[RowSampling]) -> np.ndarray:

@@ -119,13 +119,16 @@ class CupySampler:
         r = len(rows)
         if r == 0:
             return PendingSample(None, None, None, rows)
-        host_meta = pack_rows(rows, num_logits, vocab)
-        self._meta = device_buffer(self._meta, host_meta.size, cp.int64)
-        meta = self._meta[: host_meta.size]
         stream = cp.cuda.get_current_stream()
-        self._up.upload(host_meta, meta, stream)  # the step's one upload
-        tokens, lp = self.launch(logits, meta, r, tokens_out,
-                                 greedy=self.split_greedy and greedy_only(rows))
+        greedy = self.split_greedy and greedy_only(rows)
+        if greedy and r <= num_logits and all(row.logits_row == i for i, row in enumerate(rows)):
+            meta = None  # row i samples logits row i: nothing to upload (a decode step)
+        else:
+            host_meta = pack_rows(rows, num_logits, vocab)
+            self._meta = device_buffer(self._meta, host_meta.size, cp.int64)
+            meta = self._meta[: host_meta.size]
+            self._up.upload(host_meta, meta, stream)  # the step's one upload
+        tokens, lp = self.launch(logits, meta, r, tokens_out, greedy=greedy)
         ids = self._ids.download(tokens[:r], stream)  # 4 bytes a row come back ...
         lps = None
         if any(row.num_logprobs is not None for row in rows):  # ... unless logprobs were asked

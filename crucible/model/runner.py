@@ -9,6 +9,7 @@ to sample): that is the scheduler's and the request's.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -111,8 +112,14 @@ class ModelRunner:
             out = self.sampler.sample(logits, rows) if rows else SampleOutput((), ())
             return PendingStep(None, out, host)
         fed = getattr(self.backend, "fed_ids", None)
-        return PendingStep(async_sample(logits, rows, fed(len(rows)) if fed else None),
-                           None, host)
+        stream = getattr(self.backend, "step_stream", None)  # sample where the logits were made
+        with stream if stream is not None else contextlib.nullcontext():
+            pending = async_sample(logits, rows, fed(len(rows)) if fed else None)
+        if stream is not None:  # later work on the default stream comes after the sampler
+            import cupy as cp
+
+            cp.cuda.Stream.null.wait_event(stream.record())
+        return PendingStep(pending, None, host)
 
 
 class PendingStep:
