@@ -268,3 +268,21 @@ def test_gpu_negative_control_highest_id_differs(gpu) -> None:
     got = check_rows(gpu, x, [0])
     highest = int(np.flatnonzero(x[0] == x[0].max())[-1])
     assert got[0] == 17 and highest == 49151 and got[0] != highest
+
+
+@pytest.mark.gpu
+def test_gpu_without_metadata_reads_row_i() -> None:
+    """meta = None (a decode step: row i samples logits row i) == the same rows spelled out."""
+    import cupy as cp
+
+    from crucible.backend.cupy_greedy import GreedyLauncher
+    from crucible.backend.sampling_meta import pack_rows
+
+    x = planted(49152, 5, np.random.default_rng(3))
+    d = cp.asarray(x)
+    g = GreedyLauncher()
+    with_meta, without = cp.empty(5, cp.int32), cp.empty(5, cp.int32)
+    g.launch(d, cp.asarray(pack_rows([greedy_row(i) for i in range(5)], 5, 49152)), 5, with_meta)
+    g.launch(d, None, 5, without)
+    assert cp.asnumpy(without).tolist() == cp.asnumpy(with_meta).tolist() \
+        == [int(np.argmax(r)) for r in x]
