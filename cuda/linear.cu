@@ -111,7 +111,7 @@ __device__ __forceinline__ void cru_tile_store(const TileStage<T>& st, float (*x
 }
 
 template <typename T>
-__global__ void __launch_bounds__(256, 2) linear_tiled(const float* __restrict__ x,
+__global__ void __launch_bounds__(256) linear_tiled(const float* __restrict__ x,
                                                     const T* __restrict__ wt,
                                                     const float* __restrict__ scale,
                                                     const float* __restrict__ residual,
