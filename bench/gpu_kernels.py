@@ -9,6 +9,8 @@ twice: launched plainly, and with programmatic dependent launch (PDL, cupy_launc
 each launch's prologue overlaps the previous launch. Shapes are the default
 model's (SmolLM2-135M: hidden 576, 9/3 heads of 64, FFN 1536, vocab 49152) with random int8
 weights, at batch 1 and 64 and a 192-token history. Figures: min and median over rounds.
+Then the LM head around its tiled switch-over, and the decode GEMMs on the row kernels vs
+the chunk-parallel kernel at 8..64 rows and both tile widths (to set CHUNKS_FROM and NT).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from common import stat, write_json
 
+from crucible.backend import cupy_chunks as cc
 from crucible.backend import cupy_fused as cf
 from crucible.backend import cupy_kernels as ck
 from crucible.backend import cupy_launch
@@ -79,6 +82,40 @@ def kernels(be: Any, meta: Any, m: int) -> dict[str, Callable[[], Any]]:
     }
 
 
+def rows_vs_chunks(be: Any, reps: int, rounds: int) -> dict[str, dict]:
+    """The decode GEMMs on the row kernels (cupy_fused) vs the chunk kernel (cupy_chunks) at
+    both tile widths, PDL on, around cupy_chunks.CHUNKS_FROM: gate/up (norm + SwiGLU: the
+    fused row kernel vs rmsnorm_rows + chunks), down and O (+ residual)."""
+    import cupy as cp
+
+    cfg, out = be.cfg, {}
+    cupy_launch.set_enabled(True)
+    gate_up, down, o = (be._linear[f"l0.{w}"] for w in ("gate_up", "down", "o"))
+    norm = be._norms["l0.ffn_norm"]
+    for m in (8, 16, 32, 64):
+        rng = np.random.default_rng(m)
+        x = cp.asarray(rng.standard_normal((m, cfg.hidden_size)), dtype=cp.float32)
+        act = cp.asarray(rng.standard_normal((m, cfg.ffn_size)), dtype=cp.float32)
+        y_act, y = cp.empty_like(act), cp.empty_like(x)
+        cases = {
+            "gate_up rows (norm fused)": lambda: cf.linear_rows(
+                x, gate_up, y_act, norm=norm, eps=cfg.rms_eps, epi=cf.EPI_SWIGLU),
+            "down rows": lambda: cf.linear_rows(act, down, y, residual=x),
+            "o rows": lambda: cf.linear_rows(x, o, y, residual=x),
+        }
+        for nt in cc.NT_CHOICES:
+            cases[f"gate_up norm + chunks nt{nt}"] = lambda nt=nt: cc.linear_chunks(
+                be.rmsnorm(x, "l0.ffn_norm"), gate_up, y_act, epi=cc.EPI_SWIGLU, nt=nt)
+            cases[f"down chunks nt{nt}"] = lambda nt=nt: cc.linear_chunks(act, down, y, x, nt=nt)
+            cases[f"o chunks nt{nt}"] = lambda nt=nt: cc.linear_chunks(x, o, y, x, nt=nt)
+        for name, fn in cases.items():
+            us = time_graph(fn, reps, rounds)
+            out[f"b{m} {name} [pdl]"] = stat(us)
+            print(f"b{m} {name:40s} {min(us):8.2f} us  (median {np.median(us):.2f})",
+                  file=sys.stderr, flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default="bench/gpu-kernels.json")
@@ -122,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             us = time_graph(fn, args.reps, args.rounds)
             res[f"b{m} lm_head {name}"] = stat(us)
             print(f"b{m} lm_head {name:40s} {min(us):8.2f} us", file=sys.stderr, flush=True)
+    res.update(rows_vs_chunks(be, args.reps, args.rounds))
     write_json(args.json, {"command": "python3 bench/gpu_kernels.py " +
                            " ".join(argv or sys.argv[1:]), "history": args.history,
                            "us_per_launch": res, "time": time.strftime("%Y-%m-%d %H:%M")})

@@ -16,6 +16,18 @@ def test_linear_kernels_identical_for_every_m() -> None:
     assert t.failed == 0 and t.passed > 0
 
 
+def test_chunk_kernel_fused_order_and_graphs() -> None:
+    """rmsnorm + chunk SwiGLU == the fused row kernel; the partials finished on the host in
+    ascending order == the kernel, descending (negative control) != ; graph replays == eager.
+    (The chunk kernel == tiled for M = 1..64 runs in check_linear above.)"""
+    from crucible.gpu.chunks_check import check_chunks
+    from crucible.gpu.engine_check import Tally
+
+    t = Tally()
+    check_chunks(t, np.random.default_rng(3))
+    assert t.failed == 0 and t.passed > 0
+
+
 @pytest.mark.parametrize("name", ["g4-12/3", "g3-9/3"])
 def test_tiny_model_exact_and_agreeing(name: str) -> None:
     from crucible.gpu.engine_check import GEOMS, Tally, check_model

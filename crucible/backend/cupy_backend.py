@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from crucible.backend import cupy_chunks as cc
 from crucible.backend import cupy_fused as cf
 from crucible.backend import cupy_kernels as ck
 from crucible.backend import cupy_launch
@@ -252,10 +253,13 @@ class CupyBackend:
                               epi=cf.EPI_ROPE, rope=rope)
 
     def mlp_in(self, x: Any, layer: int) -> Any:
-        """RMSNorm -> gate/up -> SwiGLU; returns [T, F]."""
+        """RMSNorm -> gate/up -> SwiGLU; returns [T, F] (decode sizes: norm, then chunks)."""
+        wd = self._linear[f"l{layer}.gate_up"]
+        if cc.use_chunks(x.shape[0], wd.shape[0], x.shape[1], cc.EPI_SWIGLU):
+            y = self._new((x.shape[0], wd.shape[0] // 2))
+            return cc.linear_chunks(self.rmsnorm(x, f"l{layer}.ffn_norm"), wd, y, epi=cc.EPI_SWIGLU)
         if not self.fuses(x, "mlp_in"):
             return llama.compose_mlp_in(self, x, layer)
-        wd = self._linear[f"l{layer}.gate_up"]
         out = self._new((x.shape[0], wd.shape[0] // 2))
         return cf.linear_rows(x, wd, out, norm=self._norms[f"l{layer}.ffn_norm"],
                               eps=self.cfg.rms_eps, epi=cf.EPI_SWIGLU)

@@ -106,8 +106,11 @@ def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
         _check_out(residual, (m, n), "residual")
     if m == 0:
         return out
+    from crucible.backend import cupy_chunks as cc
     from crucible.backend import cupy_fused as cf
 
+    if not tiled and cc.use_chunks(m, n, k) and cc.aligned(x, wd.w, out, residual):
+        return cc.linear_chunks(x, wd, out, residual)  # decode-size M: K chunks in parallel
     if cf.use_rows(m, k) and not tiled:
         return cf.linear_rows(x, wd, out, residual=residual)
     return linear_tiled(x, wd, out, residual)

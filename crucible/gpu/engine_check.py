@@ -2,7 +2,10 @@
 
 Checks (each prints a count; any failure exits non-zero):
   linear    row (decode) and tiled GEMM kernels give identical bits for every M (f32 and
-            int8), and agree with a float64 product within tolerance;
+            int8), and agree with a float64 product within tolerance; the chunk-parallel
+            decode GEMM == tiled for M = 1..64 (gpu/chunks_check.py);
+  chunks    rmsnorm + chunk SwiGLU == the fused row kernel; the chunk order model and its
+            negative control; chunk GEMMs replayed from a CUDA graph == eager;
   fused     each fused row kernel == its stages run as separate kernels (bitwise);
   agree     GPU logits vs the numpy backend on tiny random models (G = 3 and 4);
   needle    a request alone == the same request inside random packed batches (bitwise);
@@ -23,6 +26,7 @@ import time
 import numpy as np
 
 from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.gpu.chunks_check import check_chunks, check_chunks_linear
 from crucible.model.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
@@ -62,6 +66,7 @@ def check_linear(t: Tally, rng: np.random.Generator) -> None:
             want = x.astype(np.float64) @ ref_w.astype(np.float64).T
             err = np.abs(full - want).max() / max(1.0, np.abs(want).max())
             t.check(err < 1e-5, f"linear {label} {n}x{k} vs float64: rel err {err:.2e}")
+    check_chunks_linear(t, rng)
 
 
 def check_fused(t: Tally, name: str, geom: dict, rng: np.random.Generator) -> None:
@@ -219,6 +224,7 @@ def main(argv: list[str]) -> int:
     t = Tally()
     t0 = time.time()
     check_linear(t, rng)
+    check_chunks(t, rng)
     for name, geom in GEOMS.items():
         check_fused(t, name, geom, rng)
         check_model(t, name, geom, rng, args.online)

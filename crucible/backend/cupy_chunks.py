@@ -1,0 +1,185 @@
+"""The chunk-parallel decode GEMM (cuda/linear_chunks.cu): store (+ residual) and SwiGLU
+epilogues for decode-size M (``CHUNKS_FROM`` to 64 rows).
+
+Why: at 64 rows the row kernels (cupy_fused.py) are GEMM-bound at 3-7 TFLOP/s, because few
+CTAs each re-read the weights and run long serial K chains. Here CTA (tile, chunk) computes
+one 64-wide K chunk's partials of every row for a tile of columns, so every weight byte is
+read once and chunks x tiles CTAs share the work; the last CTA of a tile adds the partials
+in ascending chunk order. That is the canonical order of cuda/linear.cu, so the bits are
+those of the tiled and row kernels, whatever the host picks.
+
+The partials go through a global scratch owned here: one f32 buffer and one u32 counter per
+column tile, per (device, stream). A stream's launches run one after another (under PDL
+too: every write follows cru_pdl_wait, and each kernel of the chain waits for the one before
+it), so they may share a buffer; two streams may run at once, so they never do. Buffers are
+allocated on first use, sized for 64 rows, grown and never freed (a captured graph keeps the
+address it saw), and the counters are left at zero by every launch: a launch allocates
+nothing in steady state and replays from a CUDA graph without a memset. First use must not
+happen inside a capture (the capture's warm-up forward does it).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crucible.backend.cupy_fused import EPI_STORE, EPI_SWIGLU
+from crucible.backend.cupy_kernels import (KC, DeviceWeight, _check_out, _check_x, _ctype,
+                                           _cupy, _module, _need)
+from crucible.backend.cupy_launch import launch
+
+CHUNKS_FROM = 16  # rows; from here to CHUNKS_MAX_M the backend routes to this kernel
+CHUNKS_MAX_M = 64  # one CTA holds every row of its chunk (thread tile of up to 4 rows)
+CHUNKS_MAX_SCRATCH = 32 << 20  # bytes of partials a weight may need (not the LM head)
+NT_CHOICES = (32, 64)  # columns per tile (NT in linear_chunks.cu)
+THREADS = 256
+# Tile width policy (chunks_nt): 64-column tiles read x half as often, but below ~2 CTAs per
+# SM of an H200 (132 SMs) they leave SMs idle, and a tile's finisher reads all its partials
+# alone (chunks x 64 rows x 64 columns x 4 B: 147 KB at K = 576, 393 KB at K = 1536).
+CTA_TARGET = 264
+FINISH_MAX_CHUNKS = 12
+
+
+def chunk_count(k: int) -> int:
+    return -(-k // KC)
+
+
+def chunks_mr(m: int) -> int:
+    """Rows a CTA is compiled for (MR): the fewest of 16, 32, 64 that hold m, so small
+    batches keep every warp busy."""
+    return 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+def n_out(n_w: int, epi: int) -> int:
+    """Output columns of a [n_w, K] weight: n_w, or F = n_w / 2 for SwiGLU."""
+    return n_w // 2 if epi == EPI_SWIGLU else n_w
+
+
+def tile_count(n_w: int, nt: int, epi: int) -> int:
+    per_tile = nt // 2 if epi == EPI_SWIGLU else nt  # NO in linear_chunks.cu
+    return -(-n_out(n_w, epi) // per_tile)
+
+
+def chunks_nt(n_w: int, k: int, epi: int = EPI_STORE) -> int:
+    """Default tile width: 64 columns when that still makes CTA_TARGET CTAs and the
+    finisher's read stays short, else 32 (SmolLM2: gate/up 64; O and down 32)."""
+    c = chunk_count(k)
+    wide = tile_count(n_w, 64, epi) * c >= CTA_TARGET and c <= FINISH_MAX_CHUNKS
+    return 64 if wide else 32
+
+
+def scratch_floats(n_w: int, k: int, epi: int, nt: int) -> int:
+    """Partials of one launch at 64 rows: [tiles][chunks][64][nt]."""
+    return tile_count(n_w, nt, epi) * chunk_count(k) * CHUNKS_MAX_M * nt
+
+
+def use_chunks(m: int, n: int, k: int, epi: int = EPI_STORE) -> bool:
+    """Whether the backend runs an [n, k] weight (n = 2F for SwiGLU) on this kernel for m
+    rows: CHUNKS_FROM <= m <= 64, K a multiple of 16 (16-byte chunk loads), a store or
+    SwiGLU epilogue, and partials within CHUNKS_MAX_SCRATCH (never the LM head)."""
+    if not (CHUNKS_FROM <= m <= CHUNKS_MAX_M and epi in (EPI_STORE, EPI_SWIGLU)):
+        return False
+    if k <= 0 or k % 16 or n <= 0 or (epi == EPI_SWIGLU and n % 2):
+        return False
+    return 4 * max(scratch_floats(n, k, epi, nt) for nt in NT_CHOICES) <= CHUNKS_MAX_SCRATCH
+
+
+def aligned(*arrays: Any) -> bool:
+    """Every given device array starts on a 16-byte boundary (None is skipped)."""
+    return all(a is None or int(a.data.ptr) % 16 == 0 for a in arrays)
+
+
+def kernel_name(wdtype: str, nt: int, mr: int, epi: int) -> str:
+    return f"linear_chunks<{_ctype(wdtype)}, {nt}, {mr}, {epi}>"
+
+
+@functools.cache
+def chunks_kernel(name: str) -> Any:
+    """One module per form, so a process compiles only the forms its shapes use."""
+    return _module("linear_chunks.cu", (name,)).get_function(name)
+
+
+@dataclass
+class Scratch:
+    part: Any  # f32, >= tiles * chunks * 64 * nt of any launch on its stream
+    counters: Any  # u32, one per column tile, zero between launches
+
+
+_SCRATCH: dict[tuple[int, int], Scratch] = {}
+_RETIRED: list[Scratch] = []  # outgrown buffers: a captured graph may still launch on them
+
+
+def scratch(floats: int, tiles: int) -> Scratch:
+    """The current stream's scratch, grown to at least ``floats`` partials and ``tiles``
+    counters (from the default memory pool, never a graph's private pool)."""
+    cp = _cupy()
+    stream = cp.cuda.get_current_stream()
+    key = (int(cp.cuda.runtime.getDevice()), int(stream.ptr))
+    have = _SCRATCH.get(key)
+    if have is not None and have.part.size >= floats and have.counters.size >= tiles:
+        return have
+    if stream.ptr != 0 and stream.is_capturing():
+        raise RuntimeError("linear_chunks: first use of a shape inside a CUDA graph capture; "
+                           "run the captured work once before capturing (a warm-up)")
+    if have is not None:
+        floats, tiles = max(floats, have.part.size), max(tiles, have.counters.size)
+        _RETIRED.append(have)
+    pool = cp.get_default_memory_pool()
+    part = cp.ndarray((floats,), cp.float32, memptr=pool.malloc(4 * floats))
+    counters = cp.ndarray((tiles,), cp.uint32, memptr=pool.malloc(4 * tiles))
+    cp.cuda.runtime.memsetAsync(counters.data.ptr, 0, 4 * tiles, stream.ptr)
+    _SCRATCH[key] = Scratch(part, counters)
+    return _SCRATCH[key]
+
+
+def current_scratch() -> Scratch | None:
+    """The current stream's scratch, if any (checks read the last launch's partials)."""
+    cp = _cupy()
+    return _SCRATCH.get((int(cp.cuda.runtime.getDevice()),
+                         int(cp.cuda.get_current_stream().ptr)))
+
+
+def linear_chunks(x: Any, wd: DeviceWeight, out: Any, residual: Any = None,
+                  epi: int = EPI_STORE, *, nt: int | None = None) -> Any:
+    """out = x @ W^T (+ residual), or SwiGLU of the gate/up halves of a [2F, K] weight, on
+    the chunk kernel. ``nt`` (32 or 64 columns per tile) overrides ``chunks_nt`` for
+    benchmarks; the bits do not depend on it. Every argument is checked first: a wrong
+    array is a ValueError here, never an out-of-bounds read on the device."""
+    cp = _cupy()
+    _need(epi in (EPI_STORE, EPI_SWIGLU), f"linear_chunks: epilogue {epi} is not built "
+          "(store or SwiGLU)")
+    n_w, k = wd.shape
+    _check_x(x, k)
+    m = x.shape[0]
+    _need(m <= CHUNKS_MAX_M, f"linear_chunks: {m} rows, at most {CHUNKS_MAX_M}")
+    _need(0 < k <= 65535 * KC and k % 16 == 0,
+          f"linear_chunks: K={k} must be a positive multiple of 16")
+    wdt = str(wd.w.dtype)
+    _need(wdt in ("float32", "int8") and wd.w.ndim == 2 and wd.w.flags.c_contiguous,
+          "linear_chunks: the weight must be contiguous [N, K] f32 or int8")
+    if wdt == "int8":
+        _need(wd.scale is not None and tuple(wd.scale.shape) == (n_w,)
+              and wd.scale.dtype == cp.float32, f"linear_chunks: int8 needs f32 scale[{n_w}]")
+    if epi == EPI_SWIGLU:
+        _need(n_w % 2 == 0 and residual is None,
+              "linear_chunks: SwiGLU needs a [2F, K] weight and no residual")
+    _check_out(out, (m, n_out(n_w, epi)), "out")
+    if residual is not None:
+        _check_out(residual, (m, n_w), "residual")
+    nt = chunks_nt(n_w, k, epi) if nt is None else nt
+    _need(nt in NT_CHOICES, f"linear_chunks: {nt} columns per tile is not built {NT_CHOICES}")
+    _need(aligned(x, wd.w, out, residual),
+          "linear_chunks: x, the weight, out and residual must start on 16-byte boundaries")
+    if m == 0:
+        return out
+    chunks, tiles = chunk_count(k), tile_count(n_w, nt, epi)
+    s = scratch(scratch_floats(n_w, k, epi, nt), tiles)
+    fn = chunks_kernel(kernel_name(wdt, nt, chunks_mr(m), epi))
+    args = (x, wd.w, wd.scale if wd.scale is not None else out,
+            residual if residual is not None else np.uint64(0), out, s.part, s.counters,
+            np.int32(m), np.int32(n_out(n_w, epi)), np.int32(k))
+    launch(fn, (tiles, chunks), (THREADS,), args)
+    return out

@@ -1,0 +1,81 @@
+// prelude.h: the subset of CUDA that cuda/linear_chunks.cu uses, on the host, so a test can
+// run the kernel's own source on the CPU (tests/test_linear_chunks_host.py).
+//
+// Why: the GPU is not always at hand, and the kernel's index arithmetic (tiles, K tails,
+// the scratch layout, the finisher's rows and columns, the last-ticket hand-off) is where a
+// bug would hide. Mapping: one CTA at a time, its 256 threads as std::threads meeting at a
+// std::barrier for __syncthreads; __shared__ becomes function-static (one CTA runs at a
+// time, and the kernel never reads shared memory written by a previous CTA); CTAs run in a
+// shuffled order, so any CTA of a tile may draw the last ticket. Rounding: std::fma and
+// volatile single-precision operations (build with -ffp-contract=off), which round as the
+// CUDA _rn intrinsics do. Not a model of the GPU memory system: fences are host fences.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __restrict__
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+inline thread_local dim3 threadIdx, blockIdx;
+inline dim3 gridDim, blockDim;
+inline std::barrier<>* cta_barrier = nullptr;
+inline void __syncthreads() { cta_barrier->arrive_and_wait(); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(16) int4 {
+    int x, y, z, w;
+};
+struct float2 {
+    float x, y;
+};
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline float __int_as_float(int v) {
+    float f;
+    std::memcpy(&f, &v, 4);
+    return f;
+}
+inline float __uint_as_float(unsigned v) {
+    float f;
+    std::memcpy(&f, &v, 4);
+    return f;
+}
+// Byte i of the result = byte (selector nibble i & 7) of the 8-byte value {y:x}.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const uint64_t v = (uint64_t)x | ((uint64_t)y << 32);
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {  // thread 0 of one CTA at a time
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+inline float __shfl_down_sync(unsigned, float v, int) { return v; }  // rowops.cuh; not run
+using std::max;
+using std::min;
