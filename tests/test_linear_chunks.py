@@ -54,14 +54,15 @@ def weight(n: int, k: int, int8: bool = True) -> DeviceWeight:
 
 
 def test_use_chunks_thresholds() -> None:
-    assert cc.CHUNKS_FROM == 16 and cc.CHUNKS_MAX_M == 64
-    assert not cc.use_chunks(15, 576, 576) and cc.use_chunks(16, 576, 576)
+    assert cc.CHUNKS_FROM == {cc.EPI_STORE: 48, cc.EPI_SWIGLU: 32} and cc.CHUNKS_MAX_M == 64
+    assert not cc.use_chunks(47, 576, 576) and cc.use_chunks(48, 576, 576)
     assert cc.use_chunks(64, 576, 1536) and not cc.use_chunks(65, 576, 1536)
-    assert cc.use_chunks(33, 3072, 576, cc.EPI_SWIGLU)
+    assert not cc.use_chunks(31, 3072, 576, cc.EPI_SWIGLU)
+    assert cc.use_chunks(32, 3072, 576, cc.EPI_SWIGLU)
     assert not cc.use_chunks(33, 3071, 576, cc.EPI_SWIGLU)  # no [2F, K] split
-    assert not cc.use_chunks(33, 960, 576, 2)  # RoPE is not built
-    assert not cc.use_chunks(33, 70, 100) and cc.use_chunks(33, 70, 112)  # K % 16
-    assert not cc.use_chunks(33, 49152, 576)  # the LM head: 113 MB of partials
+    assert not cc.use_chunks(64, 960, 576, 2)  # RoPE is not built
+    assert not cc.use_chunks(48, 70, 100) and cc.use_chunks(48, 70, 112)  # K % 16
+    assert not cc.use_chunks(48, 49152, 576)  # the LM head: 113 MB of partials
 
 
 def test_tile_policy() -> None:
@@ -211,12 +212,12 @@ def test_routing(fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(ck, "linear_tiled", lambda x, wd, out, residual=None:
                         seen.append(("tiled", 0)) or out)
     wd = weight(576, 576)
-    for m in (8, 16, 64, 65):
+    for m in (8, 47, 48, 64, 65):
         ck.linear(dev((m, 576)), wd, dev((m, 576)), dev((m, 576)))
-    ck.linear(dev((32, 576)), wd, dev((32, 576)), tiled=True)
-    ck.linear(dev((32, 576)), wd, dev((32, 576), offset=4))
-    assert seen == [("rows", 0), ("chunks", 0), ("chunks", 0), ("rows", 0), ("tiled", 0),
-                    ("rows", 0)]
+    ck.linear(dev((48, 576)), wd, dev((48, 576)), tiled=True)
+    ck.linear(dev((48, 576)), wd, dev((48, 576), offset=4))
+    assert seen == [("rows", 0), ("rows", 0), ("chunks", 0), ("chunks", 0), ("rows", 0),
+                    ("tiled", 0), ("rows", 0)]
     seen.clear()
     be = CupyBackend.__new__(CupyBackend)
     be._linear = {"l0.gate_up": weight(3072, 576)}

@@ -1,5 +1,5 @@
 """The chunk-parallel decode GEMM (cuda/linear_chunks.cu): store (+ residual) and SwiGLU
-epilogues for decode-size M (``CHUNKS_FROM`` to 64 rows).
+epilogues for decode-size M (``CHUNKS_FROM[epilogue]`` to 64 rows).
 
 Why: at 64 rows the row kernels (cupy_fused.py) are GEMM-bound at 3-7 TFLOP/s, because few
 CTAs each re-read the weights and run long serial K chains. Here CTA (tile, chunk) computes
@@ -31,7 +31,11 @@ from crucible.backend.cupy_kernels import (KC, DeviceWeight, _check_out, _check_
                                            _cupy, _module, _need)
 from crucible.backend.cupy_launch import launch
 
-CHUNKS_FROM = 16  # rows; from here to CHUNKS_MAX_M the backend routes to this kernel
+# Rows from which the backend routes to this kernel, per epilogue, from the H200 crossover
+# (bench/gpu-kernels-h200.json, PDL): gate/up (norm + SwiGLU) 13.9 vs 18.5 us on the fused
+# row kernel at 32 rows, 13.3 vs 9.6 at 16; down 11.7 vs 11.9 at 32, 15.0 vs 18.4 at 64;
+# O 5.9 vs 4.7 at 32, 7.8 vs 9.0 at 64.
+CHUNKS_FROM = {EPI_STORE: 48, EPI_SWIGLU: 32}
 CHUNKS_MAX_M = 64  # one CTA holds every row of its chunk (thread tile of up to 4 rows)
 CHUNKS_MAX_SCRATCH = 32 << 20  # bytes of partials a weight may need (not the LM head)
 NT_CHOICES = (32, 64)  # columns per tile (NT in linear_chunks.cu)
@@ -78,9 +82,9 @@ def scratch_floats(n_w: int, k: int, epi: int, nt: int) -> int:
 
 def use_chunks(m: int, n: int, k: int, epi: int = EPI_STORE) -> bool:
     """Whether the backend runs an [n, k] weight (n = 2F for SwiGLU) on this kernel for m
-    rows: CHUNKS_FROM <= m <= 64, K a multiple of 16 (16-byte chunk loads), a store or
+    rows: CHUNKS_FROM[epi] <= m <= 64, K a multiple of 16 (16-byte chunk loads), a store or
     SwiGLU epilogue, and partials within CHUNKS_MAX_SCRATCH (never the LM head)."""
-    if not (CHUNKS_FROM <= m <= CHUNKS_MAX_M and epi in (EPI_STORE, EPI_SWIGLU)):
+    if epi not in CHUNKS_FROM or not CHUNKS_FROM[epi] <= m <= CHUNKS_MAX_M:
         return False
     if k <= 0 or k % 16 or n <= 0 or (epi == EPI_SWIGLU and n % 2):
         return False
