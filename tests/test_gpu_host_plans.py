@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from crucible.backend.cupy_backend import env_flag
+from crucible.backend.select import env_flag
 from crucible.backend.cupy_graphs import is_decode_step
 from crucible.backend.cupy_prefill_graphs import MAX_LENGTH, is_singleton_prefill
 from crucible.engine.batch import SegmentSpec, build_packed_batch

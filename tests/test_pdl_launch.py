@@ -122,7 +122,7 @@ def test_struct_layout_matches_cuda_h() -> None:
 
 
 def test_env_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from crucible.backend.cupy_backend import env_flag
+    from crucible.backend.select import env_flag
     from crucible.errors import ConfigError
 
     monkeypatch.setenv("CRUCIBLE_PDL", "0")

@@ -3,10 +3,8 @@
 Every stage is one of our kernels, in a canonical order that does not depend on the batch
 (see cuda/linear.cu for the GEMM order, cuda/model_ops.cu for the row kernels and
 cuda/attention.cu for attention). No cuBLAS, no CuPy generic reductions on this path.
-Step metadata goes up in one bulk copy; only the final rows' logits come back.
-
-Weights live on the device transposed, W^T [K, N] (f32, or int8 codes plus f32 scales), so
-that neighbouring threads read neighbouring output columns.
+Step metadata goes up in one bulk copy; only the final rows' logits come back. Weights
+live on the device in both layouts (cupy_kernels.DeviceWeight), f32 or int8 plus scales.
 """
 
 from __future__ import annotations
@@ -21,22 +19,11 @@ from crucible.backend import cupy_fused as cf
 from crucible.backend import cupy_kernels as ck
 from crucible.backend import cupy_launch
 from crucible.backend.rope import rope_table
+from crucible.backend.select import env_flag
 from crucible.engine.batch import PackedBatch
 from crucible.model import llama
 from crucible.model.config import ModelConfig
 from crucible.model.weights import ModelWeights, quantize_int8
-
-
-def env_flag(name: str) -> bool:
-    """A 0/1 switch from the environment (default on); anything else is a clear error."""
-    import os
-
-    from crucible.errors import ConfigError
-
-    value = os.environ.get(name, "1").strip()
-    if value not in ("0", "1"):
-        raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 def _cp() -> Any:
@@ -76,7 +63,7 @@ class CupyBackend:
         self.cfg: ModelConfig | None = None
         self.graphs = None  # DecodeGraphs once the pool exists (CRUCIBLE_DECODE_GRAPHS=0: off)
         self.prefill_graphs = None  # PrefillGraphs likewise (CRUCIBLE_PREFILL_GRAPHS=0: off)
-        self.step_stream = None  # the stream the last step's logits were made on (None: default)
+        self.step_stream = None  # where the last step's logits were made (None: default)
         self._linear: dict[str, ck.DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
@@ -170,8 +157,7 @@ class CupyBackend:
             raise ValueError("a fed step must be a decode step run by the decode graphs")
         self.step_stream = None
         if self.graphs is not None and is_decode_step(batch):
-            # The sampler may follow on the graph's own stream: no hop through the default
-            # stream between the logits and the ids (the default stream still waits for both).
+            # The sampler may follow on the graph's stream: no hop through the default one.
             self.step_stream = self.graphs.stream
             return self.graphs.run(batch, score_capacity(batch.max_end), feed)
         if self.prefill_graphs is not None and is_singleton_prefill(batch):

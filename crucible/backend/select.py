@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from crucible.errors import BackendUnavailableError, ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
+
+
+def env_flag(name: str) -> bool:
+    """A 0/1 switch from the environment (default on); anything else is a clear error."""
+    value = os.environ.get(name, "1").strip()
+    if value not in ("0", "1"):
+        raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def gpu_available() -> bool:

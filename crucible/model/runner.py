@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from crucible.backend.sampling_meta import RowSampler, RowSampling, SampleOutput
-from crucible.backend.select import make_backend
+from crucible.backend.select import env_flag, make_backend
 from crucible.engine.batch import PackedBatch
 from crucible.errors import ConfigError
 from crucible.kernels.variants import variant_from_env
@@ -36,8 +36,6 @@ class ModelRunner:
         variant_from_env()
         self.model = model
         self.num_pages = num_pages
-        from crucible.backend.cupy_backend import env_flag
-
         # CRUCIBLE_PIPELINE=0: never queue a decode step before the previous one's ids are read.
         self.pipeline = env_flag("CRUCIBLE_PIPELINE")
         self.backend = make_backend(device, attention)
