@@ -87,6 +87,38 @@ def test_graph_switches(monkeypatch: pytest.MonkeyPatch) -> None:
         env_flag("CRUCIBLE_PREFILL_GRAPHS")
 
 
+def _stream_class(log: list[tuple]) -> type:
+    """A stand-in CuPy stream that records what is queued on it, in order, into ``log``."""
+
+    class Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def record(self) -> str:
+            return f"event({self.name})"
+
+        def wait_event(self, event: str) -> None:
+            log.append((self.name, "waits", event))
+
+        def __enter__(self) -> "Stream":
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def synchronize(self) -> None:
+            log.append((self.name, "sync"))
+
+        def begin_capture(self) -> None:
+            log.append((self.name, "begin"))
+
+        def end_capture(self) -> str:
+            log.append((self.name, "end"))
+            return "graph"
+
+    return Stream
+
+
 def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     """A replay waits for the default stream's queued work, refills the metadata, launches,
     and makes the default stream wait for the graph, in that order, all on its stream."""
@@ -98,16 +130,7 @@ def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     from crucible.backend.cupy_graphs import Captured
 
     log: list[tuple] = []
-
-    class Stream:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def record(self) -> str:
-            return f"event({self.name})"
-
-        def wait_event(self, event: str) -> None:
-            log.append((self.name, "waits", event))
+    Stream = _stream_class(log)
 
     class Ring:  # page-locked staging (cupy_pinned.PinnedRing): queued on the stream
         def upload(self, host: np.ndarray, dev: str, stream: Stream) -> None:
@@ -136,45 +159,20 @@ def test_capture_waits_for_the_default_stream_first(monkeypatch: pytest.MonkeyPa
     from crucible.backend import cupy_graphs
     from crucible.model import llama
 
-    log: list[str] = []
-
-    class Stream:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def record(self) -> str:
-            return f"event({self.name})"
-
-        def wait_event(self, event: str) -> None:
-            log.append(f"{self.name} waits {event}")
-
-        def __enter__(self) -> "Stream":
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-        def synchronize(self) -> None:
-            log.append(f"{self.name} sync")
-
-        def begin_capture(self) -> None:
-            log.append("begin")
-
-        def end_capture(self) -> str:
-            log.append("end")
-            return "graph"
+    log: list[tuple] = []
+    Stream = _stream_class(log)
 
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=Stream("default")),
                                       MemoryPool=lambda: types.SimpleNamespace(malloc=None),
                                       using_allocator=lambda _: nullcontext())
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr(llama, "forward_meta", lambda *a: log.append("forward") or "logits")
+    monkeypatch.setattr(llama, "forward_meta", lambda *a: log.append(("forward",)) or "logits")
     cap = cupy_graphs.capture_forward(types.SimpleNamespace(cfg=None), Stream("graphs"),
                                       "meta_dev", "meta")
     assert cap.graph == "graph" and cap.logits == "logits"
-    assert log == ["graphs waits event(default)", "forward", "graphs sync", "begin", "forward",
-                   "end"]
+    assert log == [("graphs", "waits", "event(default)"), ("forward",), ("graphs", "sync"),
+                   ("graphs", "begin"), ("forward",), ("graphs", "end")]
 
 
 def test_dynamic_smem_opt_in_counts_static_memory() -> None:
