@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from crucible.backend.sampling_meta import RowSampling, pack_rows
-from crucible.kernels.source import cuda_source_dir, read_cuda_source
+from crucible.kernels.source import compile_module
 
 THREADS = 256  # GREEDY_THREADS in sampling_greedy.cu
 SLICE = 2048  # elements per CTA: 256 threads x 2 float4s, one pass; V = 49152 -> 24 CTAs
@@ -35,8 +35,7 @@ def _cupy() -> Any:
 
 @functools.cache
 def _module() -> Any:
-    return _cupy().RawModule(code=read_cuda_source("sampling_greedy.cu"),
-                             options=("-std=c++17", f"-I{cuda_source_dir()}"))
+    return compile_module("sampling_greedy.cu")
 
 
 def greedy_only(rows: Sequence[RowSampling]) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from crucible.kernels.source import cuda_source_dir, read_cuda_source
+from crucible.kernels.source import compile_module
 
 KC = 64
 _OPS = ("embed_rows", "embed_fed", "rmsnorm_rows", "rope_store", "swiglu_rows", "gather_rows")
@@ -27,10 +27,7 @@ def _cupy() -> Any:
 
 @functools.cache
 def _module(name: str, expressions: tuple[str, ...]) -> Any:
-    cp = _cupy()
-    return cp.RawModule(code=read_cuda_source(name),
-                        options=("-std=c++17", f"-I{cuda_source_dir()}"),
-                        name_expressions=expressions)
+    return compile_module(name, expressions)
 
 
 def _ctype(wdtype: str) -> str:

@@ -36,7 +36,7 @@ from crucible.backend.sampling_meta import (LP_WORDS, RowSampling, SampleOutput,
 from crucible.backend.cupy_greedy import GreedyLauncher, greedy_only
 from crucible.backend.cupy_pinned import PinnedRing, device_buffer
 from crucible.kernels.loader import sm_count
-from crucible.kernels.source import cuda_source_dir, read_cuda_source
+from crucible.kernels.source import compile_module
 
 THREADS = 512  # THREADS in sampling.cu
 MAX_VOCAB = 1 << 24  # ids are u32 in the sort; far above any real vocabulary
@@ -50,9 +50,7 @@ def _cupy() -> Any:
 
 @functools.cache
 def _module() -> Any:
-    # No fast-math: the kernels spell out f64 rounding with intrinsics.
-    return _cupy().RawModule(code=read_cuda_source("sampling.cu"),
-                             options=("-std=c++17", f"-I{cuda_source_dir()}"))
+    return compile_module("sampling.cu")
 
 
 class CupySampler:

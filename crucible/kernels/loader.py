@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from crucible.kernels.source import cuda_source_dir, read_cuda_source
+from crucible.kernels.source import compile_module
 from crucible.kernels.variants import DECODE_GROUPS, Variant, all_variants
 
 SOURCE = "attention.cu"
@@ -40,21 +40,15 @@ def _cupy() -> Any:
 @functools.cache
 def attention_module() -> Any:
     """The compiled module; compiled once per process, with every variant instantiated."""
-    cupy = _cupy()
-    names = tuple(kernel_name(v) for v in all_variants())
-    # No fast-math: the explicit-rounding intrinsics already fix every step, and fast-math
-    # would silently change division and denormal handling.
-    options = ("-std=c++17", f"-I{cuda_source_dir()}")
-    return cupy.RawModule(code=read_cuda_source(SOURCE), options=options,
-                          name_expressions=names)
+    _cupy()  # a clear error without CuPy
+    return compile_module(SOURCE, tuple(kernel_name(v) for v in all_variants()))
 
 
 @functools.cache
 def _decode_module() -> Any:
-    cupy = _cupy()
-    return cupy.RawModule(code=read_cuda_source("attention_decode.cu"),
-                          options=("-std=c++17", f"-I{cuda_source_dir()}"),
-                          name_expressions=tuple(f"attn_decode<{g}>" for g in DECODE_GROUPS))
+    _cupy()
+    return compile_module("attention_decode.cu",
+                          tuple(f"attn_decode<{g}>" for g in DECODE_GROUPS))
 
 
 @functools.cache  # one RawKernel per form: its shared-memory opt-in is set on that object

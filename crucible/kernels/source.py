@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -18,3 +19,16 @@ def cuda_source_dir() -> Path:
 
 def read_cuda_source(name: str) -> str:
     return (cuda_source_dir() / name).read_text()
+
+
+def compile_module(name: str, names: tuple[str, ...] = ()) -> Any:
+    """``name`` (a file in the source directory) as a CuPy RawModule, with the project's one
+    set of options: C++17 and the source directory on the include path. No fast-math: the
+    kernels spell out their rounding with intrinsics, and fast-math would change division
+    and denormals. ``names``: the template instantiations to compile (extern "C" kernels
+    need none). Callers cache the module (functools.cache): NVRTC runs once per process."""
+    import cupy
+
+    extra = {"name_expressions": names} if names else {}
+    return cupy.RawModule(code=read_cuda_source(name),
+                          options=("-std=c++17", f"-I{cuda_source_dir()}"), **extra)
