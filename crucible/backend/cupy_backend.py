@@ -9,8 +9,8 @@ live on the device in both layouts (cupy_kernels.DeviceWeight), f32 or int8 plus
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from crucible.backend import cupy_chunks as cc
 from crucible.backend import cupy_fused as cf
 from crucible.backend import cupy_kernels as ck
 from crucible.backend import cupy_launch
+from crucible.backend.cupy_meta import CupyMeta, device_meta
 from crucible.backend.rope import rope_table
 from crucible.backend.select import env_flag
 from crucible.engine.batch import PackedBatch
@@ -30,26 +31,6 @@ def _cp() -> Any:
     import cupy
 
     return cupy
-
-
-@dataclass(frozen=True)
-class CupyMeta:
-    num_rows: int
-    token_ids: Any
-    positions: Any
-    pages: Any
-    slots: Any
-    segments: Any
-    page_tables: Any
-    final_rows: Any
-    num_final: int
-    max_chunk: int
-    score_capacity: int
-    all_final: bool = False  # final_rows == 0..T-1 (a decode step)
-    # Pipelined decode (decode graphs only): row t takes its id from fed[feed[t]] when
-    # feed[t] >= 0, i.e. from the previous step's sampled ids still on the device.
-    feed: Any = None
-    fed: Any = None
 
 
 class CupyBackend:
@@ -132,6 +113,16 @@ class CupyBackend:
         g = self.graphs
         return g.fed if g is not None and rows <= g.fed.shape[0] else None
 
+    @contextlib.contextmanager
+    def on_step_stream(self) -> Iterator[None]:
+        """Queue work (the sampler) where the last step's logits were made (a decode graph's
+        stream: no hop through the default one); then the default stream waits for it."""
+        s = self.step_stream
+        with s if s is not None else contextlib.nullcontext():
+            yield
+        if s is not None:
+            _cp().cuda.Stream.null.wait_event(s.record())
+
     def _drop_graphs(self) -> None:
         _cp().cuda.Device().synchronize()
         for g in (self.graphs, self.prefill_graphs):
@@ -157,8 +148,7 @@ class CupyBackend:
             raise ValueError("a fed step must be a decode step run by the decode graphs")
         self.step_stream = None
         if self.graphs is not None and is_decode_step(batch):
-            # The sampler may follow on the graph's stream: no hop through the default one.
-            self.step_stream = self.graphs.stream
+            self.step_stream = self.graphs.stream  # the sampler follows there
             return self.graphs.run(batch, score_capacity(batch.max_end), feed)
         if self.prefill_graphs is not None and is_singleton_prefill(batch):
             out = self.prefill_graphs.run(batch, score_capacity(batch.max_end))
@@ -170,26 +160,7 @@ class CupyBackend:
         return _cp().empty(shape, dtype=np.float32)
 
     def prepare(self, batch: PackedBatch) -> CupyMeta:
-        from crucible.kernels.variants import score_capacity
-
-        cp = _cp()
-        slots = batch.slot_mapping()
-        parts = [batch.token_ids, batch.positions, (slots >> 4), (slots & 15),
-                 batch.segments.ravel(), batch.page_tables.ravel(), batch.final_rows]
-        host = np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
-        dev = cp.asarray(host)  # the step's one host-to-device copy
-        views, offset = [], 0
-        for p in parts:
-            views.append(dev[offset : offset + len(p)])
-            offset += len(p)
-        t = batch.num_rows
-        finals = np.asarray(batch.final_rows)
-        all_final = finals.shape[0] == t and bool((finals == np.arange(t)).all())
-        return CupyMeta(t, views[0], views[1], views[2], views[3],
-                        views[4].reshape(batch.segments.shape),
-                        views[5].reshape(batch.page_tables.shape), views[6],
-                        int(finals.shape[0]), batch.max_chunk,
-                        score_capacity(batch.max_end), all_final)
+        return device_meta(batch)
 
     def embed(self, meta: CupyMeta) -> Any:
         d = self.cfg.hidden_size

@@ -12,8 +12,8 @@ Everything it touches lives at fixed addresses: one int32 metadata buffer (refil
 host-to-device copy before each replay), the graph's private memory pool, which holds
 its activations and logits (``capture_forward``), and ``fed``: the sampled ids of the
 previous step, written there by the sampler, which a pipelined step's rows read as their
-input tokens (the metadata's ``feed`` column says which; -1 takes the batch's own id). At most ``MAX_GRAPHS`` graphs are kept;
-the oldest is dropped first.
+input tokens (the metadata's ``feed`` column says which; -1 takes the batch's own id). At
+most ``MAX_GRAPHS`` graphs are kept; the oldest is dropped first.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.engine.batch import PackedBatch
 
@@ -48,7 +49,7 @@ class Captured:
         stream.wait_event(cp.cuda.Stream.null.record())
         ring.upload(host_meta, self.meta_dev, stream)
         self.graph.launch(stream=stream)
-        # Later work on the default stream (sampling, the next eager step) sees the logits.
+        # Later work on the default stream (the next eager step) comes after the graph.
         cp.cuda.Stream.null.wait_event(stream.record())
         return self.logits
 
@@ -160,14 +161,8 @@ class DecodeGraphs:
         return np.concatenate([tok, pos, page, slot, seg.ravel(), tables.ravel(), finals, feed])
 
     def _views(self, meta_dev: Any, bucket: int, capacity: int) -> Any:
-        from crucible.backend.cupy_backend import CupyMeta
-
         w = self.table_width(capacity)
-        sizes = [bucket] * 4 + [bucket * 4, bucket * w, bucket, bucket]
-        v, o = [], 0
-        for n in sizes:
-            v.append(meta_dev[o : o + n])
-            o += n
+        v = split(meta_dev, [bucket] * 4 + [bucket * 4, bucket * w, bucket, bucket])
         return CupyMeta(bucket, v[0], v[1], v[2], v[3], v[4].reshape(bucket, 4),
                         v[5].reshape(bucket, w), v[6], bucket, 1, capacity, True,
                         feed=v[7], fed=self.fed)

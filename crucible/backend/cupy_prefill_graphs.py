@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from crucible.backend.cupy_graphs import Captured, capture_forward
+from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.engine.batch import PackedBatch
 
@@ -73,13 +74,7 @@ class PrefillGraphs:
                                (tok, pos, pages, slots, seg, table, finals)])
 
     def _views(self, meta_dev: Any, length: int, want: bool, capacity: int) -> Any:
-        from crucible.backend.cupy_backend import CupyMeta
-
-        sizes = [length] * 4 + [4, self.width, 1 if want else 0]
-        v, o = [], 0
-        for n in sizes:
-            v.append(meta_dev[o : o + n])
-            o += n
+        v = split(meta_dev, [length] * 4 + [4, self.width, 1 if want else 0])
         return CupyMeta(length, v[0], v[1], v[2], v[3], v[4].reshape(1, 4),
                         v[5].reshape(1, self.width), v[6], 1 if want else 0, length, capacity)
 
