@@ -139,19 +139,17 @@ class CupySampler:
         device (tokens [>= r], logprob words [>= r, 43]), valid until the next call.
         ``greedy``: every row is greedy without entries or logprobs (``greedy_only``), so the
         row-splitting argmax (cuda/sampling_greedy.cu) gives the same ids in a few µs."""
+        tokens, paths, lp = self._outputs(r)
+        if tokens_out is not None:
+            tokens = tokens_out
+        self._last_r = r
         if greedy:
-            tokens, _, lp = self._outputs(r)
-            tokens = tokens if tokens_out is None else tokens_out
             self._greedy.launch(logits, meta, r, tokens)
             self._paths = None  # every row took the greedy route (PATH_GREEDY)
-            self._last_r = r
             return tokens, lp
         vocab = logits.shape[1]
         slots = min(r, self.max_slots or sm_count())
         keys, keys2, ids1, ids2 = self._scratch_for(slots, vocab)
-        tokens, paths, lp = self._outputs(r)
-        if tokens_out is not None:
-            tokens = tokens_out
         self._paths = paths[:r]
         _module().get_function("sample_rows")(
             (slots,), (THREADS,),

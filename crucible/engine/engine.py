@@ -33,6 +33,7 @@ from crucible.engine.scheduler import ScheduledSlice, Scheduler, SchedulerConfig
 from crucible.engine.step_rows import Draw, device_updates, host_updates, sampling_rows
 from crucible.engine.validate import validate_packed_batch
 from crucible.errors import RequestError
+from crucible.model.runner import PendingStep
 from crucible.records import quick_init
 
 Logprobs = dict[int, float]
@@ -150,13 +151,14 @@ class LLMEngine:
         self.num_steps += 1
         self.num_rows += batch.num_rows
         if getattr(self.runner, "sampler", None) is None:
-            return Launched(tuple(slices), None, host_updates(self.runner, slices, batch, self.vocab_size), 0)
+            updates = host_updates(self.runner, slices, batch, self.vocab_size)
+            return Launched(tuple(slices), None, updates, 0)
         host_rows: list[int] = []
         if rows is None:
             rows, host_rows = sampling_rows(slices, self.vocab_size)
         launch = getattr(self.runner, "launch_sample", None)
         if launch is None:  # a runner without pipelining: the step completes here
-            done = _Done(self.runner.forward_sample(batch, rows, host_rows))
+            done = PendingStep(None, *self.runner.forward_sample(batch, rows, host_rows))
             return Launched(tuple(slices), done, None, len(rows))
         return Launched(tuple(slices), launch(batch, rows, host_rows, feed), None, len(rows))
 
@@ -247,13 +249,3 @@ class LLMEngine:
             "rows_computed": self.num_rows,
             "tokens_generated": self.num_generated,
         }
-
-
-class _Done:
-    """A step that already completed (a runner without ``launch_sample``)."""
-
-    def __init__(self, result: tuple[SampleOutput, np.ndarray]) -> None:
-        self._result = result
-
-    def result(self) -> tuple[SampleOutput, np.ndarray]:
-        return self._result

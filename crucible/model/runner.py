@@ -110,13 +110,9 @@ class ModelRunner:
             out = self.sampler.sample(logits, rows) if rows else SampleOutput((), ())
             return PendingStep(None, out, host)
         fed = getattr(self.backend, "fed_ids", None)
-        stream = getattr(self.backend, "step_stream", None)  # sample where the logits were made
-        with stream if stream is not None else contextlib.nullcontext():
+        where = getattr(self.backend, "on_step_stream", contextlib.nullcontext)
+        with where():  # sample where the logits were made
             pending = async_sample(logits, rows, fed(len(rows)) if fed else None)
-        if stream is not None:  # later work on the default stream comes after the sampler
-            import cupy as cp
-
-            cp.cuda.Stream.null.wait_event(stream.record())
         return PendingStep(pending, None, host)
 
 
