@@ -62,34 +62,29 @@ def decode_rate(runner: ModelRunner, batch_size: int, steps: int, rng: np.random
             for i in range(batch_size)]
     toks = [7] * batch_size
 
+    def decode_batch(p: int, ids: list[int]) -> object:
+        return build_packed_batch([SegmentSpec(f"r{i}", [ids[i]], p, tables[i], [0])
+                                   for i in range(batch_size)])
+
     def step(p: int) -> None:
         nonlocal toks
-        out, _ = runner.forward_sample(build_packed_batch(
-            [SegmentSpec(f"r{i}", [toks[i]], p, tables[i], [0]) for i in range(batch_size)]),
-            rows)
-        toks = list(out.token_ids)
+        toks = list(runner.forward_sample(decode_batch(p, toks), rows)[0].token_ids)
 
     step(128)
     step(129)  # warm-up (and capture when graphs are on)
-    if pipelined:
-        feed = np.arange(batch_size, dtype=np.int32)
-        t = time.perf_counter()
-        pend = runner.launch_sample(build_packed_batch(
-            [SegmentSpec(f"r{i}", [toks[i]], 130, tables[i], [0]) for i in range(batch_size)]),
-            rows)
-        for p in range(131, 130 + steps):
-            nxt = runner.launch_sample(build_packed_batch(
-                [SegmentSpec(f"r{i}", [0], p, tables[i], [0]) for i in range(batch_size)]),
-                rows, feed=feed)
-            toks = list(pend.result()[0].token_ids)
-            pend = nxt
-        toks = list(pend.result()[0].token_ids)
-        return batch_size * steps / (time.perf_counter() - t)
     t = time.perf_counter()
-    for p in range(130, 130 + steps):
-        step(p)
+    if pipelined:  # the ids fed on the device: the batch's own ids are placeholders
+        feed = np.arange(batch_size, dtype=np.int32)
+        pend = runner.launch_sample(decode_batch(130, toks), rows)
+        for p in range(131, 130 + steps):
+            nxt = runner.launch_sample(decode_batch(p, [0] * batch_size), rows, feed=feed)
+            pend.result()
+            pend = nxt
+        pend.result()
+    else:
+        for p in range(130, 130 + steps):
+            step(p)
     return batch_size * steps / (time.perf_counter() - t)
-
 
 def engine_rate(runner: ModelRunner, tokenizer: object, batch_size: int, new: int,
                 rng: np.random.Generator) -> float:

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from common import stat, write_json
+from common import SMOLLM2, stat, write_json
 
 from crucible.backend.cupy_graphs import BUCKETS
 from crucible.backend.sampling_meta import row_sampling
@@ -32,8 +32,6 @@ from crucible.kernels.variants import score_capacity
 from crucible.model.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
-SMOLLM2 = dict(vocab_size=49152, hidden_size=576, n_layers=30, n_heads=9, n_kv_heads=3,
-               head_dim=64, ffn_size=1536, max_context=8192, rope_theta=100000.0)
 
 
 def step_costs(runner: ModelRunner, b: int, steps: int, history: int) -> dict[str, float]:
