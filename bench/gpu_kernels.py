@@ -29,6 +29,7 @@ from crucible.backend import cupy_fused as cf
 from crucible.backend import cupy_kernels as ck
 from crucible.backend import cupy_launch
 from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.kernels.attention_bench import capture_repeated, replay_us
 from crucible.model.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
@@ -40,24 +41,8 @@ def time_graph(fn: Callable[[], Any], reps: int, rounds: int) -> list[float]:
     import cupy as cp
 
     stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        fn()
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(reps):
-            fn()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        out = []
-        for _ in range(rounds):
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record(stream)
-            graph.launch(stream)
-            b.record(stream)
-            b.synchronize()
-            out.append(cp.cuda.get_elapsed_time(a, b) * 1000.0 / reps)
-    return out
+    graph = capture_repeated(fn, reps, stream)
+    return [replay_us(graph, reps, stream) for _ in range(rounds)]
 
 
 def kernels(be: Any, meta: Any, m: int) -> dict[str, Callable[[], Any]]:

@@ -16,7 +16,7 @@ import argparse
 import json
 import statistics
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from crucible.kernels.attention_cases import Case, build
 from crucible.kernels.attention_check import to_device
@@ -43,8 +43,14 @@ def _capture(variant: Variant, d: dict[str, Any], iters: int, stream: Any) -> An
                         n_heads=b.case.n_heads, n_kv_heads=b.case.n_kv_heads,
                         max_chunk=b.max_chunk, score_capacity=b.capacity, variant=variant)
 
+    return capture_repeated(launch, iters, stream)
+
+
+def capture_repeated(launch: Callable[[], Any], iters: int, stream: Any) -> Any:
+    """A CUDA graph of ``iters`` back-to-back calls of ``launch`` on ``stream``. One call runs
+    first, outside the capture: it compiles, sets shared-memory attributes, warms caches."""
     with stream:
-        launch()  # compile, set smem attributes and warm caches outside the capture
+        launch()
         stream.synchronize()
         stream.begin_capture()
         for _ in range(iters):
@@ -54,7 +60,8 @@ def _capture(variant: Variant, d: dict[str, Any], iters: int, stream: Any) -> An
     return graph
 
 
-def _replay_us(graph: Any, iters: int, stream: Any) -> float:
+def replay_us(graph: Any, iters: int, stream: Any) -> float:
+    """Microseconds per call of a ``capture_repeated`` graph: one warm-up replay, one timed."""
     import cupy as cp  # noqa: PLC0415
 
     graph.launch(stream)  # warm-up replay
@@ -84,7 +91,7 @@ def bench_shape(name: str, slices: tuple[tuple[int, int], ...], geometry: tuple[
     for trial in range(trials):
         order = variants if trial % 2 == 0 else variants[::-1]
         for v in order:
-            times[v.name].append(_replay_us(graphs[v.name], iters, stream))
+            times[v.name].append(replay_us(graphs[v.name], iters, stream))
     ref = times["reference"]
     result: dict[str, Any] = {
         "rows": int(sum(n for _, n in slices)),
