@@ -10,6 +10,8 @@ to back with one synchronization at the end, so the host never holds the device 
   +sample    and followed by greedy sampling on the device and the ids' copy back;
   pipelined  ModelRunner.launch_sample as the engine drives it (feed from the device,
              step t's ids read after step t+1 is queued), host work included.
+Batch 1 runs twice: with the decode stack (three kernels per layer, the default) and with
+it off ("b1 layers", five kernels per layer), alternating in each round.
 The differences are the per-step costs of each layer of the step. Figures: min and median
 over rounds of microseconds per step.
 """
@@ -97,10 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
     runner = ModelRunner(model, num_pages=64 * 16 + 16, device="cuda")
     res: dict[str, list[float]] = {}
+    # "b1 layers": batch 1 with the decode stack off (five kernels per layer), the baseline
+    # of the stack in the same run; the order alternates between rounds.
+    configs = [("b1", 1, True), ("b1 layers", 1, False), ("b64", 64, True)]
     for r in range(args.rounds):
-        for b in (1, 64):
+        for label, b, stack in configs if r % 2 == 0 else configs[::-1]:
+            runner.backend.set_decode_stack(stack)
             for k, v in step_costs(runner, b, args.steps, args.history).items():
-                res.setdefault(f"b{b} {k} us", []).append(v)
+                res.setdefault(f"{label} {k} us", []).append(v)
         print(f"round {r}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in res.items()),
               file=sys.stderr, flush=True)
     write_json(args.json, {"command": "python3 bench/gpu_step.py " + " ".join(argv or sys.argv[1:]),

@@ -24,11 +24,38 @@
 // loads, and the other keys and values are prefetched into L2, all except position len - 1,
 // whose K/V the step's QKV kernel writes just before this one; q and that position load
 // after it.
-// Dynamic shared memory: 4 * (128*64 + G*capacity + capacity/16); static: q and the
-// softmax scratch (variants.decode_static_bytes bounds it). No standard headers.
+// O partials (OW = 1 int8 / 4 f32 weights; 0: none): the batch-1 decode stack folds the O
+// projection in here. Each head's output is exactly one 64-wide K chunk of O's input, so
+// this CTA owns chunk h of every O column n: partial[h][row][n] = the canonical fma chain
+// over d of out[row, h, d] * W_o[n, h*64 + d] (rows_chunk.cuh), left for the next kernel
+// to add in ascending h with the scale and the residual (cru_combined). The CTA's slice
+// of W_o (o_n columns x 64 weights per head) is copied to shared memory with cp.async
+// before cru_pdl_wait, in flight through the whole attention; thread t computes columns
+// t, t + 256, ... once every head's output is staged.
+// Dynamic shared memory: 4 * (128*64 + G*capacity + capacity/16) (+ G*o_n*64*OW bytes of
+// W_o); static: q and the softmax scratch (variants.decode_static_bytes bounds it). No
+// standard headers.
 #include "common.cuh"
 #include "pdl.cuh"
+#include "rows_chunk.cuh"
 #include "softmax_group.cuh"
+
+template <int OW> struct CruOWeight { typedef float type; };
+template <> struct CruOWeight<1> { typedef signed char type; };
+
+// Chunk head0 + g of each of the o_n columns of W_o [o_n, o_k] into dst [G][o_n][64]
+// (16-byte cp.async pieces; no registers held while they land).
+template <int OW>
+__device__ __forceinline__ void cru_dec_stage_o(unsigned char* dst, const unsigned char* w,
+                                                int o_n, int o_k, int head0, int G) {
+    const int per_col = 4 * OW;  // 16-byte pieces of one column's 64 weights
+    for (int i = threadIdx.x; i < G * o_n * per_col; i += 256) {
+        const int piece = i % per_col, gn = i / per_col, n = gn % o_n, g = gn / o_n;
+        const unsigned char* src = w + ((long long)n * o_k + (head0 + g) * CRU_HEAD_DIM) * OW +
+                                   16 * piece;
+        cru_cp16(dst + 16 * i, src);
+    }
+}
 
 #define CRU_DEC_VT 128  // V positions per staged tile
 
@@ -168,12 +195,13 @@ __device__ __forceinline__ void cru_dec_pv_tile(const float* vt, const float* sc
     }
 }
 
-template <int G>
+template <int G, int OW>
 __global__ void __launch_bounds__(256, 2)
 attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             const float* __restrict__ v_pool, const int4* __restrict__ segs, int n_segs,
             const int* __restrict__ tables, int table_stride, float* __restrict__ out,
-            int n_heads, int n_kv_heads, int n_layers, int layer, int capacity) {
+            int n_heads, int n_kv_heads, int n_layers, int layer, int capacity,
+            const void* __restrict__ w_o, float* __restrict__ o_parts, int o_n) {
     static_assert(G >= 1 && G <= 4, "attn_decode is instantiated for 1..4 heads per CTA");
     extern __shared__ float4 dec_smem4[];
     float* vt = reinterpret_cast<float*>(dec_smem4);  // [CRU_DEC_VT][64]
@@ -188,6 +216,10 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     const int kvh = head0 / (n_heads / n_kv_heads), kv_dim = n_kv_heads * CRU_HEAD_DIM;
     const int* table = tables + (long long)sd.w * table_stride;
     for (int i = tid; i < (len + 15) >> 4; i += 256) tab[i] = table[i];
+    unsigned char* wo_s = reinterpret_cast<unsigned char*>(tab + capacity / 16);
+    if (OW != 0)
+        cru_dec_stage_o<OW>(wo_s, static_cast<const unsigned char*>(w_o), o_n,
+                            n_heads * CRU_HEAD_DIM, head0, G);
     __syncthreads();
 
     // Before the wait: history only (positions < len - 1; see the header).
@@ -255,16 +287,38 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     }
     if (tid < CRU_HEAD_DIM) {
 #pragma unroll
-        for (int g = 0; g < G; ++g)
-            out[((long long)row * n_heads + head0 + g) * CRU_HEAD_DIM + d] =
-                __fmul_rn(acc[g], sm.inv[g]);
+        for (int g = 0; g < G; ++g) {
+            const float o = __fmul_rn(acc[g], sm.inv[g]);
+            out[((long long)row * n_heads + head0 + g) * CRU_HEAD_DIM + d] = o;
+            if (OW != 0) q_s[g][d] = o;  // q is dead: its slots now hold the output
+        }
+    }
+    if (OW != 0) {
+        typedef typename CruOWeight<OW>::type TW;
+        cru_cp_wait_all();
+        __syncthreads();  // the outputs and every thread's W_o pieces are visible
+        const TW* wo = reinterpret_cast<const TW*>(wo_s);
+        for (int n = tid; n < o_n; n += 256) {
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const TW* wp = wo + ((long long)g * o_n + n) * CRU_KC;
+                RawChunk<TW> rc;
+                rc.load(wp);
+                o_parts[((long long)(head0 + g) * n_segs + row) * o_n + n] =
+                    cru_chain64<TW>(rc, wp, q_s[g]);
+            }
+        }
     }
 }
 
 #ifndef __CUDACC_RTC__
 // Offline `nvcc -c` builds instantiate what the host launches, so `-Xptxas -v` reports it.
-template __global__ void attn_decode<1>(const float*, const float*, const float*, const int4*,
-                                        int, const int*, int, float*, int, int, int, int, int);
-template __global__ void attn_decode<3>(const float*, const float*, const float*, const int4*,
-                                        int, const int*, int, float*, int, int, int, int, int);
+#define CRU_DEC_INSTANTIATE(G, OW)                                                          \
+    template __global__ void attn_decode<G, OW>(const float*, const float*, const float*,     \
+                                                const int4*, int, const int*, int, float*, int, \
+                                                int, int, int, int, const void*, float*, int);
+CRU_DEC_INSTANTIATE(1, 0)
+CRU_DEC_INSTANTIATE(3, 0)
+CRU_DEC_INSTANTIATE(1, 1)
+CRU_DEC_INSTANTIATE(1, 4)
 #endif

@@ -32,145 +32,16 @@
 //             columns j = lane and j + 32 of that head (head_dim 64). Q heads are rotated
 //             into q_out [M, H*64], K heads rotated into the K pool, V heads copied to the
 //             V pool, each at (pages[m], slots[m]) of `layer`.
+// Combine (MT = 1 only: the batch-1 decode stack, rows_chunk.cuh's cru_combined): with
+// n_parts > 0, the staged x is x + the previous GEMM's n_parts chunk partials
+// [n_parts][M][K], finished as that GEMM's residual epilogue (pscale: its int8 scales);
+// column block 0 also stores that x to x_out, the residual stream's next value.
 // PDL (pdl.cuh): the first column block's weights and epilogue inputs, and the norm weight,
-// load before cru_pdl_wait; x and the residual after it.
+// load before cru_pdl_wait; x, the partials and the residual after it.
 // Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32 + K). No standard headers (NVRTC).
-#include "gemm_common.cuh"
 #include "pdl.cuh"
+#include "rows_chunk.cuh"
 #include "rowops.cuh"
-
-// One column's 64-wide K chunk, as loaded. int8 chunks (64 B) are loaded whole into
-// registers at the very start of the kernel, so the loads overlap the staging and the
-// RMSNorm of x; f32 chunks (256 B) are loaded a quarter (16 values) at a time when used.
-template <typename T> struct RawChunk;
-template <> struct RawChunk<signed char> {
-    int4 v[4];
-    __device__ __forceinline__ void load(const signed char* p) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) v[q] = reinterpret_cast<const int4*>(p)[q];
-    }
-    __device__ __forceinline__ void quarter(int q, const signed char*, float* f) const {
-        cru_unpack(v[q].x, f); cru_unpack(v[q].y, f + 4);
-        cru_unpack(v[q].z, f + 8); cru_unpack(v[q].w, f + 12);
-    }
-};
-template <> struct RawChunk<float> {
-    __device__ __forceinline__ void load(const float*) {}
-    __device__ __forceinline__ void quarter(int q, const float* p, float* f) const {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float4 v = reinterpret_cast<const float4*>(p + 16 * q)[i];
-            f[4 * i] = v.x; f[4 * i + 1] = v.y; f[4 * i + 2] = v.z; f[4 * i + 3] = v.w;
-        }
-    }
-};
-__device__ __forceinline__ float cru_w1(const float* p, int i) { return p[i]; }
-__device__ __forceinline__ float cru_w1(const signed char* p, int i) { return (float)p[i]; }
-
-// Column j of this lane's NC columns in column block cb (see the epilogue table above).
-template <int EPI>
-__device__ __forceinline__ int cru_rows_col(int cb, int j, int lane, int F) {
-    if (EPI == 2) return cb * 64 + lane + 32 * j;
-    if (EPI == 1) return cb * 32 + lane + F * j;
-    return cb * 32 + lane;
-}
-
-// What the epilogue of one (row, column block) reads besides the partials: the int8
-// scales, the residual, RoPE's cos/sin and the pool offset. Loaded at the start of the
-// kernel for the first column block, so none of these loads sits on the critical path.
-template <int NC>
-struct EpiIn {
-    float sc[NC];
-    float res, cs, sn;
-    long base;
-};
-
-// Everything but the residual: none of it is written by a kernel of the step, so the first
-// column block's copy loads before cru_pdl_wait (pdl.cuh).
-template <typename T, int NC, int EPI>
-__device__ __forceinline__ EpiIn<NC> cru_epi_load(int cb, int m, int lane, int N_out,
-                                                  int n_rows_w, const float* scale,
-                                                  const int* positions,
-                                                  const int* pages, const int* slots,
-                                                  const float* cos_t, const float* sin_t,
-                                                  int n_layers, int layer, int kv_dim) {
-    EpiIn<NC> e;
-#pragma unroll
-    for (int j = 0; j < NC; ++j) {
-        const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
-        e.sc[j] = (sizeof(T) == 1 && col < n_rows_w) ? scale[col] : 1.0f;
-    }
-    e.res = 0.0f;
-    e.cs = e.sn = 0.0f;
-    e.base = 0;
-    if (EPI == 2) {
-        const long t = (long)positions[m] * 32 + lane;
-        e.cs = cos_t[t];
-        e.sn = sin_t[t];
-        e.base = (((long)pages[m] * n_layers + layer) * 16 + slots[m]) * kv_dim;
-    }
-    return e;
-}
-
-// The residual of (row m, column block cb): written by the step's previous kernels, so it
-// loads after cru_pdl_wait.
-template <int EPI>
-__device__ __forceinline__ float cru_epi_res(int cb, int m, int lane, int N_out,
-                                             const float* residual) {
-    if (EPI == 0 && residual != nullptr && cb * 32 + lane < N_out)
-        return residual[(long)m * N_out + cb * 32 + lane];
-    return 0.0f;
-}
-
-template <typename T, int MT, int NC, int EPI>
-__device__ __forceinline__ void cru_rows_chunk(const RawChunk<T>* raw, bool preloaded,
-                                               const T* __restrict__ w, const float* xs,
-                                               float* part, int cb, int c, int lane, int K,
-                                               int N_out, int n_rows_w) {
-    const int k0 = c * CRU_KC, kn = min(CRU_KC, K - k0);
-    const bool vec = kn == CRU_KC && (K & 15) == 0;  // 16-byte loads need K % 16 == 0
-#pragma unroll
-    for (int j = 0; j < NC; ++j) {
-        const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
-        float acc[MT];
-#pragma unroll
-        for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
-        if (col < n_rows_w) {
-            const T* wp = w + (long)col * K + k0;
-            if (vec) {
-                RawChunk<T> rc = raw[j];
-                if (!preloaded) rc.load(wp);
-#pragma unroll
-                for (int q = 0; q < CRU_KC / 16; ++q) {
-                    float f[16];
-                    rc.quarter(q, wp, f);
-                    // x as float4: one shared load per 4 fmas; each row's chain stays in
-                    // ascending k.
-#pragma unroll
-                    for (int r = 0; r < MT; ++r) {
-                        const float4* x4 = reinterpret_cast<const float4*>(xs + r * K + k0 + 16 * q);
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            const float4 xv = x4[i];
-                            acc[r] = __fmaf_rn(xv.x, f[4 * i], acc[r]);
-                            acc[r] = __fmaf_rn(xv.y, f[4 * i + 1], acc[r]);
-                            acc[r] = __fmaf_rn(xv.z, f[4 * i + 2], acc[r]);
-                            acc[r] = __fmaf_rn(xv.w, f[4 * i + 3], acc[r]);
-                        }
-                    }
-                }
-            } else {
-                for (int kk = 0; kk < kn; ++kk) {
-                    const float wk = cru_w1(wp, kk);
-#pragma unroll
-                    for (int r = 0; r < MT; ++r) acc[r] = __fmaf_rn(xs[r * K + k0 + kk], wk, acc[r]);
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < MT; ++r) part[((c * MT + r) * NC + j) * 32 + lane] = acc[r];
-    }
-}
 
 template <typename T, int MT, int PRO, int EPI>
 __global__ void __launch_bounds__((EPI != 0 && MT == 1) ? 384 : 768, 1)
@@ -180,7 +51,9 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
             int groups, const int* __restrict__ positions, const int* __restrict__ pages,
             const int* __restrict__ slots, const float* __restrict__ cos_t,
             const float* __restrict__ sin_t, float* __restrict__ k_pool,
-            float* __restrict__ v_pool, int layer, int n_layers, int n_heads, int n_kv) {
+            float* __restrict__ v_pool, int layer, int n_layers, int n_heads, int n_kv,
+            const float* __restrict__ parts, int n_parts, const float* __restrict__ pscale,
+            float* __restrict__ x_out) {
     constexpr int NC = EPI == 0 ? 1 : 2;
     extern __shared__ float smem[];
     __shared__ float red[MT * 8];
@@ -225,7 +98,15 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     if (finisher) e0.res = cru_epi_res<EPI>(cb0, m0 + c, lane, N_out, residual);
     for (int r = 0; r < MT; ++r) {
         const bool live = m0 + r < M;
-        for (int k = tid; k < K; k += nthreads) xs[r * K + k] = live ? x[(long)(m0 + r) * K + k] : 0.0f;
+        for (int k = tid; k < K; k += nthreads) {
+            // The combine is compiled into the one-row forms only (its 24 loads in flight
+            // would cost the multi-row forms registers they do not have).
+            const float v = !live ? 0.0f
+                            : MT == 1 ? cru_combined<T>(x, parts, n_parts, pscale, M, m0, K, k)
+                                      : x[(long)(m0 + r) * K + k];
+            xs[r * K + k] = v;
+            if (live && x_out != nullptr && blockIdx.x == 0) x_out[(long)(m0 + r) * K + k] = v;
+        }
     }
     __syncthreads();
     if (PRO == 1) {
@@ -297,7 +178,7 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     template __global__ void linear_rows<T, MT, PRO, EPI>(                                     \
         const float*, const T*, const float*, const float*, float, const float*, float*, int, \
         int, int, int, const int*, const int*, const int*, const float*, const float*, float*, \
-        float*, int, int, int, int);
+        float*, int, int, int, int, const float*, int, const float*, float*);
 CRU_ROWS_INSTANTIATE(signed char, 1, 1, 2)
 CRU_ROWS_INSTANTIATE(signed char, 1, 1, 1)
 CRU_ROWS_INSTANTIATE(signed char, 1, 0, 0)

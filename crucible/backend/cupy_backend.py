@@ -41,6 +41,7 @@ class CupyBackend:
 
         self.variant = variant if variant is not None else variant_from_env()
         cupy_launch.set_enabled(env_flag("CRUCIBLE_PDL"))
+        self.use_stack = env_flag("CRUCIBLE_DECODE_STACK")  # cupy_decode_stack.py
         self.cfg: ModelConfig | None = None
         self.graphs = None  # DecodeGraphs once the pool exists (CRUCIBLE_DECODE_GRAPHS=0: off)
         self.prefill_graphs = None  # PrefillGraphs likewise (CRUCIBLE_PREFILL_GRAPHS=0: off)
@@ -105,6 +106,25 @@ class CupyBackend:
         for queued work and drops every graph, since a graph bakes in how it launches."""
         self._drop_graphs()
         cupy_launch.set_enabled(on)
+
+    def set_decode_stack(self, on: bool) -> None:
+        """The batch-1 decode stack on or off (same bits either way); drops every graph."""
+        self._drop_graphs()
+        self.use_stack = bool(on)
+
+    def decode_stack(self, x: Any, meta: CupyMeta) -> Any:
+        """Every layer of a batch-1 decode step in three kernels each
+        (cupy_decode_stack.py); None when the step is not its shape (llama.py runs the
+        layers then)."""
+        from crucible.backend import cupy_decode_stack as ds
+
+        decode = meta.max_chunk == 1 and meta.segments.shape[0] == meta.num_rows
+        wbytes = 1 if self.mode == "int8" else 4
+        if not (self.use_stack and decode and ds.fits(self.cfg, meta.num_rows,
+                                                      meta.score_capacity, self.variant,
+                                                      wbytes)):
+            return None
+        return ds.run_layers(self, x, meta)
 
     def fed_ids(self, rows: int) -> Any:
         """Where a step's sampler should write its ``rows`` ids so that the next decode step

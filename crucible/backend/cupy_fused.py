@@ -126,12 +126,37 @@ def _head_args(x: Any, wd: DeviceWeight, out: Any, norm: Any, eps: float,
             residual if residual is not None else null, out)
 
 
+def _combine_args(x: Any, parts: Any, pscale: Any, x_out: Any, mt: int) -> tuple:
+    """The combine prologue's arguments (null when ``parts`` is None), checked."""
+    cp, null = _cupy(), np.uint64(0)
+    if parts is None:
+        _need(x_out is None and pscale is None, "linear_rows: x_out/pscale need parts")
+        return (null, cp.int32(0), null, null)
+    m, k = x.shape
+    _need(mt == 1, "linear_rows: the combine prologue is built for one row per CTA")
+    _need(parts.dtype == np.float32 and parts.ndim == 3 and parts.shape[1:] == (m, k)
+          and 1 <= parts.shape[0] <= COMBINE_MAX_PARTS and parts.flags.c_contiguous,
+          f"linear_rows: parts must be f32 [1..{COMBINE_MAX_PARTS}, {m}, {k}], got "
+          f"{parts.dtype} {parts.shape}")
+    _need(pscale is None or pscale.shape == (k,), f"linear_rows: pscale must be [{k}]")
+    if x_out is not None:
+        _check_out(x_out, (m, k), "x_out")
+    return (parts, cp.int32(parts.shape[0]), pscale if pscale is not None else null,
+            x_out if x_out is not None else null)
+
+
+COMBINE_MAX_PARTS = 24  # CRU_MAX_PARTS (cuda/rows_chunk.cuh)
+
+
 def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
                 norm: Any = None, eps: float = 0.0, epi: int = EPI_STORE,
-                rope: RopeStore | None = None, mt: int | None = None) -> Any:
+                rope: RopeStore | None = None, mt: int | None = None, parts: Any = None,
+                pscale: Any = None, x_out: Any = None) -> Any:
     """The fused row kernel (cuda/linear_rows.cu): optional RMSNorm of x with ``norm``
     first, then the GEMM, then store (+ residual), SwiGLU, or RoPE + K/V store. ``mt``
-    (1, 4 or 8 rows per CTA) overrides ``rows_mt`` for benchmarks; bits do not depend on it."""
+    (1, 4 or 8 rows per CTA) overrides ``rows_mt`` for benchmarks; bits do not depend on it.
+    ``parts`` [n, M, K] (one row per CTA; the decode stack): x is first x + those chunk
+    partials of the previous GEMM, finished with its scales ``pscale``; ``x_out`` gets it."""
     cp = _cupy()
     f = _form("linear_rows", x, wd, out, residual, norm, epi, rope)
     m, k = f.m, f.k
@@ -141,6 +166,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
         return out
     mt = rows_mt(m) if mt is None else mt
     _need(mt in (1, 4, 8), f"linear_rows: {mt} rows per CTA is not built (1, 4 or 8)")
+    combine = _combine_args(x, parts, pscale, x_out, mt)
     chunks = -(-k // KC)
     row_groups = -(-m // mt)
     # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
@@ -150,7 +176,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     smem = 4 * (mt * k + chunks * mt * f.nc * 32 + k)
     ensure_dynamic_smem(fn, smem)
     args = _head_args(x, wd, out, norm, eps, residual) + (
-        cp.int32(m), cp.int32(f.n_out), cp.int32(k), cp.int32(groups)) + f.rope_args
+        cp.int32(m), cp.int32(f.n_out), cp.int32(k), cp.int32(groups)) + f.rope_args + combine
     launch(fn, (-(-f.blocks // groups), row_groups), (32, max(chunks, 8)), args,
            shared_mem=smem)
     return out

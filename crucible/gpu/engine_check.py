@@ -13,6 +13,8 @@ Checks (each prints a count; any failure exits non-zero):
   online    negative control: an online attention variant gives different bits;
   graphs    decode steps replayed from CUDA graphs (padded to a bucket) == eager, bitwise,
             for batch sizes across the bucket edges;
+  stack     the batch-1 decode stack == the five-kernel layers, per kernel and per step,
+            with a negative control (gpu/stack_check.py);
   model     (with --model) greedy text of the default model contains "Paris", and its
             GPU logits agree with the CPU path.
 """
@@ -27,6 +29,7 @@ import numpy as np
 
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.gpu.chunks_check import check_chunks, check_chunks_linear
+from crucible.gpu.stack_check import check_stack
 from crucible.model.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
@@ -229,6 +232,7 @@ def main(argv: list[str]) -> int:
         check_fused(t, name, geom, rng)
         check_model(t, name, geom, rng, args.online)
         check_graphs(t, name, geom, rng)
+    check_stack(t, rng, GEOMS)
     if args.model:
         check_default_model(t, args.model)
     print(f"gpu-engine-check: {t.passed} passed, {t.failed} failed ({time.time() - t0:.1f} s)")

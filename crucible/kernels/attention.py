@@ -97,7 +97,7 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
         grid = (n_heads // plan.decode_heads, q.shape[0], 1)
         args = (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables, i32(stride),
                 out, i32(n_heads), i32(n_kv_heads), i32(n_layers), i32(layer),
-                i32(score_capacity))
+                i32(score_capacity), np.uint64(0), np.uint64(0), i32(0))
     elif plan.variant.family == "reference":
         grid = (n_heads, q.shape[0], 1)
         args = (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables, i32(stride),

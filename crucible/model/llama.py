@@ -28,13 +28,22 @@ def forward(cfg: ModelConfig, be: Backend, batch: PackedBatch) -> np.ndarray:
 def forward_meta(cfg: ModelConfig, be: Backend, meta: Any) -> Any:
     """The forward over already-uploaded step metadata; logits stay on the backend."""
     x = be.embed(meta)  # [T, D]
+    stack = getattr(be, "decode_stack", None)  # a backend's own run of every layer
+    h = stack(x, meta) if stack is not None else None  # None: not for this step
+    if h is None:
+        h = layers(cfg, be, x, meta)
+    rows = be.gather_rows(h, meta)  # [R, D]
+    return norm_linear(be, rows, "final_norm", "lm_head")
+
+
+def layers(cfg: ModelConfig, be: Backend, x: Any, meta: Any) -> Any:
+    """Every layer, one stage (or fused stage group) at a time; returns the residual."""
     for i in range(cfg.n_layers):
         q = attn_in(be, x, i, meta)  # [T, H hd]; K/V now in the pool
         a = be.attention(q, i, meta)  # [T, H hd]
         x = be.linear_add(a, f"l{i}.o", x)  # residual fused where the backend can
         x = be.linear_add(mlp_in(be, x, i), f"l{i}.down", x)
-    rows = be.gather_rows(x, meta)  # [R, D]
-    return norm_linear(be, rows, "final_norm", "lm_head")
+    return x
 
 
 # Stage groups a backend may fuse into one kernel (the CuPy backend does for small batches).

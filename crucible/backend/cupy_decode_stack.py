@@ -1,0 +1,137 @@
+"""The batch-1 decode stack: every layer in three kernels instead of five.
+
+Why: at batch 1 each kernel of a layer is latency-bound (a few microseconds of work each),
+so a kernel boundary costs about as much as the work on either side of it. The O and down
+GEMMs are folded into the kernels before them, which leave one partial per 64-wide K chunk
+instead of the output; the kernel after them adds the partials in the canonical order with
+the scale and the residual (cuda/rows_chunk.cuh's cru_combined):
+
+    QKV (linear_rows, RoPE form)  h_prev + down partials -> r; RMSNorm -> QKV -> RoPE, K/V
+    attn_decode<1, OW>            attention; O's partial of head h's chunk, every O column
+    decode_mlp                    r + O partials -> h; RMSNorm -> gate/up -> SwiGLU -> down's
+                                  partial of its 64 SwiGLU outputs' chunk, every column
+    ... and after the last layer  combine_rows: h + down partials -> the final residual
+
+Every output element keeps linear.cu's order (chunk chains from 0, partials added in
+ascending chunk order, scale, residual last), so the logits and the K/V written are the
+bits of the five-kernel layers; gpu-engine-check compares them. ``CRUCIBLE_DECODE_STACK=0``
+turns the stack off.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from crucible.backend import cupy_fused as cf
+from crucible.backend.cupy_kernels import DeviceWeight, _ctype, _module
+from crucible.backend.cupy_launch import launch
+from crucible.kernels.loader import decode_kernel, ensure_dynamic_smem, smem_optin_limit
+from crucible.kernels.variants import decode_smem_bytes, decode_static_bytes
+
+MAX_ROWS = 1  # the stack re-reads every weight once per row: it pays at batch 1 only
+MAX_PARTS = 24  # CRU_MAX_PARTS: chunk partials one combine adds
+MLP_MAX_K = 576  # decode_mlp's launch bounds: 2 warps per K chunk, 576 threads at most
+
+_NAMES = tuple(f"{k}<{_ctype(d)}>" for k in ("decode_mlp", "combine_rows")
+               for d in ("float32", "int8"))
+
+
+@functools.cache
+def _kernel(name: str) -> Any:
+    return _module("decode_stack.cu", _NAMES).get_function(name)
+
+
+def _wbytes(wd: DeviceWeight) -> int:
+    return 1 if wd.scale is not None else 4
+
+
+def attention_smem(capacity: int, o_n: int, wbytes: int) -> int:
+    """attn_decode<1, OW>'s dynamic shared memory: attn_decode<1>'s plus W_o's chunk."""
+    return decode_smem_bytes(capacity, 1) + o_n * 64 * wbytes
+
+
+def fits(cfg: Any, rows: int, capacity: int, variant: Any, wbytes: int) -> bool:
+    """Whether a decode step of ``rows`` rows runs as the stack: the exact family, shapes
+    the kernels are built for, and W_o's chunk fitting beside attn_decode's own memory."""
+    d, f = cfg.hidden_size, cfg.ffn_size
+    return (1 <= rows <= MAX_ROWS and variant.family == "exact" and cfg.head_dim == 64
+            and d % 16 == 0 and d <= MLP_MAX_K and f % 64 == 0 and f // 64 <= MAX_PARTS
+            and cfg.n_heads <= MAX_PARTS
+            and attention_smem(capacity, d, wbytes) + decode_static_bytes(1)
+            <= smem_optin_limit())
+
+
+def attention_o(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, wo: DeviceWeight,
+                out: Any, o_parts: Any, n_heads: int, n_kv: int) -> None:
+    """attn_decode<1, OW>: attention of every row into ``out`` [T, H*64], and O's chunk
+    partials into ``o_parts`` [H, T, N_o] (unscaled; the next kernel finishes them)."""
+    i32 = np.int32
+    t, (o_n, o_k) = q.shape[0], wo.shape
+    assert o_k == n_heads * 64 and o_parts.shape == (n_heads, t, o_n), (wo.shape, o_parts.shape)
+    wb = _wbytes(wo)
+    fn = decode_kernel(1, wb)
+    smem = attention_smem(meta.score_capacity, o_n, wb)
+    ensure_dynamic_smem(fn, smem)
+    args = (q, k_pool, v_pool, meta.segments, i32(meta.segments.shape[0]), meta.page_tables,
+            i32(meta.page_tables.shape[1]), out, i32(n_heads), i32(n_kv), i32(k_pool.shape[1]),
+            i32(layer), i32(meta.score_capacity), wo.w, o_parts, i32(o_n))
+    launch(fn, (n_heads, t), (256, 1, 1), args, shared_mem=smem)
+
+
+def decode_mlp(r: Any, o_parts: Any, o_scale: Any, h_out: Any, norm: Any, eps: float,
+               gu: DeviceWeight, down: DeviceWeight, down_parts: Any) -> None:
+    """h = r + O's partials (stored to ``h_out``); RMSNorm -> gate/up -> SwiGLU -> down's
+    chunk partials into ``down_parts`` [F/64, T, N_d]."""
+    i32 = np.int32
+    t, k = r.shape
+    f, n_d = gu.shape[0] // 2, down.shape[0]
+    chunks = -(-k // 64)
+    wb = _wbytes(gu)
+    fn = _kernel(f"decode_mlp<{_ctype(str(gu.w.dtype))}>")
+    smem = 4 * (2 * k + 2 * chunks * 64 + 64) + n_d * 64 * wb
+    ensure_dynamic_smem(fn, smem)
+    null = np.uint64(0)
+    args = (r, o_parts, i32(o_parts.shape[0]), o_scale if o_scale is not None else null,
+            h_out, norm, np.float32(eps), gu.w, gu.scale if gu.scale is not None else null,
+            down.w, down_parts, i32(t), i32(k), i32(f), i32(n_d))
+    launch(fn, (f // 64, t), (32, 2 * chunks), args, shared_mem=smem)
+
+
+def combine_rows(h: Any, parts: Any, scale: Any, out: Any) -> None:
+    """out = h + the down partials, finished as down's residual epilogue."""
+    t, k = h.shape
+    fn = _kernel(f"combine_rows<{'signed char' if scale is not None else 'float'}>")
+    args = (h, parts, np.int32(parts.shape[0]), scale if scale is not None else np.uint64(0),
+            out, np.int32(t), np.int32(k))
+    launch(fn, (t,), (256,), args)
+
+
+def run_layers(be: Any, x: Any, meta: Any) -> Any:
+    """Every layer of a decode step as the stack; returns the residual after the last."""
+    cfg, new = be.cfg, be._new
+    t, d = x.shape
+    h, parts, pscale = x, None, None  # the residual stream is h + parts (when given)
+    for i in range(cfg.n_layers):
+        r = new((t, d)) if parts is not None else h
+        q = new((t, cfg.q_dim))
+        rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, be._cos, be._sin,
+                            be.k_pool, be.v_pool, i, cfg.n_heads, cfg.n_kv_heads)
+        cf.linear_rows(h, be._linear[f"l{i}.qkv"], q, norm=be._norms[f"l{i}.attn_norm"],
+                       eps=cfg.rms_eps, epi=cf.EPI_ROPE, rope=rope, parts=parts,
+                       pscale=pscale, x_out=r if parts is not None else None)
+        wo = be._linear[f"l{i}.o"]
+        o_parts = new((cfg.n_heads, t, d))
+        attention_o(q, be.k_pool, be.v_pool, i, meta, wo, new((t, cfg.q_dim)), o_parts,
+                    cfg.n_heads, cfg.n_kv_heads)
+        gu, down = be._linear[f"l{i}.gate_up"], be._linear[f"l{i}.down"]
+        h = new((t, d))
+        parts = new((gu.shape[0] // 128, t, d))
+        decode_mlp(r, o_parts, wo.scale, h, be._norms[f"l{i}.ffn_norm"], cfg.rms_eps, gu,
+                   down, parts)
+        pscale = down.scale
+    out = new((t, d))
+    combine_rows(h, parts, pscale, out)
+    return out

@@ -1,0 +1,137 @@
+"""The batch-1 decode stack (crucible/backend/cupy_decode_stack.py) against the five-kernel
+layers, bitwise; part of ``gpu-engine-check``.
+
+  stages    each stack kernel == the stages it replaces, on one decode row:
+            attn_decode<1, OW>'s output == the attention stage; decode_mlp's h == the O
+            GEMM + residual; combine_rows(decode_mlp's down partials) == the gate/up, SwiGLU,
+            down GEMM + residual; the QKV form's combine (q, K/V written, x_out) == the same
+            form fed the combined residual. Negative control: O's partials added in
+            descending head order must change h.
+  steps     whole decode steps at batch 1, stack on vs off: logits and the K/V written,
+            bitwise, over histories across the attention tile edges, f32 and int8, and the
+            default model's shapes (random weights); graph replays with the stack == eager
+            steps without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.model.runner import ModelRunner
+from crucible.model.tiny import tiny_random_model
+
+# The default model's shapes, fewer layers (bench/common.py's SMOLLM2 holds all of them).
+SMOLLM2_SHAPES = dict(vocab_size=4096, hidden_size=576, n_layers=3, n_heads=9, n_kv_heads=3,
+                      head_dim=64, ffn_size=1536, max_context=8192)
+HISTORIES = (1, 2, 17, 127, 128, 129, 256, 257, 300)
+
+
+def _prefilled(geom: dict, weights: str, rng: np.random.Generator) -> tuple[ModelRunner, list]:
+    """A GPU runner holding one request of 301 tokens' K/V (pages shuffled)."""
+    model = tiny_random_model(seed=11, weights=weights, **geom)
+    runner = ModelRunner(model, num_pages=64, device="cuda")
+    tokens = rng.integers(0, model.config.vocab_size, 301).tolist()
+    pages = rng.permutation(64)[:20].tolist()
+    runner.forward(build_packed_batch([SegmentSpec("p", tokens, 0, pages, [300])]))
+    return runner, pages
+
+
+def _decode(token: int, pos: int, pages: list) -> Any:
+    return build_packed_batch([SegmentSpec("d", [token], pos, pages, [0])])
+
+
+def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
+                       rng: np.random.Generator) -> None:
+    import cupy as cp
+
+    from crucible.backend import cupy_decode_stack as ds
+    from crucible.backend import cupy_fused as cf
+    from crucible.model import llama
+
+    runner, pages = _prefilled(geom, weights, rng)
+    be, cfg = runner.backend, runner.config
+    d, layer = cfg.hidden_size, 1
+    for pos in HISTORIES:
+        meta = be.prepare(_decode(5, pos, pages))
+        x = cp.asarray(rng.standard_normal((1, d), dtype=np.float32))
+        q = be.attn_in(x, layer, meta)
+        wo = be._linear[f"l{layer}.o"]
+        att = be.attention(q, layer, meta)
+        out, parts = be._new(att.shape), be._new((cfg.n_heads, 1, d))
+        ds.attention_o(q, be.k_pool, be.v_pool, layer, meta, wo, out, parts, cfg.n_heads,
+                       cfg.n_kv_heads)
+        t.check(bool(cp.array_equal(out, att)), f"{name} {weights} attention_o == attention, h={pos}")
+        gu, down = be._linear[f"l{layer}.gate_up"], be._linear[f"l{layer}.down"]
+        norm = be._norms[f"l{layer}.ffn_norm"]
+        h, dparts = be._new((1, d)), be._new((gu.shape[0] // 128, 1, d))
+        ds.decode_mlp(x, parts, wo.scale, h, norm, cfg.rms_eps, gu, down, dparts)
+        ref_h = be.linear_add(att, f"l{layer}.o", x)
+        t.check(bool(cp.array_equal(h, ref_h)), f"{name} {weights} decode_mlp h == O + residual, h={pos}")
+        swapped = be._new((1, d))
+        ds.decode_mlp(x, cp.ascontiguousarray(parts[::-1]), wo.scale, swapped, norm,
+                      cfg.rms_eps, gu, down, be._new(dparts.shape))
+        t.check(not bool(cp.array_equal(swapped, ref_h)),
+                f"{name} {weights} negative control: descending O partials must differ, h={pos}")
+        y = be._new((1, d))
+        ds.combine_rows(h, dparts, down.scale, y)
+        ref_y = be.linear_add(llama.mlp_in(be, ref_h, layer), f"l{layer}.down", ref_h)
+        t.check(bool(cp.array_equal(y, ref_y)), f"{name} {weights} mlp + combine == down + residual, h={pos}")
+        # The QKV form with the combine prologue == the same form fed the combined value.
+        q2, r = be._new(q.shape), be._new((1, d))
+        kv = (be.k_pool.copy(), be.v_pool.copy())
+        rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, be._cos, be._sin,
+                            be.k_pool, be.v_pool, layer, cfg.n_heads, cfg.n_kv_heads)
+        cf.linear_rows(h, be._linear[f"l{layer}.qkv"], q2, norm=be._norms[f"l{layer}.attn_norm"],
+                       eps=cfg.rms_eps, epi=cf.EPI_ROPE, rope=rope, parts=dparts,
+                       pscale=down.scale, x_out=r)
+        kv_stack = (be.k_pool.copy(), be.v_pool.copy())
+        be.k_pool[...], be.v_pool[...] = kv
+        q_ref = be.attn_in(ref_y, layer, meta)
+        same_kv = all(bool(cp.array_equal(a, b)) for a, b in zip(kv_stack, (be.k_pool, be.v_pool)))
+        t.check(bool(cp.array_equal(r, ref_y)) and bool(cp.array_equal(q2, q_ref)) and same_kv,
+                f"{name} {weights} QKV combine == QKV of the combined residual, h={pos}")
+
+
+def _steps(runner: ModelRunner, pages: list, stack: bool, graphs: bool) -> tuple[list, Any]:
+    """Greedy decode from position 301 over the tile edges; logits per step and the pools."""
+    import cupy as cp
+
+    be = runner.backend
+    be.set_decode_stack(stack)
+    saved = be.graphs
+    if not graphs:
+        be.graphs = None
+    k0, v0 = be.k_pool.copy(), be.v_pool.copy()
+    token, logits = 7, []
+    for pos in range(301, 301 + 6):
+        out = runner.forward(_decode(token, pos, pages))
+        logits.append(out)
+        token = int(np.argmax(out[0]))
+    pools = (be.k_pool.copy(), be.v_pool.copy())
+    be.k_pool[...], be.v_pool[...] = k0, v0
+    be.graphs = saved
+    be.set_decode_stack(True)
+    return logits, pools
+
+
+def check_stack_steps(t: Any, name: str, geom: dict, weights: str,
+                      rng: np.random.Generator) -> None:
+    import cupy as cp
+
+    runner, pages = _prefilled(geom, weights, rng)
+    off, pools_off = _steps(runner, pages, stack=False, graphs=False)
+    for label, graphs in (("eager", False), ("graph", True)):
+        on, pools_on = _steps(runner, pages, stack=True, graphs=graphs)
+        same = all(np.array_equal(a, b) for a, b in zip(on, off))
+        same_kv = all(bool(cp.array_equal(a, b)) for a, b in zip(pools_on, pools_off))
+        t.check(same and same_kv, f"{name} {weights} stack ({label}) == five-kernel layers")
+
+
+def check_stack(t: Any, rng: np.random.Generator, geoms: dict) -> None:
+    for name, geom in {**geoms, "smollm2-shapes": SMOLLM2_SHAPES}.items():
+        for weights in ("f32", "int8"):
+            check_stack_stages(t, name, geom, weights, rng)
+            check_stack_steps(t, name, geom, weights, rng)

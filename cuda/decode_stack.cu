@@ -1,0 +1,145 @@
+// decode_stack.cu: the MLP of the batch-1 decode stack in one kernel, and the combine that
+// ends the stack. Why: a batch-1 layer is five latency-bound kernels (QKV, attention, O,
+// gate/up, down) and every kernel boundary costs about as much as a small kernel's work.
+// The stack runs three per layer: linear_rows' QKV form (which also adds the previous
+// layer's down partials), attn_decode<1, OW> (which also leaves O's chunk partials), and
+// decode_mlp below. Each GEMM keeps linear.cu's canonical order, so the bits are those of
+// the five-kernel layer (gpu-engine-check compares them).
+//
+// decode_mlp<T>: h = x + O's partials (cru_combined: the O GEMM's residual epilogue);
+//   CTA (f, m) with f = blockIdx.x < F/64, m = blockIdx.y: RMSNorm(h) -> the 64 SwiGLU
+//   outputs a = f*64 .. f*64+63 of row m (gate rows a, up rows F + a of w_gu [2F, K]) ->
+//   down's partial of K chunk f for every down column n: the fma chain over those 64
+//   outputs of swiglu[a] * w_down[n, a], ascending (rows_chunk.cuh's cru_chain64). The next
+//   kernel (QKV of the next layer, or combine_rows after the last) adds the F/64 partials
+//   in ascending f, so down's output needs no kernel of its own. CTA 0 of each row stores h.
+// Layout: x, h_out [M, K]; o_parts [n_parts][M][K]; w_gu [2F, K] + s_gu [2F] (int8);
+//   w_down [N_d, F]; down_parts [F/64][M][N_d]. Requires K % 16 == 0, K <= 576 and
+//   F % 64 == 0 (crucible/backend/cupy_decode_stack.py checks).
+// Thread mapping: block (32, 2 * n_chunks), n_chunks = ceil(K / 64). Warp y computes K
+//   chunk c = y % n_chunks of half y / n_chunks (the 32 outputs a = f*64 + half*32 + lane:
+//   lane's gate and up columns, linear_rows' SwiGLU column pair); warps c = 0 of each half
+//   add the chunk partials in order and apply the scale and SwiGLU; then flat thread t
+//   computes down columns t, t + threads, ... All weights and scales load before
+//   cru_pdl_wait: the gate/up chunks in registers, the down chunks (N_d x 64) into shared
+//   memory by cp.async; x and the partials after it.
+// Dynamic shared memory: 4 * (2K + 2 * n_chunks * 64 + 64) + N_d * 64 * sizeof(T). No
+// standard headers (NVRTC).
+#include "pdl.cuh"
+#include "rows_chunk.cuh"
+#include "rowops.cuh"
+
+// 576 threads at most (K <= 576): 96 registers hold both gate/up chunks through the
+// combine's 24 loads in flight; at 768 threads' 80 they spilled 20 bytes.
+template <typename T>
+__global__ void __launch_bounds__(576, 1)
+decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n_parts,
+           const float* __restrict__ o_scale, float* __restrict__ h_out,
+           const float* __restrict__ norm_w, float eps, const T* __restrict__ w_gu,
+           const float* __restrict__ s_gu, const T* __restrict__ w_down,
+           float* __restrict__ down_parts, int M, int K, int F, int N_d) {
+    extern __shared__ float4 mlp_smem4[];  // float4: 16-byte aligned for the vector reads
+    float* smem = reinterpret_cast<float*>(mlp_smem4);
+    __shared__ float red[8];
+    __shared__ float inv;
+    const int n_chunks = (K + CRU_KC - 1) / CRU_KC;
+    float* xs = smem;                        // [K]: h, then its norm
+    float* nw = xs + K;                      // [K]: the norm weight
+    float* part = nw + K;                    // [2 halves][n_chunks][2 (gate, up)][32]
+    float* act = part + 2 * n_chunks * 64;   // [64]: the SwiGLU outputs
+    const int lane = threadIdx.x, c = threadIdx.y % n_chunks, half = threadIdx.y / n_chunks;
+    const int tid = threadIdx.y * 32 + lane, nthreads = 32 * blockDim.y;
+    const int f = blockIdx.x, m = blockIdx.y;
+    const int cb = 2 * f + half;  // linear_rows' SwiGLU column block of this warp's outputs
+
+    // Weights first: this warp's gate/up chunk, this thread's down chunk, the scales.
+    RawChunk<T> raw[2];
+    const bool whole = K - c * CRU_KC >= CRU_KC;
+    if (whole) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            raw[j].load(w_gu + (long)cru_rows_col<1>(cb, j, lane, F) * K + c * CRU_KC);
+    }
+    // Down's chunk f of every column: to shared memory (registers would spill), in flight
+    // through the wait, the norm and gate/up.
+    T* wd_s = reinterpret_cast<T*>(act + 64);  // [N_d][64]
+    constexpr int PIECES = 4 * (int)sizeof(T);  // 16-byte pieces of one column's 64 weights
+    for (int i = tid; i < N_d * PIECES; i += nthreads)
+        cru_cp16(reinterpret_cast<char*>(wd_s) + 16 * i,
+                 reinterpret_cast<const char*>(w_down + (long)(i / PIECES) * F + f * CRU_KC) +
+                     16 * (i % PIECES));
+    const bool finisher = c == 0;
+    EpiIn<2> e;
+    if (finisher)
+        e = cru_epi_load<T, 2, 1>(cb, m, lane, F, 2 * F, s_gu, nullptr, nullptr, nullptr,
+                                  nullptr, nullptr, 0, 0, 0);
+    for (int k = tid; k < K; k += nthreads) nw[k] = norm_w[k];
+    cru_pdl_wait();  // above: weights only; below: x and the partials (pdl.cuh)
+    cru_pdl_trigger();
+
+    for (int k = tid; k < K; k += nthreads) {
+        const float v = cru_combined<T>(x, o_parts, n_parts, o_scale, M, m, K, k);
+        xs[k] = v;
+        if (f == 0) h_out[(long)m * K + k] = v;
+    }
+    __syncthreads();
+    cru_rows_sumsq(xs, 1, K, red);
+    if (tid == 0) inv = cru_inv_rms(cru_rows_total(red, 0), K, eps);
+    __syncthreads();
+    for (int k = tid; k < K; k += nthreads) xs[k] = cru_norm_apply(xs[k], inv, nw[k]);
+    __syncthreads();
+
+    float* my_part = part + half * n_chunks * 64;
+    cru_rows_chunk<T, 1, 2, 1>(raw, whole, w_gu, xs, my_part, cb, c, lane, K, F, 2 * F);
+    __syncthreads();
+    if (finisher) {  // linear_rows' SwiGLU epilogue, into shared memory
+        float v[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            float total = my_part[j * 32 + lane];
+            for (int cc = 1; cc < n_chunks; ++cc)
+                total = __fadd_rn(total, my_part[(cc * 2 + j) * 32 + lane]);
+            v[j] = cru_rows_finish<T>(total, e.sc[j]);
+        }
+        act[half * 32 + lane] = cru_swiglu(v[0], v[1]);
+    }
+    cru_cp_wait_all();
+    __syncthreads();  // act and every thread's down pieces are visible
+    for (int n = tid; n < N_d; n += nthreads) {
+        const T* wp = wd_s + (long)n * CRU_KC;
+        RawChunk<T> rc;
+        rc.load(wp);
+        down_parts[((long)f * M + m) * N_d + n] = cru_chain64<T>(rc, wp, act);
+    }
+}
+
+// combine_rows<T>: y = x + the F/64 down partials the last decode_mlp left (cru_combined),
+// the residual stream after the last layer. One CTA of 256 threads per row; element k of
+// row m is thread k % 256's. Launched with PDL like the kernels around it.
+template <typename T>
+__global__ void __launch_bounds__(256)
+combine_rows(const float* __restrict__ x, const float* __restrict__ parts, int n_parts,
+             const float* __restrict__ scale, float* __restrict__ y, int M, int K) {
+    cru_pdl_wait();
+    cru_pdl_trigger();
+    const int m = blockIdx.x;
+    for (int k = threadIdx.x; k < K; k += blockDim.x)
+        y[(long)m * K + k] = cru_combined<T>(x, parts, n_parts, scale, M, m, K, k);
+}
+
+#ifndef __CUDACC_RTC__
+// Offline `nvcc -c` builds instantiate what the host launches, so `-Xptxas -v` reports it.
+template __global__ void decode_mlp<signed char>(const float*, const float*, int, const float*,
+                                                 float*, const float*, float,
+                                                 const signed char*, const float*,
+                                                 const signed char*, float*, int, int, int,
+                                                 int);
+template __global__ void decode_mlp<float>(const float*, const float*, int, const float*,
+                                           float*, const float*, float, const float*,
+                                           const float*, const float*, float*, int, int, int,
+                                           int);
+template __global__ void combine_rows<signed char>(const float*, const float*, int,
+                                                   const float*, float*, int, int);
+template __global__ void combine_rows<float>(const float*, const float*, int, const float*,
+                                             float*, int, int);
+#endif
