@@ -58,6 +58,7 @@ __device__ __forceinline__ void cru_dec_stage_o(unsigned char* dst, const unsign
 }
 
 #define CRU_DEC_VT 128  // V positions per staged tile
+#define CRU_DEC_OCOL 3  // O columns per thread at once (576 = the default model's, / 256)
 
 // The 8 float4 of V tile `base` this thread stages: positions base + 16 i + tid / 16 (i < 8),
 // those in [lo, hi) only (the others keep what r holds), columns 4 (tid & 15) .. + 3. base is
@@ -297,15 +298,25 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
         typedef typename CruOWeight<OW>::type TW;
         cru_cp_wait_all();
         __syncthreads();  // the outputs and every thread's W_o pieces are visible
+        // CRU_DEC_OCOL columns per thread side by side, so their chains overlap (columns
+        // past o_n compute column 0's again and are not stored).
         const TW* wo = reinterpret_cast<const TW*>(wo_s);
-        for (int n = tid; n < o_n; n += 256) {
+        for (int n0 = tid; n0 < o_n; n0 += 256 * CRU_DEC_OCOL) {
 #pragma unroll
             for (int g = 0; g < G; ++g) {
-                const TW* wp = wo + ((long long)g * o_n + n) * CRU_KC;
-                RawChunk<TW> rc;
-                rc.load(wp);
-                o_parts[((long long)(head0 + g) * n_segs + row) * o_n + n] =
-                    cru_chain64<TW>(rc, wp, q_s[g]);
+                const TW* wp[CRU_DEC_OCOL];
+#pragma unroll
+                for (int j = 0; j < CRU_DEC_OCOL; ++j) {
+                    const int n = n0 + 256 * j;
+                    wp[j] = wo + ((long long)g * o_n + (n < o_n ? n : 0)) * CRU_KC;
+                }
+                float acc[CRU_DEC_OCOL];
+                cru_chains64<TW, CRU_DEC_OCOL>(wp, q_s[g], acc);
+#pragma unroll
+                for (int j = 0; j < CRU_DEC_OCOL; ++j)
+                    if (n0 + 256 * j < o_n)
+                        o_parts[((long long)(head0 + g) * n_segs + row) * o_n + n0 + 256 * j] =
+                            acc[j];
             }
         }
     }

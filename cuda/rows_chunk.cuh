@@ -143,6 +143,36 @@ __device__ __forceinline__ void cru_rows_chunk(const RawChunk<T>* raw, bool prel
     }
 }
 
+// NCOL columns' chains side by side (independent chains, so their fma latencies overlap):
+// acc[j] = cru_chain64 of w[j]; x as there.
+template <typename T, int NCOL>
+__device__ __forceinline__ void cru_chains64(const T* const (&w)[NCOL], const float* x,
+                                             float (&acc)[NCOL]) {
+    RawChunk<T> rc[NCOL];
+#pragma unroll
+    for (int j = 0; j < NCOL; ++j) {
+        rc[j].load(w[j]);
+        acc[j] = 0.0f;
+    }
+#pragma unroll
+    for (int q = 0; q < CRU_KC / 16; ++q) {
+        const float4* x4 = reinterpret_cast<const float4*>(x + 16 * q);
+#pragma unroll
+        for (int j = 0; j < NCOL; ++j) {
+            float f[16];
+            rc[j].quarter(q, w[j], f);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float4 xv = x4[i];
+                acc[j] = __fmaf_rn(xv.x, f[4 * i], acc[j]);
+                acc[j] = __fmaf_rn(xv.y, f[4 * i + 1], acc[j]);
+                acc[j] = __fmaf_rn(xv.z, f[4 * i + 2], acc[j]);
+                acc[j] = __fmaf_rn(xv.w, f[4 * i + 3], acc[j]);
+            }
+        }
+    }
+}
+
 // One chunk's chain for one column: acc = fma(x[k], w[k], acc) for k = 0..63 ascending,
 // from 0; rc holds the column's chunk as loaded (f32: loaded here from w). x is 16-byte
 // aligned (shared memory); the same fma order as cru_rows_chunk's vector path.
@@ -183,16 +213,23 @@ __device__ __forceinline__ void cru_cp_wait_all() {
 // batch-1 decode stack, where the previous GEMM left one partial per K chunk instead of its
 // output): x + total * scale, total = p_0 + p_1 + ... ascending, which is exactly the
 // epilogue that GEMM would have run with x as its residual. parts: [n_parts][M][K]; scale:
-// [K] for int8 weights, nullptr for f32. All loads are issued before the first add.
+// [K] for int8 weights, nullptr for f32.
+// Every load is issued before the first add: left to itself the compiler sank each load
+// next to its add, one L2 round trip per partial (+6.8 µs for 24 partials on the H200).
+// So the loads are unconditional (past n_parts they re-read the last partial, a cached
+// line) and an empty asm pins each value before any add.
 template <typename T>
 __device__ __forceinline__ float cru_combined(const float* x, const float* parts, int n_parts,
                                               const float* scale, int M, int m, int K, int k) {
     const float base = x[(long)m * K + k];
     if (n_parts == 0) return base;
+    const float* at = parts + (long)m * K + k;
+    const long stride = (long)M * K;
     float p[CRU_MAX_PARTS];
 #pragma unroll
-    for (int c = 0; c < CRU_MAX_PARTS; ++c)
-        p[c] = c < n_parts ? parts[((long)c * M + m) * K + k] : 0.0f;
+    for (int c = 0; c < CRU_MAX_PARTS; ++c) p[c] = at[min(c, n_parts - 1) * stride];
+#pragma unroll
+    for (int c = 0; c < CRU_MAX_PARTS; ++c) asm volatile("" : "+f"(p[c]));
     const float sc = scale != nullptr ? scale[k] : 1.0f;
     float total = p[0];
 #pragma unroll

@@ -126,7 +126,9 @@ def check_stack_steps(t: Any, name: str, geom: dict, weights: str,
     for label, graphs in (("eager", False), ("graph", True)):
         on, pools_on = _steps(runner, pages, stack=True, graphs=graphs)
         same = all(np.array_equal(a, b) for a, b in zip(on, off))
-        same_kv = all(bool(cp.array_equal(a, b)) for a, b in zip(pools_on, pools_off))
+        # The engine's pages; the scratch page past them takes the graphs' capture
+        # stand-ins (cupy_graphs.py), which eager steps never write.
+        same_kv = all(bool(cp.array_equal(a[:-1], b[:-1])) for a, b in zip(pools_on, pools_off))
         t.check(same and same_kv, f"{name} {weights} stack ({label}) == five-kernel layers")
 
 
