@@ -78,9 +78,10 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     cru_pdl_trigger();
 
     for (int k = tid; k < K; k += nthreads) {
-        const float v = cru_combined<T>(x, o_parts, n_parts, o_scale, M, m, K, k);
-        xs[k] = v;
-        if (f == 0) h_out[(long)m * K + k] = v;
+        float v[1];
+        cru_combined<T, 1>(x, o_parts, n_parts, o_scale, M, m, K, k, 0, v);
+        xs[k] = v[0];
+        if (f == 0) h_out[(long)m * K + k] = v[0];
     }
     __syncthreads();
     cru_rows_sumsq(xs, 1, K, red);
@@ -122,9 +123,14 @@ combine_rows(const float* __restrict__ x, const float* __restrict__ parts, int n
              const float* __restrict__ scale, float* __restrict__ y, int M, int K) {
     cru_pdl_wait();
     cru_pdl_trigger();
-    const int m = blockIdx.x;
-    for (int k = threadIdx.x; k < K; k += blockDim.x)
-        y[(long)m * K + k] = cru_combined<T>(x, parts, n_parts, scale, M, m, K, k);
+    const int m = blockIdx.x, step = blockDim.x;
+    for (int k0 = threadIdx.x; k0 < K; k0 += 3 * step) {  // three elements' loads at once
+        float v[3];
+        cru_combined<T, 3>(x, parts, n_parts, scale, M, m, K, k0, step, v);
+#pragma unroll
+        for (int i = 0; i < 3; ++i)
+            if (k0 + i * step < K) y[(long)m * K + k0 + i * step] = v[i];
+    }
 }
 
 #ifndef __CUDACC_RTC__

@@ -32,7 +32,7 @@
 //             columns j = lane and j + 32 of that head (head_dim 64). Q heads are rotated
 //             into q_out [M, H*64], K heads rotated into the K pool, V heads copied to the
 //             V pool, each at (pages[m], slots[m]) of `layer`.
-// Combine (MT = 1 only: the batch-1 decode stack, rows_chunk.cuh's cru_combined): with
+// Combine (MT = 1, EPI 1 or 2 only: the batch-1 decode stack, rows_chunk.cuh): with
 // n_parts > 0, the staged x is x + the previous GEMM's n_parts chunk partials
 // [n_parts][M][K], finished as that GEMM's residual epilogue (pscale: its int8 scales);
 // column block 0 also stores that x to x_out, the residual stream's next value.
@@ -96,16 +96,25 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     cru_pdl_wait();
     cru_pdl_trigger();
     if (finisher) e0.res = cru_epi_res<EPI>(cb0, m0 + c, lane, N_out, residual);
-    for (int r = 0; r < MT; ++r) {
-        const bool live = m0 + r < M;
-        for (int k = tid; k < K; k += nthreads) {
-            // The combine is compiled into the one-row forms only (its 24 loads in flight
-            // would cost the multi-row forms registers they do not have).
-            const float v = !live ? 0.0f
-                            : MT == 1 ? cru_combined<T>(x, parts, n_parts, pscale, M, m0, K, k)
-                                      : x[(long)(m0 + r) * K + k];
-            xs[r * K + k] = v;
-            if (live && x_out != nullptr && blockIdx.x == 0) x_out[(long)(m0 + r) * K + k] = v;
+    // The combine is compiled into the one-row SwiGLU and RoPE forms only: their 384-thread
+    // bounds leave registers for 48 loads in flight; the 768-thread ones would spill.
+    if (MT == 1 && EPI != 0) {
+        for (int k0 = tid; k0 < K; k0 += 2 * nthreads) {  // two elements' loads at once
+            float v[2];
+            cru_combined<T, 2>(x, parts, n_parts, pscale, M, m0, K, k0, nthreads, v);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int k = k0 + i * nthreads;
+                if (k >= K) break;
+                xs[k] = v[i];
+                if (x_out != nullptr && blockIdx.x == 0) x_out[(long)m0 * K + k] = v[i];
+            }
+        }
+    } else {
+        for (int r = 0; r < MT; ++r) {
+            const bool live = m0 + r < M;
+            for (int k = tid; k < K; k += nthreads)
+                xs[r * K + k] = live ? x[(long)(m0 + r) * K + k] : 0.0f;
         }
     }
     __syncthreads();

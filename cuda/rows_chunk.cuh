@@ -209,31 +209,42 @@ __device__ __forceinline__ void cru_cp_wait_all() {
 
 #define CRU_MAX_PARTS 24  // chunk partials a combine adds: K <= 1536 of the GEMM that made them
 
-// Element k of row m as the next GEMM stages it. Without partials: x itself. With them (the
-// batch-1 decode stack, where the previous GEMM left one partial per K chunk instead of its
-// output): x + total * scale, total = p_0 + p_1 + ... ascending, which is exactly the
-// epilogue that GEMM would have run with x as its residual. parts: [n_parts][M][K]; scale:
-// [K] for int8 weights, nullptr for f32.
-// Every load is issued before the first add: left to itself the compiler sank each load
-// next to its add, one L2 round trip per partial (+6.8 µs for 24 partials on the H200).
-// So the loads are unconditional (past n_parts they re-read the last partial, a cached
-// line) and an empty asm pins each value before any add.
-template <typename T>
-__device__ __forceinline__ float cru_combined(const float* x, const float* parts, int n_parts,
-                                              const float* scale, int M, int m, int K, int k) {
-    const float base = x[(long)m * K + k];
-    if (n_parts == 0) return base;
-    const float* at = parts + (long)m * K + k;
+// Elements k0 + i * kstep (i < NE, those below K) of row m as the next GEMM stages them.
+// Without partials: x itself. With them (the batch-1 decode stack, where the previous GEMM
+// left one partial per K chunk instead of its output): x + total * scale, total = p_0 +
+// p_1 + ... ascending, which is exactly the epilogue that GEMM would have run with x as its
+// residual. parts: [n_parts][M][K]; scale: [K] for int8 weights, nullptr for f32.
+// Every load (NE elements' partials, x and the scale) is issued before the first add: left
+// to itself the compiler sank each load next to its add, one L2 round trip per partial
+// (+6.8 µs for 24 partials on the H200). So the loads are unconditional (past n_parts they
+// re-read the last partial, past K element 0: cached lines) and an empty asm pins each
+// value before any add.
+template <typename T, int NE>
+__device__ __forceinline__ void cru_combined(const float* x, const float* parts, int n_parts,
+                                             const float* scale, int M, int m, int K, int k0,
+                                             int kstep, float (&out)[NE]) {
     const long stride = (long)M * K;
-    float p[CRU_MAX_PARTS];
+    float base[NE], sc[NE], p[NE][CRU_MAX_PARTS];
 #pragma unroll
-    for (int c = 0; c < CRU_MAX_PARTS; ++c) p[c] = at[min(c, n_parts - 1) * stride];
+    for (int i = 0; i < NE; ++i) {
+        const int k = k0 + i * kstep < K ? k0 + i * kstep : 0;
+        base[i] = x[(long)m * K + k];
+        if (n_parts == 0) continue;
+        sc[i] = scale != nullptr ? scale[k] : 1.0f;
 #pragma unroll
-    for (int c = 0; c < CRU_MAX_PARTS; ++c) asm volatile("" : "+f"(p[c]));
-    const float sc = scale != nullptr ? scale[k] : 1.0f;
-    float total = p[0];
+        for (int c = 0; c < CRU_MAX_PARTS; ++c)
+            p[i][c] = parts[min(c, n_parts - 1) * stride + (long)m * K + k];
+    }
 #pragma unroll
-    for (int c = 1; c < CRU_MAX_PARTS; ++c)
-        if (c < n_parts) total = __fadd_rn(total, p[c]);
-    return __fadd_rn(base, cru_rows_finish<T>(total, sc));
+    for (int i = 0; i < NE; ++i) {
+        out[i] = base[i];
+        if (n_parts == 0) continue;
+#pragma unroll
+        for (int c = 0; c < CRU_MAX_PARTS; ++c) asm volatile("" : "+f"(p[i][c]));
+        float total = p[i][0];
+#pragma unroll
+        for (int c = 1; c < CRU_MAX_PARTS; ++c)
+            if (c < n_parts) total = __fadd_rn(total, p[i][c]);
+        out[i] = __fadd_rn(base[i], cru_rows_finish<T>(total, sc[i]));
+    }
 }

@@ -31,6 +31,7 @@ from crucible.backend.cupy_launch import launch
 from crucible.kernels.loader import decode_kernel, ensure_dynamic_smem, smem_optin_limit
 from crucible.kernels.variants import decode_smem_bytes, decode_static_bytes
 
+FOLD_O = True  # O's partials from attn_decode<1, OW> (else O runs as its own row kernel)
 MAX_ROWS = 1  # the stack re-reads every weight once per row: it pays at batch 1 only
 MAX_PARTS = 24  # CRU_MAX_PARTS: chunk partials one combine adds
 MLP_MAX_K = 576  # decode_mlp's launch bounds: 2 warps per K chunk, 576 threads at most
@@ -94,7 +95,9 @@ def decode_mlp(r: Any, o_parts: Any, o_scale: Any, h_out: Any, norm: Any, eps: f
     smem = 4 * (2 * k + 2 * chunks * 64 + 64) + n_d * 64 * wb
     ensure_dynamic_smem(fn, smem)
     null = np.uint64(0)
-    args = (r, o_parts, i32(o_parts.shape[0]), o_scale if o_scale is not None else null,
+    n_parts = 0 if o_parts is None else o_parts.shape[0]
+    args = (r, o_parts if o_parts is not None else null, i32(n_parts),
+            o_scale if o_scale is not None and n_parts else null,
             h_out, norm, np.float32(eps), gu.w, gu.scale if gu.scale is not None else null,
             down.w, down_parts, i32(t), i32(k), i32(f), i32(n_d))
     launch(fn, (f // 64, t), (32, 2 * chunks), args, shared_mem=smem)
@@ -123,9 +126,13 @@ def run_layers(be: Any, x: Any, meta: Any) -> Any:
                        eps=cfg.rms_eps, epi=cf.EPI_ROPE, rope=rope, parts=parts,
                        pscale=pscale, x_out=r if parts is not None else None)
         wo = be._linear[f"l{i}.o"]
-        o_parts = new((cfg.n_heads, t, d))
-        attention_o(q, be.k_pool, be.v_pool, i, meta, wo, new((t, cfg.q_dim)), o_parts,
-                    cfg.n_heads, cfg.n_kv_heads)
+        if FOLD_O:
+            o_parts = new((cfg.n_heads, t, d))
+            attention_o(q, be.k_pool, be.v_pool, i, meta, wo, new((t, cfg.q_dim)), o_parts,
+                        cfg.n_heads, cfg.n_kv_heads)
+        else:
+            r = be.linear_add(be.attention(q, i, meta), f"l{i}.o", r)
+            o_parts = None
         gu, down = be._linear[f"l{i}.gate_up"], be._linear[f"l{i}.down"]
         h = new((t, d))
         parts = new((gu.shape[0] // 128, t, d))

@@ -126,14 +126,15 @@ def _head_args(x: Any, wd: DeviceWeight, out: Any, norm: Any, eps: float,
             residual if residual is not None else null, out)
 
 
-def _combine_args(x: Any, parts: Any, pscale: Any, x_out: Any, mt: int) -> tuple:
+def _combine_args(x: Any, parts: Any, pscale: Any, x_out: Any, mt: int, epi: int) -> tuple:
     """The combine prologue's arguments (null when ``parts`` is None), checked."""
     cp, null = _cupy(), np.uint64(0)
     if parts is None:
         _need(x_out is None and pscale is None, "linear_rows: x_out/pscale need parts")
         return (null, cp.int32(0), null, null)
     m, k = x.shape
-    _need(mt == 1, "linear_rows: the combine prologue is built for one row per CTA")
+    _need(mt == 1 and epi != EPI_STORE,
+          "linear_rows: the combine prologue is built for one row per CTA, SwiGLU or RoPE")
     _need(parts.dtype == np.float32 and parts.ndim == 3 and parts.shape[1:] == (m, k)
           and 1 <= parts.shape[0] <= COMBINE_MAX_PARTS and parts.flags.c_contiguous,
           f"linear_rows: parts must be f32 [1..{COMBINE_MAX_PARTS}, {m}, {k}], got "
@@ -166,7 +167,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
         return out
     mt = rows_mt(m) if mt is None else mt
     _need(mt in (1, 4, 8), f"linear_rows: {mt} rows per CTA is not built (1, 4 or 8)")
-    combine = _combine_args(x, parts, pscale, x_out, mt)
+    combine = _combine_args(x, parts, pscale, x_out, mt, epi)
     chunks = -(-k // KC)
     row_groups = -(-m // mt)
     # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
