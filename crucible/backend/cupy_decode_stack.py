@@ -31,7 +31,6 @@ from crucible.backend.cupy_launch import launch
 from crucible.kernels.loader import decode_kernel, ensure_dynamic_smem, smem_optin_limit
 from crucible.kernels.variants import decode_smem_bytes, decode_static_bytes
 
-FOLD_O = True  # O's partials from attn_decode<1, OW> (else O runs as its own row kernel)
 MAX_ROWS = 1  # the stack re-reads every weight once per row: it pays at batch 1 only
 MAX_PARTS = 24  # CRU_MAX_PARTS: chunk partials one combine adds
 MLP_MAX_K = 576  # decode_mlp's launch bounds: 2 warps per K chunk, 576 threads at most
@@ -126,13 +125,9 @@ def run_layers(be: Any, x: Any, meta: Any) -> Any:
                        eps=cfg.rms_eps, epi=cf.EPI_ROPE, rope=rope, parts=parts,
                        pscale=pscale, x_out=r if parts is not None else None)
         wo = be._linear[f"l{i}.o"]
-        if FOLD_O:
-            o_parts = new((cfg.n_heads, t, d))
-            attention_o(q, be.k_pool, be.v_pool, i, meta, wo, new((t, cfg.q_dim)), o_parts,
-                        cfg.n_heads, cfg.n_kv_heads)
-        else:
-            r = be.linear_add(be.attention(q, i, meta), f"l{i}.o", r)
-            o_parts = None
+        o_parts = new((cfg.n_heads, t, d))
+        attention_o(q, be.k_pool, be.v_pool, i, meta, wo, new((t, cfg.q_dim)), o_parts,
+                    cfg.n_heads, cfg.n_kv_heads)
         gu, down = be._linear[f"l{i}.gate_up"], be._linear[f"l{i}.down"]
         h = new((t, d))
         parts = new((gu.shape[0] // 128, t, d))

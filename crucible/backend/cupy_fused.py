@@ -22,6 +22,7 @@ from crucible.backend.cupy_kernels import (KC, DeviceWeight, _check_out, _check_
 from crucible.backend.cupy_launch import launch
 from crucible.kernels.loader import ensure_dynamic_smem, sm_count
 
+CTAS_PER_SM = 4  # column-block CTAs per SM before a CTA takes several blocks (the LM head)
 ROWS_MAX_M = 128  # up to here the row kernels (linear_rows.cu); above, the tiled one
 ROWS_MAX_K = 1536  # the row kernels give each 64-wide K chunk its own warp (<= 24 warps)
 ROWS_MAX_K_PAIRED = 768  # one-row SwiGLU and RoPE forms are compiled for <= 12 warps
@@ -172,7 +173,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     row_groups = -(-m // mt)
     # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
     # once (the LM head); then each CTA stages and normalises x once for several blocks.
-    groups = max(1, -(-f.blocks * row_groups // (4 * sm_count())))
+    groups = max(1, -(-f.blocks * row_groups // (CTAS_PER_SM * sm_count())))
     fn = fused_kernel(_rows_name(str(wd.w.dtype), mt, 0 if norm is None else 1, epi))
     smem = 4 * (mt * k + chunks * mt * f.nc * 32 + k)
     ensure_dynamic_smem(fn, smem)

@@ -78,6 +78,8 @@ class CupySampler:
         # One ring per kind of copy: the engine keeps two steps in flight, so a step's ids
         # must not share slots with the next step's metadata or logprob words.
         self._up, self._ids, self._lps = PinnedRing(), PinnedRing(), PinnedRing()
+        self._copy_stream: Any = None  # where the ids go back (sample_async)
+        self._copied: Any = None  # the last copy's event: the next launch waits for it
 
     def _scratch_for(self, slots: int, vocab: int) -> tuple[Any, ...]:
         cp = _cupy()
@@ -126,12 +128,22 @@ class CupySampler:
             self._meta = device_buffer(self._meta, host_meta.size, cp.int64)
             meta = self._meta[: host_meta.size]
             self._up.upload(host_meta, meta, stream)  # the step's one upload
+        # The copies back run on a stream of their own, so the next step (queued behind this
+        # one on ``stream``) does not wait for them; the next kernel waits for them instead,
+        # since it rewrites the buffers they read.
+        if self._copied is not None:
+            stream.wait_event(self._copied)
         tokens, lp = self.launch(logits, meta, r, tokens_out, greedy=greedy)
-        ids = self._ids.download(tokens[:r], stream)  # 4 bytes a row come back ...
+        if self._copy_stream is None:
+            self._copy_stream = cp.cuda.Stream(non_blocking=True)
+        copy = self._copy_stream
+        copy.wait_event(stream.record())
+        ids = self._ids.download(tokens[:r], copy)  # 4 bytes a row come back ...
         lps = None
         if any(row.num_logprobs is not None for row in rows):  # ... unless logprobs were asked
-            lps = self._lps.download(lp[:r], stream)
-        return PendingSample(stream.record(), ids, lps, rows)
+            lps = self._lps.download(lp[:r], copy)
+        self._copied = copy.record()
+        return PendingSample(self._copied, ids, lps, rows)
 
     def launch(self, logits: Any, meta: Any, r: int, tokens_out: Any = None,
                greedy: bool = False) -> tuple[Any, Any]:
