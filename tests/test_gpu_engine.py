@@ -43,3 +43,17 @@ def test_decode_graphs_equal_eager() -> None:
     t = Tally()
     check_graphs(t, "g3-9/3", GEOMS["g3-9/3"], np.random.default_rng(2))
     assert t.failed == 0 and t.passed > 0
+
+
+@pytest.mark.parametrize("weights", ["f32", "int8"])
+def test_decode_stack_equals_layers(weights: str) -> None:
+    """The batch-1 decode stack == the five-kernel layers, per kernel (with the descending
+    O-partials negative control, which must differ) and per step, eager and from graphs."""
+    from crucible.gpu.engine_check import GEOMS, Tally
+    from crucible.gpu.stack_check import check_stack_stages, check_stack_steps
+
+    t = Tally()
+    rng = np.random.default_rng(4)
+    check_stack_stages(t, "g3-9/3", GEOMS["g3-9/3"], weights, rng)
+    check_stack_steps(t, "g3-9/3", GEOMS["g3-9/3"], weights, rng)
+    assert t.failed == 0 and t.passed == 5 * 9 + 2

@@ -249,7 +249,9 @@ class CupyBackend:
             return ck.linear(self.rmsnorm(x, norm), wd, out, tiled=True)
         if not self.fuses(x, "norm_linear"):
             return self.linear(self.rmsnorm(x, norm), weight)
-        return cf.linear_rows(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps)
+        per_sm = cf.HEAD_CTAS_PER_SM if x.shape[0] == 1 else cf.CTAS_PER_SM
+        return cf.linear_rows(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps,
+                              ctas_per_sm=per_sm)
 
     def rope_and_store(self, qkv: Any, layer: int, meta: CupyMeta) -> Any:
         cfg = self.cfg

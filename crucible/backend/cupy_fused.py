@@ -22,7 +22,10 @@ from crucible.backend.cupy_kernels import (KC, DeviceWeight, _check_out, _check_
 from crucible.backend.cupy_launch import launch
 from crucible.kernels.loader import ensure_dynamic_smem, sm_count
 
-CTAS_PER_SM = 4  # column-block CTAs per SM before a CTA takes several blocks (the LM head)
+# Column-block CTAs per SM before a CTA takes several blocks (N large: the LM head). The
+# one-row LM head is fastest at 2 (12.4 µs against 13.9 at 4 and 15.4 at 6 on the H200).
+CTAS_PER_SM = 4
+HEAD_CTAS_PER_SM = 2
 ROWS_MAX_M = 128  # up to here the row kernels (linear_rows.cu); above, the tiled one
 ROWS_MAX_K = 1536  # the row kernels give each 64-wide K chunk its own warp (<= 24 warps)
 ROWS_MAX_K_PAIRED = 768  # one-row SwiGLU and RoPE forms are compiled for <= 12 warps
@@ -153,7 +156,7 @@ COMBINE_MAX_PARTS = 24  # CRU_MAX_PARTS (cuda/rows_chunk.cuh)
 def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
                 norm: Any = None, eps: float = 0.0, epi: int = EPI_STORE,
                 rope: RopeStore | None = None, mt: int | None = None, parts: Any = None,
-                pscale: Any = None, x_out: Any = None) -> Any:
+                pscale: Any = None, x_out: Any = None, ctas_per_sm: int = CTAS_PER_SM) -> Any:
     """The fused row kernel (cuda/linear_rows.cu): optional RMSNorm of x with ``norm``
     first, then the GEMM, then store (+ residual), SwiGLU, or RoPE + K/V store. ``mt``
     (1, 4 or 8 rows per CTA) overrides ``rows_mt`` for benchmarks; bits do not depend on it.
@@ -173,7 +176,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     row_groups = -(-m // mt)
     # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
     # once (the LM head); then each CTA stages and normalises x once for several blocks.
-    groups = max(1, -(-f.blocks * row_groups // (CTAS_PER_SM * sm_count())))
+    groups = max(1, -(-f.blocks * row_groups // (ctas_per_sm * sm_count())))
     fn = fused_kernel(_rows_name(str(wd.w.dtype), mt, 0 if norm is None else 1, epi))
     smem = 4 * (mt * k + chunks * mt * f.nc * 32 + k)
     ensure_dynamic_smem(fn, smem)

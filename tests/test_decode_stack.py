@@ -1,0 +1,90 @@
+"""The batch-1 decode stack's routing on the CPU (its kernels' bits are checked on the GPU:
+tests/test_gpu_engine.py, gpu-engine-check): which steps take it, that the forward hands a
+backend's ``decode_stack`` the step and falls back to the layers when it declines, and that
+profiling (whose stages the stack's kernels span) never takes it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from crucible.backend import cupy_decode_stack as ds
+from crucible.backend.numpy_backend import NumpyBackend
+from crucible.backend.profile import ProfiledBackend
+from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.kernels.variants import parse_variant
+from crucible.model import llama
+from crucible.model.tiny import tiny_config, tiny_random_model
+
+SMOLLM2 = dict(vocab_size=4096, hidden_size=576, n_layers=2, n_heads=9, n_kv_heads=3,
+               head_dim=64, ffn_size=1536, max_context=8192)
+EXACT = parse_variant("exact-q4-k64")
+
+
+@pytest.fixture
+def smem(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ds, "smem_optin_limit", lambda: 227 * 1024)  # the H200's opt-in
+
+
+def test_fits_the_default_model_at_batch_one_only(smem: None) -> None:
+    cfg = tiny_config(**SMOLLM2)
+    assert ds.fits(cfg, 1, 512, EXACT, 1) and ds.fits(cfg, 1, 512, EXACT, 4)
+    assert not ds.fits(cfg, 2, 512, EXACT, 1)  # weights would be re-read per row
+    assert not ds.fits(cfg, 0, 512, EXACT, 1)
+    for name in ("online-q2-k32", "reference"):  # their attention is not attn_decode
+        assert not ds.fits(cfg, 1, 512, parse_variant(name), 1)
+
+
+def test_fits_refuses_shapes_the_kernels_are_not_built_for(smem: None) -> None:
+    for change in (dict(hidden_size=640, n_heads=10, n_kv_heads=2),  # decode_mlp: K <= 576
+                   dict(ffn_size=1568),  # F % 64
+                   dict(ffn_size=1600 * 2),  # 50 down partials > 24
+                   dict(head_dim=32, n_heads=18, n_kv_heads=6)):
+        assert not ds.fits(tiny_config(**{**SMOLLM2, **change}), 1, 512, EXACT, 1), change
+
+
+def test_fits_needs_w_o_beside_the_attention_memory(smem: None) -> None:
+    cfg = tiny_config(**SMOLLM2)
+    # f32 W_o's chunk is 576 * 64 * 4 = 147 KiB: fits beside a short score vector only.
+    assert ds.fits(cfg, 1, 8192, EXACT, 4) and not ds.fits(cfg, 1, 16384, EXACT, 4)
+    assert ds.attention_smem(8192, 576, 4) - ds.attention_smem(8192, 576, 1) == 576 * 64 * 3
+
+
+class _Stacked(NumpyBackend):
+    """A backend whose decode_stack runs the layers itself (or declines), recording calls."""
+
+    def __init__(self, take: bool) -> None:
+        super().__init__()
+        self.take, self.calls = take, 0
+
+    def decode_stack(self, x: Any, meta: Any) -> Any:
+        self.calls += 1
+        if not self.take:
+            return None
+        return llama.layers(self.cfg, self, x, meta) * 0.0 + 1.0  # marks the stack's output
+
+
+def _logits(be: Any, model: Any) -> np.ndarray:
+    be.load_weights(model.config, model.weights, "f32")
+    be.allocate_pool(4)
+    batch = build_packed_batch([SegmentSpec("r", [3, 1, 4], 0, [0], [2])])
+    return llama.forward(model.config, be, batch)
+
+
+def test_forward_uses_the_stack_and_falls_back_when_it_declines() -> None:
+    model = tiny_random_model(seed=2)
+    plain = _logits(NumpyBackend(), model)
+    declined, taken = _Stacked(take=False), _Stacked(take=True)
+    assert np.array_equal(_logits(declined, model), plain) and declined.calls == 1
+    assert not np.array_equal(_logits(taken, model), plain) and taken.calls == 1
+
+
+def test_profiling_never_takes_the_stack() -> None:
+    be = _Stacked(take=True)
+    prof = ProfiledBackend(be)
+    assert prof.decode_stack is None  # llama.forward_meta then runs the layers stage by stage
+    model = tiny_random_model(seed=2)
+    assert np.array_equal(_logits(prof, model), _logits(NumpyBackend(), model))
+    assert be.calls == 0
