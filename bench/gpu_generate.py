@@ -5,7 +5,7 @@
 Decode: batches of 1 and 64 requests with 128-token histories; per round, four modes run in
 alternating order: eager, decode graphs, decode graphs with programmatic dependent launch
 (PDL), and the last pipelined (step t+1 queued before step t's ids are read; its input ids
-come from the device). A step is timed from building its packed batch on the host to the
+come from the device); batch 1 also runs pipelined with the decode stack off. A step is timed from building its packed batch on the host to the
 sampled ids on the host (greedy, sampled on the device, each step fed the previous step's
 ids; pipelined: steps per second over the whole run); then the same
 through LLMEngine (scheduler, validation, sampling on the device, detokenizing, pipelining;
@@ -35,6 +35,9 @@ from crucible.model.runner import ModelRunner
 # decode graphs off; on without PDL; on with PDL; the last, pipelined (step t+1 queued
 # before step t's ids are read, its input ids fed on the device: crucible/engine/pipeline.py)
 MODES = ("eager", "graph", "graph_pdl", "graph_pdl_pipe")
+# Batch 1 also runs pipelined with the decode stack off (five kernels per layer instead of
+# three: crucible/backend/cupy_decode_stack.py), the stack's baseline in the same round.
+B1_MODES = MODES + ("graph_pdl_pipe_layers",)
 
 
 def set_mode(runner: ModelRunner, mode: str, graphs: object) -> None:
@@ -42,6 +45,7 @@ def set_mode(runner: ModelRunner, mode: str, graphs: object) -> None:
     be = runner.backend
     be.graphs = None if mode == "eager" else graphs
     be.set_pdl(mode.startswith("graph_pdl"))
+    be.set_decode_stack(not mode.endswith("_layers"))
 
 
 def decode_rate(runner: ModelRunner, batch_size: int, steps: int, rng: np.random.Generator,
@@ -174,13 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     graphs = runner.backend.graphs
     for r in range(args.rounds):
         for b in (1, 64) if "decode" in args.parts else ():
-            order = MODES if r % 2 == 0 else MODES[::-1]
+            modes = B1_MODES if b == 1 else MODES
+            order = modes if r % 2 == 0 else modes[::-1]
             got = {}
             for mode in order:
                 set_mode(runner, mode, graphs)
-                got[mode] = decode_rate(runner, b, args.steps, rng, mode.endswith("pipe"))
+                got[mode] = decode_rate(runner, b, args.steps, rng, "_pipe" in mode)
             set_mode(runner, "graph_pdl", graphs)
-            for mode in MODES:
+            if b == 1:
+                res.setdefault("decode_b1_stack_over_layers", []).append(
+                    got["graph_pdl_pipe"] / got["graph_pdl_pipe_layers"])
+            for mode in modes:
                 res.setdefault(f"decode_b{b}_{mode}_tok_s", []).append(got[mode])
             res.setdefault(f"decode_b{b}_graph_over_eager", []).append(got["graph"] / got["eager"])
             res.setdefault(f"decode_b{b}_pdl_over_graph", []).append(got["graph_pdl"] / got["graph"])
