@@ -30,8 +30,9 @@
 // over d of out[row, h, d] * W_o[n, h*64 + d] (rows_chunk.cuh), left for the next kernel
 // to add in ascending h with the scale and the residual (cru_combined). The CTA's slice
 // of W_o (o_n columns x 64 weights per head) is copied to shared memory with cp.async
-// before cru_pdl_wait, in flight through the whole attention; thread t computes columns
-// t, t + 256, ... once every head's output is staged.
+// before cru_pdl_wait (rows_chunk.cuh's piece-major cru_stage_slice), in flight through the
+// whole attention; thread t computes columns t, t + 256, t + 512 side by side once every
+// head's output is staged.
 // Dynamic shared memory: 4 * (128*64 + G*capacity + capacity/16) (+ G*o_n*64*OW bytes of
 // W_o); static: q and the softmax scratch (variants.decode_static_bytes bounds it). No
 // standard headers.
@@ -43,19 +44,6 @@
 template <int OW> struct CruOWeight { typedef float type; };
 template <> struct CruOWeight<1> { typedef signed char type; };
 
-// Chunk head0 + g of each of the o_n columns of W_o [o_n, o_k] into dst [G][o_n][64]
-// (16-byte cp.async pieces; no registers held while they land).
-template <int OW>
-__device__ __forceinline__ void cru_dec_stage_o(unsigned char* dst, const unsigned char* w,
-                                                int o_n, int o_k, int head0, int G) {
-    const int per_col = 4 * OW;  // 16-byte pieces of one column's 64 weights
-    for (int i = threadIdx.x; i < G * o_n * per_col; i += 256) {
-        const int piece = i % per_col, gn = i / per_col, n = gn % o_n, g = gn / o_n;
-        const unsigned char* src = w + ((long long)n * o_k + (head0 + g) * CRU_HEAD_DIM) * OW +
-                                   16 * piece;
-        cru_cp16(dst + 16 * i, src);
-    }
-}
 
 #define CRU_DEC_VT 128  // V positions per staged tile
 #define CRU_DEC_OCOL 3  // O columns per thread at once (576 = the default model's, / 256)
@@ -217,10 +205,16 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     const int kvh = head0 / (n_heads / n_kv_heads), kv_dim = n_kv_heads * CRU_HEAD_DIM;
     const int* table = tables + (long long)sd.w * table_stride;
     for (int i = tid; i < (len + 15) >> 4; i += 256) tab[i] = table[i];
-    unsigned char* wo_s = reinterpret_cast<unsigned char*>(tab + capacity / 16);
-    if (OW != 0)
-        cru_dec_stage_o<OW>(wo_s, static_cast<const unsigned char*>(w_o), o_n,
-                            n_heads * CRU_HEAD_DIM, head0, G);
+    typedef typename CruOWeight<OW>::type TW;
+    constexpr int O_PIECES = 4 * (int)sizeof(TW);  // 16-byte pieces of a column's chunk
+    int4* wo_s = reinterpret_cast<int4*>(tab + capacity / 16);  // [G][piece][o_n]
+    if (OW != 0) {
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+            cru_stage_slice<TW>(wo_s + g * O_PIECES * o_n, static_cast<const TW*>(w_o),
+                                n_heads * CRU_HEAD_DIM, (head0 + g) * CRU_HEAD_DIM, o_n, tid,
+                                256);
+    }
     __syncthreads();
 
     // Before the wait: history only (positions < len - 1; see the header).
@@ -295,23 +289,20 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
         }
     }
     if (OW != 0) {
-        typedef typename CruOWeight<OW>::type TW;
         cru_cp_wait_all();
         __syncthreads();  // the outputs and every thread's W_o pieces are visible
         // CRU_DEC_OCOL columns per thread side by side, so their chains overlap (columns
         // past o_n compute column 0's again and are not stored).
-        const TW* wo = reinterpret_cast<const TW*>(wo_s);
         for (int n0 = tid; n0 < o_n; n0 += 256 * CRU_DEC_OCOL) {
+            int cols[CRU_DEC_OCOL];
+#pragma unroll
+            for (int j = 0; j < CRU_DEC_OCOL; ++j)
+                cols[j] = n0 + 256 * j < o_n ? n0 + 256 * j : 0;
 #pragma unroll
             for (int g = 0; g < G; ++g) {
-                const TW* wp[CRU_DEC_OCOL];
-#pragma unroll
-                for (int j = 0; j < CRU_DEC_OCOL; ++j) {
-                    const int n = n0 + 256 * j;
-                    wp[j] = wo + ((long long)g * o_n + (n < o_n ? n : 0)) * CRU_KC;
-                }
                 float acc[CRU_DEC_OCOL];
-                cru_chains64<TW, CRU_DEC_OCOL>(wp, q_s[g], acc);
+                cru_slice_chains<TW, CRU_DEC_OCOL>(wo_s + g * O_PIECES * o_n, o_n, cols, q_s[g],
+                                                   acc);
 #pragma unroll
                 for (int j = 0; j < CRU_DEC_OCOL; ++j)
                     if (n0 + 256 * j < o_n)

@@ -10,7 +10,7 @@
 //   CTA (f, m) with f = blockIdx.x < F/64, m = blockIdx.y: RMSNorm(h) -> the 64 SwiGLU
 //   outputs a = f*64 .. f*64+63 of row m (gate rows a, up rows F + a of w_gu [2F, K]) ->
 //   down's partial of K chunk f for every down column n: the fma chain over those 64
-//   outputs of swiglu[a] * w_down[n, a], ascending (rows_chunk.cuh's cru_chain64). The next
+//   outputs of swiglu[a] * w_down[n, a], ascending (rows_chunk.cuh's cru_slice_chains). The next
 //   kernel (QKV of the next layer, or combine_rows after the last) adds the F/64 partials
 //   in ascending f, so down's output needs no kernel of its own. CTA 0 of each row stores h.
 // Layout: x, h_out [M, K]; o_parts [n_parts][M][K]; w_gu [2F, K] + s_gu [2F] (int8);
@@ -62,12 +62,8 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     }
     // Down's chunk f of every column: to shared memory (registers would spill), in flight
     // through the wait, the norm and gate/up.
-    T* wd_s = reinterpret_cast<T*>(act + 64);  // [N_d][64]
-    constexpr int PIECES = 4 * (int)sizeof(T);  // 16-byte pieces of one column's 64 weights
-    for (int i = tid; i < N_d * PIECES; i += nthreads)
-        cru_cp16(reinterpret_cast<char*>(wd_s) + 16 * i,
-                 reinterpret_cast<const char*>(w_down + (long)(i / PIECES) * F + f * CRU_KC) +
-                     16 * (i % PIECES));
+    int4* wd_s = reinterpret_cast<int4*>(act + 64);  // [piece][N_d] (cru_stage_slice)
+    cru_stage_slice<T>(wd_s, w_down, F, f * CRU_KC, N_d, tid, nthreads);
     const bool finisher = c == 0;
     EpiIn<2> e;
     if (finisher)
@@ -107,10 +103,10 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     cru_cp_wait_all();
     __syncthreads();  // act and every thread's down pieces are visible
     for (int n = tid; n < N_d; n += nthreads) {
-        const T* wp = wd_s + (long)n * CRU_KC;
-        RawChunk<T> rc;
-        rc.load(wp);
-        down_parts[((long)f * M + m) * N_d + n] = cru_chain64<T>(rc, wp, act);
+        const int cols[1] = {n};
+        float acc[1];
+        cru_slice_chains<T, 1>(wd_s, N_d, cols, act, acc);
+        down_parts[((long)f * M + m) * N_d + n] = acc[0];
     }
 }
 

@@ -1,6 +1,7 @@
 // rows_chunk.cuh: the pieces of the decode GEMMs that more than one kernel runs: one
-// column's 64-wide K chunk as loaded (RawChunk), the chunk's fma chain, the epilogue inputs,
-// and the staging of x combined with a previous GEMM's chunk partials.
+// column's 64-wide K chunk as loaded (RawChunk), the epilogue inputs, weight slices staged
+// in shared memory and their chunk chains, and the staging of x combined with a previous
+// GEMM's chunk partials.
 //
 // Users: linear_rows.cu (the row kernels), decode_mlp.cu (the batch-1 MLP), and
 // attention_decode.cu (the O projection's partials of the batch-1 decode stack). The order of
@@ -143,59 +144,6 @@ __device__ __forceinline__ void cru_rows_chunk(const RawChunk<T>* raw, bool prel
     }
 }
 
-// NCOL columns' chains side by side (independent chains, so their fma latencies overlap):
-// acc[j] = cru_chain64 of w[j]; x as there.
-template <typename T, int NCOL>
-__device__ __forceinline__ void cru_chains64(const T* const (&w)[NCOL], const float* x,
-                                             float (&acc)[NCOL]) {
-    RawChunk<T> rc[NCOL];
-#pragma unroll
-    for (int j = 0; j < NCOL; ++j) {
-        rc[j].load(w[j]);
-        acc[j] = 0.0f;
-    }
-#pragma unroll
-    for (int q = 0; q < CRU_KC / 16; ++q) {
-        const float4* x4 = reinterpret_cast<const float4*>(x + 16 * q);
-#pragma unroll
-        for (int j = 0; j < NCOL; ++j) {
-            float f[16];
-            rc[j].quarter(q, w[j], f);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float4 xv = x4[i];
-                acc[j] = __fmaf_rn(xv.x, f[4 * i], acc[j]);
-                acc[j] = __fmaf_rn(xv.y, f[4 * i + 1], acc[j]);
-                acc[j] = __fmaf_rn(xv.z, f[4 * i + 2], acc[j]);
-                acc[j] = __fmaf_rn(xv.w, f[4 * i + 3], acc[j]);
-            }
-        }
-    }
-}
-
-// One chunk's chain for one column: acc = fma(x[k], w[k], acc) for k = 0..63 ascending,
-// from 0; rc holds the column's chunk as loaded (f32: loaded here from w). x is 16-byte
-// aligned (shared memory); the same fma order as cru_rows_chunk's vector path.
-template <typename T>
-__device__ __forceinline__ float cru_chain64(const RawChunk<T>& rc, const T* w, const float* x) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int q = 0; q < CRU_KC / 16; ++q) {
-        float f[16];
-        rc.quarter(q, w, f);
-        const float4* x4 = reinterpret_cast<const float4*>(x + 16 * q);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float4 xv = x4[i];
-            acc = __fmaf_rn(xv.x, f[4 * i], acc);
-            acc = __fmaf_rn(xv.y, f[4 * i + 1], acc);
-            acc = __fmaf_rn(xv.z, f[4 * i + 2], acc);
-            acc = __fmaf_rn(xv.w, f[4 * i + 3], acc);
-        }
-    }
-    return acc;
-}
-
 // 16 bytes global -> shared without registers (Ampere+ cp.async; the L1 is bypassed), and
 // the wait for every copy this thread issued. The copies are in flight across the PDL wait.
 __device__ __forceinline__ void cru_cp16(void* dst, const void* src) {
@@ -205,6 +153,61 @@ __device__ __forceinline__ void cru_cp16(void* dst, const void* src) {
 __device__ __forceinline__ void cru_cp_wait_all() {
     asm volatile("cp.async.commit_group;" ::: "memory");
     asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+// A weight slice in shared memory: one 64-wide K chunk (columns k0 .. k0 + 63) of n_cols
+// columns of W [N, K], piece-major: 16-byte piece p of column n at int4 slot p * n_cols + n.
+// Why piece-major: thread t computes column t, so a warp reads 32 consecutive slots per
+// piece (no bank conflicts); column-major 64-byte rows put four threads of every 8 on the
+// same banks (4-way conflicts: ~0.6 µs on a 36 KB slice). The copy walks pieces fastest, so
+// four consecutive threads read one column's 64 contiguous bytes from global memory.
+template <typename T>
+__device__ __forceinline__ void cru_stage_slice(int4* dst, const T* w, long K, int k0,
+                                                int n_cols, int tid, int nthreads) {
+    constexpr int P = 4 * (int)sizeof(T);  // pieces of one column's 64 weights
+    for (int i = tid; i < n_cols * P; i += nthreads) {
+        const int n = i / P, p = i % P;
+        cru_cp16(dst + p * n_cols + n,
+                 reinterpret_cast<const char*>(w + n * K + k0) + 16 * p);
+    }
+}
+
+// A piece's weights as floats: 16 int8 codes or 4 f32.
+__device__ __forceinline__ void cru_piece(const int4& v, float* f, signed char) {
+    cru_unpack(v.x, f); cru_unpack(v.y, f + 4); cru_unpack(v.z, f + 8); cru_unpack(v.w, f + 12);
+}
+__device__ __forceinline__ void cru_piece(const int4& v, float* f, float) {
+    f[0] = __int_as_float(v.x); f[1] = __int_as_float(v.y);
+    f[2] = __int_as_float(v.z); f[3] = __int_as_float(v.w);
+}
+
+// The chunk chains of NCOL columns of a staged slice, side by side (independent chains, so
+// their fma latencies overlap): acc[j] = fma(x[k], w[cols[j], k0 + k], acc[j]) for k = 0..63
+// ascending, from 0: cru_rows_chunk's order. x: 64 floats, 16-byte aligned (shared memory).
+template <typename T, int NCOL>
+__device__ __forceinline__ void cru_slice_chains(const int4* slice, int n_cols,
+                                                 const int (&cols)[NCOL], const float* x,
+                                                 float (&acc)[NCOL]) {
+    constexpr int W = 16 / (int)sizeof(T);  // weights per piece
+#pragma unroll
+    for (int j = 0; j < NCOL; ++j) acc[j] = 0.0f;
+#pragma unroll
+    for (int p = 0; p < CRU_KC / W; ++p) {
+        const float4* x4 = reinterpret_cast<const float4*>(x + p * W);
+#pragma unroll
+        for (int j = 0; j < NCOL; ++j) {
+            float f[W];
+            cru_piece(slice[p * n_cols + cols[j]], f, T());
+#pragma unroll
+            for (int i = 0; i < W / 4; ++i) {
+                const float4 xv = x4[i];
+                acc[j] = __fmaf_rn(xv.x, f[4 * i], acc[j]);
+                acc[j] = __fmaf_rn(xv.y, f[4 * i + 1], acc[j]);
+                acc[j] = __fmaf_rn(xv.z, f[4 * i + 2], acc[j]);
+                acc[j] = __fmaf_rn(xv.w, f[4 * i + 3], acc[j]);
+            }
+        }
+    }
 }
 
 #define CRU_MAX_PARTS 24  // chunk partials a combine adds: K <= 1536 of the GEMM that made them
