@@ -136,17 +136,23 @@ def test_scratch_cache(fake_cupy: types.ModuleType) -> None:
     fake_cupy.get_default_memory_pool = lambda: SimpleNamespace(malloc=lambda n: n)
     fake_cupy.ndarray = lambda shape, dtype, memptr: SimpleNamespace(
         size=shape[0], dtype=dtype, data=SimpleNamespace(ptr=memptr))
+    # Saved and restored: a GPU run's earlier tests leave real buffers (real CuPy arrays,
+    # which this fake module cannot compare) in both.
+    saved = dict(cc._SCRATCH), list(cc._RETIRED)
     cc._SCRATCH.clear()
+    cc._RETIRED.clear()
     a = cc.scratch(1000, 10)
     assert cc.scratch(500, 5) is a and state.memsets == [(40, 0, 40, 7)]
     b = cc.scratch(2000, 4)
     assert b is not a and b.part.size == 2000 and b.counters.size == 10
-    assert a in cc._RETIRED and cc.current_scratch() is b
+    assert any(r is a for r in cc._RETIRED) and cc.current_scratch() is b
     state.stream = SimpleNamespace(ptr=9, is_capturing=lambda: True)
     with pytest.raises(RuntimeError, match="capture"):
         cc.scratch(10, 1)
     cc._SCRATCH.clear()
     cc._RETIRED.clear()
+    cc._SCRATCH.update(saved[0])
+    cc._RETIRED.extend(saved[1])
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
