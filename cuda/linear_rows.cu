@@ -37,8 +37,7 @@
 // [n_parts][M][K], finished as that GEMM's residual epilogue (pscale: its int8 scales);
 // column block 0 also stores that x to x_out, the residual stream's next value.
 // PDL (pdl.cuh): the first column block's weights and epilogue inputs, and the norm weight,
-// load before cru_pdl_wait (and, EPI 0, the later blocks' weights are prefetched into L2);
-// x, the partials and the residual after it.
+// load before cru_pdl_wait; x, the partials and the residual after it.
 // Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32 + K). No standard headers (NVRTC).
 #include "pdl.cuh"
 #include "rows_chunk.cuh"
@@ -92,14 +91,6 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
                                       pages, slots, cos_t, sin_t, n_layers, layer, kv_dim);
     if (PRO == 1)
         for (int k = tid; k < K; k += nthreads) nw[k] = norm_w[k];
-    if (EPI == 0 && groups > 1) {
-        // The later column blocks' weights (32 consecutive rows each, so one contiguous
-        // range) are asked into L2 now: each block's loads then wait on L2, not on DRAM.
-        const char* lo = reinterpret_cast<const char*>(w + (long)min((cb0 + 1) * 32, n_rows_w) * K);
-        const char* hi = reinterpret_cast<const char*>(w + (long)min((cb0 + groups) * 32, n_rows_w) * K);
-        for (const char* p = lo + 128 * tid; p < hi; p += 128 * nthreads)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-    }
     // Above: weights, scales, tables and metadata only. Below: x and the residual, which the
     // step's previous kernels wrote (pdl.cuh).
     cru_pdl_wait();
