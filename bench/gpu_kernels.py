@@ -11,6 +11,9 @@ model's (SmolLM2-135M: hidden 576, 9/3 heads of 64, FFN 1536, vocab 49152) with 
 weights, at batch 1 and 64 and a 192-token history. Figures: min and median over rounds.
 Then the LM head around its tiled switch-over, and the decode GEMMs on the row kernels vs
 the chunk-parallel kernel at 8..64 rows and both tile widths (to set CHUNKS_FROM and NT).
+At batch 1 also the decode stack's kernels and a layer of each kind. Caveat: a kernel
+repeated in one graph re-reads the same weights, which then come from L2 (50 MB), not
+DRAM as in a real step; the step benches (gpu_step.py, gpu_generate.py) measure that.
 """
 
 from __future__ import annotations
@@ -63,7 +66,48 @@ def kernels(be: Any, meta: Any, m: int) -> dict[str, Callable[[], Any]]:
         "down (+residual)": lambda: be.linear_add(act, "l0.down", x),
         "final norm + lm_head": lambda: be.norm_linear(x, "final_norm", "lm_head"),
         "rmsnorm alone": lambda: be.rmsnorm(x, "l0.attn_norm"),
-    }
+    } | (stack_kernels(be, meta, x, q, act) if m == 1 else {})
+
+
+def stack_kernels(be: Any, meta: Any, x: Any, q: Any, act: Any) -> dict[str, Callable[[], Any]]:
+    """The batch-1 decode stack's kernels (cupy_decode_stack.py) and one layer of each kind,
+    its three kernels against the five it replaces (launched back to back in the graph)."""
+    from crucible.backend import cupy_decode_stack as ds
+
+    cfg, d = be.cfg, be.cfg.hidden_size
+    wo, gu, down = (be._linear[f"l0.{w}"] for w in ("o", "gate_up", "down"))
+    out, o_parts = be._new(q.shape), be._new((cfg.n_heads, 1, d))
+    h, r, y, d_parts = be._new((1, d)), be._new((1, d)), be._new((1, d)), be._new((24, 1, d))
+    d_parts[...] = 0
+    rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, be._cos, be._sin, be.k_pool,
+                        be.v_pool, 0, cfg.n_heads, cfg.n_kv_heads)
+
+    def qkv() -> None:
+        cf.linear_rows(x, be._linear["l0.qkv"], q, norm=be._norms["l0.attn_norm"],
+                       eps=cfg.rms_eps, epi=cf.EPI_ROPE, rope=rope, parts=d_parts,
+                       pscale=down.scale, x_out=r)
+
+    def attn_o() -> None:
+        ds.attention_o(q, be.k_pool, be.v_pool, 0, meta, wo, out, o_parts, cfg.n_heads,
+                       cfg.n_kv_heads)
+
+    def mlp() -> None:
+        ds.decode_mlp(x, o_parts, wo.scale, h, be._norms["l0.ffn_norm"], cfg.rms_eps, gu, down,
+                      d_parts)
+
+    def five() -> None:
+        be.attn_in(x, 0, meta)
+        be.attention(q, 0, meta)
+        be.linear_add(q, "l0.o", x)
+        be.mlp_in(x, 0)
+        be.linear_add(act, "l0.down", x)
+
+    return {"stack: norm+qkv+rope_kv_store + 24-partial combine": qkv,
+            "stack: attention + O partials": attn_o,
+            "stack: decode_mlp (9-partial combine, gate/up, down partials)": mlp,
+            "stack: combine_rows (24 partials)": lambda: ds.combine_rows(h, d_parts, down.scale, y),
+            "layer: five kernels": five,
+            "layer: stack, three kernels": lambda: (qkv(), attn_o(), mlp())}
 
 
 def rows_vs_chunks(be: Any, reps: int, rounds: int) -> dict[str, dict]:
