@@ -5,8 +5,7 @@
 Decode: batches of 1 and 64 requests with 128-token histories; per round, four modes run in
 alternating order: eager, decode graphs, decode graphs with programmatic dependent launch
 (PDL), and the last pipelined (step t+1 queued before step t's ids are read; its input ids
-come from the device); batch 1 also runs pipelined with the decode stack off, and with
-the greedy argmax in the sampler's kernel instead of the decode graph. A step is timed from building its packed batch on the host to the
+come from the device); batch 1 also runs pipelined with the decode stack off. A step is timed from building its packed batch on the host to the
 sampled ids on the host (greedy, sampled on the device, each step fed the previous step's
 ids; pipelined: steps per second over the whole run); then the same
 through LLMEngine (scheduler, validation, sampling on the device, detokenizing, pipelining;
@@ -37,10 +36,8 @@ from crucible.model.runner import ModelRunner
 # before step t's ids are read, its input ids fed on the device: crucible/engine/pipeline.py)
 MODES = ("eager", "graph", "graph_pdl", "graph_pdl_pipe")
 # Batch 1 also runs pipelined with the decode stack off (five kernels per layer instead of
-# three: crucible/backend/cupy_decode_stack.py), and with the greedy argmax in the
-# sampler's own kernel after the graph instead of inside it (runner.graph_greedy_on): the
-# baselines of both in the same round.
-B1_MODES = MODES + ("graph_pdl_pipe_layers", "graph_pdl_pipe_sampler")
+# three: crucible/backend/cupy_decode_stack.py), the stack's baseline in the same round.
+B1_MODES = MODES + ("graph_pdl_pipe_layers",)
 
 
 def set_mode(runner: ModelRunner, mode: str, graphs: object) -> None:
@@ -49,7 +46,6 @@ def set_mode(runner: ModelRunner, mode: str, graphs: object) -> None:
     be.graphs = None if mode == "eager" else graphs
     be.set_pdl(mode.startswith("graph_pdl"))
     be.set_decode_stack(not mode.endswith("_layers"))
-    runner.graph_greedy_on = not mode.endswith("_sampler")
 
 
 def decode_rate(runner: ModelRunner, batch_size: int, steps: int, rng: np.random.Generator,
@@ -192,8 +188,6 @@ def main(argv: list[str] | None = None) -> int:
             if b == 1:
                 res.setdefault("decode_b1_stack_over_layers", []).append(
                     got["graph_pdl_pipe"] / got["graph_pdl_pipe_layers"])
-                res.setdefault("decode_b1_graph_argmax_over_sampler", []).append(
-                    got["graph_pdl_pipe"] / got["graph_pdl_pipe_sampler"])
             for mode in modes:
                 res.setdefault(f"decode_b{b}_{mode}_tok_s", []).append(got[mode])
             res.setdefault(f"decode_b{b}_graph_over_eager", []).append(got["graph"] / got["eager"])

@@ -7,10 +7,7 @@ Per batch size (1 and 64 rows, 192-token histories), each over ``--steps`` steps
 to back with one synchronization at the end, so the host never holds the device back:
   graph      the decode graph replayed alone (its metadata already on the device);
   +meta      each replay preceded by its metadata upload (page-locked, async);
-  +sample    and followed by greedy sampling on the device (the sampler's own kernel) and
-             the ids' copy back;
-  graph+argmax  the greedy graph alone: the same graph with the argmax inside (PDL after the
-             LM head), which plain greedy decode steps replay (runner.launch_sample);
+  +sample    and followed by greedy sampling on the device and the ids' copy back;
   pipelined  ModelRunner.launch_sample as the engine drives it (feed from the device,
              step t's ids read after step t+1 is queued), host work included.
 Batch 1 runs twice: with the decode stack (three kernels per layer, the default) and with
@@ -52,12 +49,10 @@ def step_costs(runner: ModelRunner, b: int, steps: int, history: int) -> dict[st
     greedy = SamplingParams(temperature=0.0)
     rows = [row_sampling(i, greedy, prompt=(), output=(), seed=0, stop_ids=(), vocab_size=vocab)
             for i in range(b)]
-    runner.forward_sample(batch(history), rows)  # captures the greedy graph (argmax inside)
-    be.run_step_device(batch(history))  # and the plain one
+    runner.forward_sample(batch(history), rows)  # capture
     g = be.graphs
     bucket = next(x for x in BUCKETS if x >= b)
-    cap = g.graphs[(bucket, score_capacity(history + 1), False)]
-    greedy_cap = g.graphs.get((bucket, score_capacity(history + 1), True))
+    cap = g.graphs[(bucket, score_capacity(history + 1))]
     meta = g.host_meta(batch(history), bucket, g.table_width(score_capacity(history + 1)))
     out: dict[str, float] = {}
 
@@ -71,8 +66,6 @@ def step_costs(runner: ModelRunner, b: int, steps: int, history: int) -> dict[st
         out[name] = (time.perf_counter() - t) / steps * 1e6
 
     timed("graph", lambda: cap.graph.launch(stream=g.stream))
-    if greedy_cap is not None:
-        timed("graph+argmax", lambda: greedy_cap.graph.launch(stream=g.stream))
     timed("+meta", lambda: (g.ring.upload(meta, cap.meta_dev, g.stream),
                             cap.graph.launch(stream=g.stream)))
     sampler = runner.sampler

@@ -29,8 +29,6 @@
 // half as ~id, so ONE u64 max orders by (key desc, id asc): ties go to the lowest id.
 // Every real element packs above 0, the identity of empty slices.
 
-#include "pdl.cuh"
-
 #define GREEDY_THREADS 256
 #define GREEDY_WARPS (GREEDY_THREADS / 32)
 #define GREEDY_ITEMS 2        // float4 loads per thread in flight: a 2048-element slice is one pass
@@ -62,10 +60,6 @@ greedy_rows(const float* __restrict__ logits, int V, const long long* __restrict
     const int s = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     if (r >= R) return;  // uniform per CTA: a grid larger than R stays harmless
-    // Inside a decode graph this kernel follows the LM head with PDL (pdl.cuh): nothing of
-    // the step is read before the wait.
-    cru_pdl_wait();
-    cru_pdl_trigger();
     // No metadata: row r samples logits row r (a decode step's rows, in order).
     const long long lrow =
         meta != nullptr ? meta[(long long)r * GREEDY_ROW_WORDS + GREEDY_LOGITS_ROW] : r;

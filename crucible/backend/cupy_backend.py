@@ -46,7 +46,6 @@ class CupyBackend:
         self.graphs = None  # DecodeGraphs once the pool exists (CRUCIBLE_DECODE_GRAPHS=0: off)
         self.prefill_graphs = None  # PrefillGraphs likewise (CRUCIBLE_PREFILL_GRAPHS=0: off)
         self.step_stream = None  # where the last step's logits were made (None: default)
-        self.ids_in_fed = False  # the last step's greedy ids are in fed (run_step_device)
         self._linear: dict[str, ck.DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
@@ -154,17 +153,13 @@ class CupyBackend:
         """f32 logits of the final rows, on the host."""
         return self.to_host(self.run_step_device(batch))
 
-    def run_step_device(self, batch: PackedBatch, feed: np.ndarray | None = None,
-                        greedy: bool = False, after: Any = None) -> Any:
+    def run_step_device(self, batch: PackedBatch, feed: np.ndarray | None = None) -> Any:
         """Logits [R, vocab] of the final rows as a device array. Decode steps and singleton
         prefills replay CUDA graphs; everything else runs eagerly. The array belongs to the
         backend and is only valid until the next step (a graph reuses its buffer).
 
         ``feed`` (pipelined decode, see ``fed_ids``): per row, the index of the previous
-        step's sampled id that is this row's input token, or -1 for the batch's own id.
-        ``greedy``: a decode step replays the graph that also writes row i's greedy id to
-        ``fed_ids(R)[i]``; ``ids_in_fed`` then says it did (else the caller samples), and
-        ``after`` is an event the replay follows (a copy still reading ``fed``)."""
+        step's sampled id that is this row's input token, or -1 for the batch's own id."""
         from crucible.backend.cupy_graphs import is_decode_step
         from crucible.backend.cupy_prefill_graphs import is_singleton_prefill
         from crucible.kernels.variants import score_capacity
@@ -172,11 +167,9 @@ class CupyBackend:
         if feed is not None and (self.graphs is None or not is_decode_step(batch)):
             raise ValueError("a fed step must be a decode step run by the decode graphs")
         self.step_stream = None
-        self.ids_in_fed = False
         if self.graphs is not None and is_decode_step(batch):
             self.step_stream = self.graphs.stream  # the sampler follows there
-            self.ids_in_fed = greedy
-            return self.graphs.run(batch, score_capacity(batch.max_end), feed, greedy, after)
+            return self.graphs.run(batch, score_capacity(batch.max_end), feed)
         if self.prefill_graphs is not None and is_singleton_prefill(batch):
             out = self.prefill_graphs.run(batch, score_capacity(batch.max_end))
             if out is not None:

@@ -7,10 +7,7 @@ their own: token 0 at position 0, whose one page is a scratch page past the engi
 data, so padding rows cannot change real rows; they all write the same bits into the same
 scratch slot.
 
-A graph is keyed by (bucket, score capacity, greedy), since the attention launch depends on
-the first two. A greedy graph also runs the greedy argmax of its logits (cupy_greedy.py, with
-PDL after the LM head) into ``fed``: a step whose rows are all plain greedy then needs no
-sampler kernel of its own, only the ids' copy back (``ModelRunner.launch_sample``).
+A graph is keyed by (bucket, score capacity), since the attention launch depends on both.
 Everything it touches lives at fixed addresses: one int32 metadata buffer (refilled by one
 host-to-device copy before each replay), the graph's private memory pool, which holds
 its activations and logits (``capture_forward``), and ``fed``: the sampled ids of the
@@ -27,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend.cupy_greedy import GreedyLauncher
 from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.engine.batch import PackedBatch
@@ -43,17 +39,14 @@ class Captured:
     logits: Any  # [R, vocab] device buffer written by the graph
     pool: Any  # the graph's private memory pool: every intermediate it touches lives here
 
-    def replay(self, stream: Any, host_meta: np.ndarray, ring: Any, after: Any = None) -> Any:
+    def replay(self, stream: Any, host_meta: np.ndarray, ring: Any) -> Any:
         """Refill the metadata (through page-locked staging: nothing here waits for the
-        device), replay on ``stream``, and return the logits buffer. ``after``: an event the
-        replay must also follow (a copy still reading what a greedy graph rewrites)."""
+        device), replay on ``stream``, and return the logits buffer."""
         import cupy as cp
 
         # Work queued eagerly on the default stream (a prefill's K/V, the previous step's
         # sampler and its ids) must land first.
         stream.wait_event(cp.cuda.Stream.null.record())
-        if after is not None:
-            stream.wait_event(after)
         ring.upload(host_meta, self.meta_dev, stream)
         self.graph.launch(stream=stream)
         # Later work on the default stream (the next eager step) comes after the graph.
@@ -61,8 +54,7 @@ class Captured:
         return self.logits
 
 
-def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any,
-                    tail: Any = None) -> Captured:
+def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any) -> Captured:
     """Capture one forward over ``meta`` (views into ``meta_dev``) as a CUDA graph.
 
     Every array the forward allocates comes from a private memory pool that lives as long
@@ -73,8 +65,7 @@ def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any,
     The warm-up runs on ``stream`` after everything queued on the default stream: that is
     where ``meta_dev`` was filled, and, with pipelined decode, where the previous step may
     still be running. (Without this wait the warm-up once read a metadata buffer whose copy
-    had not landed yet and faulted on its garbage page indices.) ``tail(logits)``, if given,
-    is captured after the forward (a greedy graph's argmax)."""
+    had not landed yet and faulted on its garbage page indices.)"""
     import cupy as cp
 
     from crucible.model.llama import forward_meta
@@ -82,15 +73,11 @@ def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any,
     pool = cp.cuda.MemoryPool()
     stream.wait_event(cp.cuda.Stream.null.record())
     with cp.cuda.using_allocator(pool.malloc), stream:
-        warm = forward_meta(be.cfg, be, meta)  # warm-up: compiles, sizes the private pool
-        if tail is not None:
-            tail(warm)
+        forward_meta(be.cfg, be, meta)  # warm-up: compiles, and sizes the private pool
         stream.synchronize()
         stream.begin_capture()
         try:
             logits = forward_meta(be.cfg, be, meta)
-            if tail is not None:
-                tail(logits)
         finally:
             graph = stream.end_capture()
     return Captured(graph, meta_dev, logits, pool)
@@ -117,8 +104,6 @@ class DecodeGraphs:
         self._templates: dict[tuple[int, int], np.ndarray] = {}
         self.fed = cp.zeros(BUCKETS[-1], dtype=cp.int32)
         self.ring = PinnedRing()
-        self.greedy = GreedyLauncher()  # a greedy graph's argmax; its own scratch, sized once
-        self.greedy.reserve(BUCKETS[-1], backend.cfg.vocab_size)
 
     def clear(self) -> None:
         self.stream.synchronize()
@@ -182,36 +167,28 @@ class DecodeGraphs:
                         v[5].reshape(bucket, w), v[6], bucket, 1, capacity, True,
                         feed=v[7], fed=self.fed)
 
-    def _capture(self, bucket: int, capacity: int, greedy: bool = False) -> Captured:
+    def _capture(self, bucket: int, capacity: int) -> Captured:
         import cupy as cp
 
         meta_dev = cp.asarray(self.host_meta(None, bucket, self.table_width(capacity)))
-
-        def argmax(logits: Any) -> None:  # row i's id to fed[i] (padding rows too: unread)
-            self.greedy.launch(logits, None, bucket, self.fed, pdl=True)
-
         cap = capture_forward(self.be, self.stream, meta_dev,
-                              self._views(meta_dev, bucket, capacity),
-                              tail=argmax if greedy else None)
+                              self._views(meta_dev, bucket, capacity))
         self.num_captures += 1
         return cap
 
-    def run(self, batch: PackedBatch, capacity: int, feed: np.ndarray | None = None,
-            greedy: bool = False, after: Any = None) -> Any:
-        """Replay the step's graph and return its logits [b, vocab]. ``greedy``: the graph
-        that also writes each row's greedy id to ``fed[:b]``; ``after``: see replay."""
+    def run(self, batch: PackedBatch, capacity: int, feed: np.ndarray | None = None) -> Any:
         b = batch.num_rows
         bucket = next(x for x in BUCKETS if x >= b)
-        key = (bucket, capacity, greedy)
+        key = (bucket, capacity)
         cap = self.graphs.get(key)
         if cap is None:
-            cap = self._capture(bucket, capacity, greedy)
+            cap = self._capture(bucket, capacity)
             self.graphs[key] = cap
             if len(self.graphs) > MAX_GRAPHS:
                 self.graphs.popitem(last=False)
         else:
             self.graphs.move_to_end(key)
         meta = self.host_meta(batch, bucket, self.table_width(capacity), feed)
-        logits = cap.replay(self.stream, meta, self.ring, after)
+        logits = cap.replay(self.stream, meta, self.ring)
         self.num_replays += 1
         return logits[:b]

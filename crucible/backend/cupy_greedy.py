@@ -71,17 +71,10 @@ class GreedyLauncher:
             self._part = cp.empty(max(r, 64) * s, cp.uint64)
         return self._part, self._counters
 
-    def reserve(self, rows: int, vocab: int) -> None:
-        """Size the scratch for ``rows`` rows of ``vocab`` now: a launch captured in a CUDA
-        graph must find it allocated (and a later, larger launch must not move it)."""
-        self._scratch(rows, slices_for(vocab, self.slice_len))
-
-    def launch(self, logits: Any, meta_dev: Any, r: int, tokens_out: Any,
-               pdl: bool = False) -> None:
+    def launch(self, logits: Any, meta_dev: Any, r: int, tokens_out: Any) -> None:
         """tokens_out[:r] = the greedy tokens of the first r rows of ``meta_dev`` (the int64
         device copy of ``pack_rows``; None: row i is logits row i). logits: C-contiguous f32 CuPy [rows, V]; inputs are
-        the caller's to check (``tokens`` does), as with CupySampler.launch. ``pdl``: launch
-        with programmatic dependent launch (cupy_launch.py; inside a captured decode graph)."""
+        the caller's to check (``tokens`` does), as with CupySampler.launch."""
         if r <= 0:
             return
         if r > MAX_ROWS:
@@ -89,15 +82,11 @@ class GreedyLauncher:
         vocab = int(logits.shape[1])
         s = slices_for(vocab, self.slice_len)
         part, counters = self._scratch(r, s)
-        fn = _module().get_function("greedy_rows")
-        args = (logits, np.int32(vocab), np.uint64(0) if meta_dev is None else meta_dev,
-                np.int32(r), np.int32(s), np.int32(self.slice_len), part, counters, tokens_out)
-        if pdl:
-            from crucible.backend.cupy_launch import launch
-
-            launch(fn, (s, r), (THREADS,), args)
-        else:
-            fn((s, r), (THREADS,), args)
+        _module().get_function("greedy_rows")(
+            (s, r), (THREADS,),
+            (logits, np.int32(vocab), np.uint64(0) if meta_dev is None else meta_dev,
+             np.int32(r), np.int32(s),
+             np.int32(self.slice_len), part, counters, tokens_out))
 
     def tokens(self, logits: Any, rows: Sequence[RowSampling]) -> np.ndarray:
         """The greedy tokens of ``rows`` (which must satisfy ``greedy_only``) on the host."""

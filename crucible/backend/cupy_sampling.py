@@ -145,29 +145,6 @@ class CupySampler:
         self._copied = copy.record()
         return PendingSample(self._copied, ids, lps, rows)
 
-    @property
-    def last_copy(self) -> Any:
-        """The event of the last copy back (None before any): work that rewrites what it
-        reads, such as a greedy decode graph writing ``fed``, must follow it."""
-        return self._copied
-
-    def copy_ids_async(self, tokens: Any, rows: Sequence[RowSampling]) -> "PendingSample":
-        """The ids a greedy decode graph already wrote to ``tokens`` (``fed``) for ``rows``
-        (``greedy_only``, row i = logits row i): only their copy back is queued, after the
-        current stream's work, on the copy stream."""
-        cp = _cupy()
-        r = len(rows)
-        if not greedy_only(rows) or r > tokens.shape[0]:
-            raise ValueError(f"copy_ids_async: {r} rows must be plain greedy and fit the "
-                             f"{tokens.shape[0]} ids")
-        if self._copy_stream is None:
-            self._copy_stream = cp.cuda.Stream(non_blocking=True)
-        copy = self._copy_stream
-        copy.wait_event(cp.cuda.get_current_stream().record())
-        ids = self._ids.download(tokens[:r], copy)
-        self._copied = copy.record()
-        return PendingSample(self._copied, ids, None, rows)
-
     def launch(self, logits: Any, meta: Any, r: int, tokens_out: Any = None,
                greedy: bool = False) -> tuple[Any, Any]:
         """The kernel alone over checked inputs (``sample`` checks them; timings call this):

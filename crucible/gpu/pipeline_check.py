@@ -5,10 +5,7 @@ step t+1 queued before step t's ids are read, its input ids fed on the device) a
 it off, run the same requests: greedy and random sampling, stop ids that end requests early
 (their queued rows are dropped), penalties (never pipelined), logprobs, requests aborted and
 added mid-run. Every request's ids, logprobs, text and finish reason must be identical, all
-pages must come back, and on the GPU the pipeline must actually have run. The all-greedy
-run (``all_greedy``) also compares the decode graphs' own argmax (every step's rows plain
-greedy: the pipelined runner takes the ids from the graph) with the sampler's kernel (the
-plain runner, CRUCIBLE_GRAPH_GREEDY off), and the graph's argmax must have run.
+pages must come back, and on the GPU the pipeline must actually have run.
 """
 
 from __future__ import annotations
@@ -20,10 +17,7 @@ from crucible.engine.sampling import SamplingParams
 from crucible.model.runner import ModelRunner
 
 
-def _params(i: int, stop: tuple[int, ...], all_greedy: bool = False) -> SamplingParams:
-    if all_greedy:
-        return SamplingParams(max_tokens=4 + (5 * i) % 29, temperature=0.0,
-                              ignore_eos=i % 2 == 0, stop_token_ids=stop if i % 3 else ())
+def _params(i: int, stop: tuple[int, ...]) -> SamplingParams:
     kinds = [dict(temperature=0.0), dict(temperature=0.9, top_k=40),
              dict(temperature=1.0, top_p=0.9, logprobs=2),
              dict(temperature=0.8, stop_token_ids=stop),
@@ -33,12 +27,12 @@ def _params(i: int, stop: tuple[int, ...], all_greedy: bool = False) -> Sampling
 
 
 def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
-         stop: tuple[int, ...], all_greedy: bool) -> tuple[dict[str, tuple], LLMEngine]:
+         stop: tuple[int, ...]) -> tuple[dict[str, tuple], LLMEngine]:
     eng = LLMEngine(runner, tokenizer)
     out: dict[str, list] = {}
     n0 = len(prompts) * 2 // 3
     for i in range(n0):
-        out[eng.add_request(prompts[i], _params(i, stop, all_greedy))] = []
+        out[eng.add_request(prompts[i], _params(i, stop))] = []
     step = 0
     while eng.has_unfinished() or step < 6:
         for d in eng.step():
@@ -48,7 +42,7 @@ def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
             eng.abort("req-1")
         if step == 5:  # late arrivals join a pipelined decode
             for i in range(n0, len(prompts)):
-                out[eng.add_request(prompts[i], _params(i, stop, all_greedy))] = []
+                out[eng.add_request(prompts[i], _params(i, stop))] = []
     flat = {rid: (tuple(t for d in ds for t in d.new_token_ids),
                   tuple(x for d in ds if d.new_logprobs for x in d.new_logprobs),
                   "".join(d.new_text for d in ds),
@@ -56,10 +50,9 @@ def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
     return flat, eng
 
 
-def check_pipeline(model: object, device: str, seed: int, requests: int = 24,
-                   all_greedy: bool = False) -> tuple[int, int, int, int]:
-    """(requests identical, requests different, steps pipelined, steps whose ids the
-    decode graph's argmax gave)."""
+def check_pipeline(model: object, device: str, seed: int, requests: int = 24
+                   ) -> tuple[int, int, int]:
+    """(requests identical, requests different, steps pipelined)."""
     rng = np.random.default_rng(seed)
     vocab = model.config.vocab_size
     prompts = [rng.integers(0, vocab, int(rng.integers(1, 60))).tolist()
@@ -68,9 +61,8 @@ def check_pipeline(model: object, device: str, seed: int, requests: int = 24,
     piped = ModelRunner(model, num_pages=requests * 8 + 8, device=device)
     plain = ModelRunner(model, num_pages=requests * 8 + 8, device=device)
     plain.pipeline = False
-    plain.graph_greedy_on = False
-    got, eng = _run(piped, model.tokenizer, prompts, stop, all_greedy)
-    want, _ = _run(plain, model.tokenizer, prompts, stop, all_greedy)
+    got, eng = _run(piped, model.tokenizer, prompts, stop)
+    want, _ = _run(plain, model.tokenizer, prompts, stop)
     bad = [rid for rid, w in want.items() if got.get(rid) != w]
     for rid in bad[:3]:
         print(f"  {rid}: pipelined {got.get(rid)} != plain {want[rid]}")
@@ -79,4 +71,4 @@ def check_pipeline(model: object, device: str, seed: int, requests: int = 24,
     if eng.allocator.num_free != piped.num_pages:
         print(f"  pages: {eng.allocator.num_free} free of {piped.num_pages} at the end")
         diff += 1  # a page was lost
-    return same, diff, eng.num_chained, piped.num_graph_greedy
+    return same, diff, eng.num_chained

@@ -14,7 +14,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.backend.cupy_greedy import greedy_only
 from crucible.backend.sampling_meta import RowSampler, RowSampling, SampleOutput
 from crucible.backend.select import env_flag, make_backend
 from crucible.engine.batch import PackedBatch
@@ -39,10 +38,6 @@ class ModelRunner:
         self.num_pages = num_pages
         # CRUCIBLE_PIPELINE=0: never queue a decode step before the previous one's ids are read.
         self.pipeline = env_flag("CRUCIBLE_PIPELINE")
-        # CRUCIBLE_GRAPH_GREEDY=0: plain greedy decode rows are sampled by the sampler's own
-        # kernel after the graph, not inside it (same ids).
-        self.graph_greedy_on = env_flag("CRUCIBLE_GRAPH_GREEDY")
-        self.num_graph_greedy = 0  # steps whose ids a decode graph's argmax gave
         self.backend = make_backend(device, attention)
         self.device = "cuda" if self.backend.name != "numpy" else "cpu"
         self.backend.load_weights(model.config, model.weights, model.weights_mode)
@@ -65,14 +60,13 @@ class ModelRunner:
             return step(batch)
         return llama.forward(self.model.config, self.backend, batch)
 
-    def forward_device(self, batch: PackedBatch, **step_options: Any) -> Any:
+    def forward_device(self, batch: PackedBatch) -> Any:
         """Logits [len(batch.final_rows), vocab] where the backend made them (a CuPy array
-        on the GPU; valid until the next step). ``step_options`` go to the backend's
-        ``run_step_device`` (``launch_sample``'s in-graph greedy)."""
+        on the GPU; valid until the next step)."""
         be = self.backend
         step = getattr(be, "run_step_device", None)
         if step is not None and getattr(be, "run_step", None) is not None:
-            return step(batch, **step_options)
+            return step(batch)
         # No fast path (the numpy backend, or a profiling wrapper): the op-by-op forward.
         return llama.forward_meta(self.model.config, be, be.prepare(batch))
 
@@ -102,16 +96,10 @@ class ModelRunner:
         row's input token (-1: the batch's own), for a decode step of at most ``chain_rows``."""
         if self.sampler is None:
             raise RuntimeError("forward_sample: this runner has no device sampler")
-        # Plain greedy rows, row i on logits row i (a decode step's): a decode graph can
-        # take the argmax itself, so only the ids' copy is left (cupy_graphs.py).
-        in_graph = (self.graph_greedy and greedy_only(rows)
-                    and all(row.logits_row == i for i, row in enumerate(rows)))
-        opts = {"greedy": True, "after": self.sampler.last_copy} if in_graph else {}
         if feed is not None:
-            logits = self.backend.run_step_device(batch, feed=np.asarray(feed, np.int32),
-                                                  **opts)
+            logits = self.backend.run_step_device(batch, feed=np.asarray(feed, np.int32))
         else:
-            logits = self.forward_device(batch, **opts)
+            logits = self.forward_device(batch)
         want = (int(batch.final_rows.shape[0]), self.config.vocab_size)
         if tuple(logits.shape) != want:
             raise RuntimeError(f"backend returned logits of shape {tuple(logits.shape)}, "
@@ -124,20 +112,8 @@ class ModelRunner:
         fed = getattr(self.backend, "fed_ids", None)
         where = getattr(self.backend, "on_step_stream", contextlib.nullcontext)
         with where():  # sample where the logits were made
-            if in_graph and getattr(self.backend, "ids_in_fed", False):
-                pending = self.sampler.copy_ids_async(fed(len(rows)), rows)
-                self.num_graph_greedy += 1
-            else:
-                pending = async_sample(logits, rows, fed(len(rows)) if fed else None)
+            pending = async_sample(logits, rows, fed(len(rows)) if fed else None)
         return PendingStep(pending, None, host)
-
-    @property
-    def graph_greedy(self) -> bool:
-        """Whether decode graphs may take plain greedy rows' argmax themselves: a device
-        sampler that can copy ids back alone, and a backend with fed ids to write."""
-        return (self.graph_greedy_on and getattr(self.sampler, "copy_ids_async", None) is not None
-                and getattr(self.backend, "fed_ids", None) is not None
-                and getattr(self.backend, "ids_in_fed", None) is not None)
 
 
 class PendingStep:
