@@ -1,0 +1,144 @@
+// attention_decode_ops.cuh: the pieces of attn_decode (attention_decode.cu), whose header
+// states the layout and thread mapping: V tile staging, L2 prefetch, key loads, the G
+// heads' reference dot trees, and the PV chains. Each piece replays the reference kernel's
+// arithmetic (attention.cu) in its order. No standard headers (NVRTC).
+#pragma once
+#include "common.cuh"
+
+#define CRU_DEC_VT 128  // V positions per staged tile
+
+// The 8 float4 of V tile `base` this thread stages: positions base + 16 i + tid / 16 (i < 8),
+// those in [lo, hi) only (the others keep what r holds), columns 4 (tid & 15) .. + 3. base is
+// a multiple of 16, so the 8 positions are one slot of 8 consecutive pages: one in-page
+// offset serves all of them (cru_pool_row's address, factored) and each page-table read is
+// a broadcast.
+__device__ __forceinline__ void cru_dec_load_v(float4* r, const float* v_pool, const int* tab,
+                                               int base, int lo, int hi, int n_layers,
+                                               int layer, int kv_dim, int kvh) {
+    int slot = threadIdx.x >> 4;
+    // Opaque, so each call rebuilds `col`: kept live from one call to the next (through QK)
+    // it would cost G = 1 two of its last registers.
+    asm volatile("" : "+r"(slot));
+    const float* col = v_pool + ((long long)(layer * 16 + slot) * kv_dim + kvh * CRU_HEAD_DIM +
+                                 (threadIdx.x & 15) * 4);
+    const long long page_floats = (long long)n_layers * 16 * kv_dim;
+#pragma unroll
+    for (int i = 0; i < CRU_DEC_VT / 16; ++i) {
+        const int pos = base + 16 * i + slot;
+        if (pos >= lo && pos < hi)
+            r[i] = *reinterpret_cast<const float4*>(col + tab[(base >> 4) + i] * page_floats);
+    }
+}
+
+// Ask L2 for position `pos`'s 256 bytes (two lines) without holding registers for them.
+__device__ __forceinline__ void cru_dec_prefetch(const float* pool, const int* tab, int pos,
+                                                 int n_layers, int layer, int kv_dim, int kvh) {
+    const float* p = pool + cru_pool_row(tab, pos, n_layers, layer, kv_dim, kvh);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 32));
+}
+
+// Key `pos`'s 64 floats into registers (16 float4 loads in flight at once).
+__device__ __forceinline__ void cru_dec_load_k(float (&k)[CRU_HEAD_DIM], const float* k_pool,
+                                               const int* tab, int pos, int n_layers,
+                                               int layer, int kv_dim, int kvh) {
+    const float4* kr = reinterpret_cast<const float4*>(
+        k_pool + cru_pool_row(tab, pos, n_layers, layer, kv_dim, kvh));
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const float4 v = kr[i];
+        k[4 * i] = v.x; k[4 * i + 1] = v.y; k[4 * i + 2] = v.z; k[4 * i + 3] = v.w;
+    }
+}
+
+// Where q dimension d is staged: "octet order", slot 8 * (d & 7) + (d >> 3), so that the
+// eight dimensions i, i + 8, ..., i + 56 one level-2 node of the tree needs are two float4.
+__device__ __forceinline__ int cru_dec_q_slot(int d) { return 8 * (d & 7) + (d >> 3); }
+
+// The G heads' scaled dot products with one key (k: its 64 floats in registers). The
+// reference tree is evaluated node by node: level-2 node i (i < 8) is
+// (leaf(i) + leaf(i + 16)) + (leaf(i + 8) + leaf(i + 24)), leaf(x) = q[x+32]*k[x+32] fused
+// onto q[x]*k[x]; nodes i and i + 4 meet at level 3, then 0+2 and 1+3, then the root. Going
+// node-major keeps 8 partials per head live, so the G trees run side by side (and keys
+// die as they are used) instead of one tree of 16 level-1 partials at a time.
+template <int G>
+__device__ __forceinline__ void cru_dec_dots(const float (&k)[CRU_HEAD_DIM],
+                                             const float (*q_s)[CRU_HEAD_DIM], float (&s)[G]) {
+    float b[G][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            // lo: q dims i, i + 8, i + 16, i + 24; hi: the same + 32
+            const float4 lo = *reinterpret_cast<const float4*>(&q_s[g][8 * i]);
+            const float4 hi = *reinterpret_cast<const float4*>(&q_s[g][8 * i + 4]);
+            const float l0 = cru_leaf(lo.x, hi.x, k[i], k[i + 32]);
+            const float l8 = cru_leaf(lo.y, hi.y, k[i + 8], k[i + 40]);
+            const float l16 = cru_leaf(lo.z, hi.z, k[i + 16], k[i + 48]);
+            const float l24 = cru_leaf(lo.w, hi.w, k[i + 24], k[i + 56]);
+            b[g][i] = cru_add(cru_add(l0, l16), cru_add(l8, l24));
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const float c0 = cru_add(b[g][0], b[g][4]), c1 = cru_add(b[g][1], b[g][5]);
+        const float c2 = cru_add(b[g][2], b[g][6]), c3 = cru_add(b[g][3], b[g][7]);
+        s[g] = cru_scale(cru_add(cru_add(c0, c2), cru_add(c1, c3)));
+    }
+}
+
+// Four steps of the G chains: acc[g] += p[g].{x,y,z,w} * v[0..3], in that order.
+template <int G>
+__device__ __forceinline__ void cru_dec_pv4(const float4 (&p)[G], const float (&v)[4],
+                                            float (&acc)[G]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        acc[g] = cru_pv(p[g].x, v[0], acc[g]);
+        acc[g] = cru_pv(p[g].y, v[1], acc[g]);
+        acc[g] = cru_pv(p[g].z, v[2], acc[g]);
+        acc[g] = cru_pv(p[g].w, v[3], acc[g]);
+    }
+}
+
+// Step s's operands: each head's four probabilities (one float4) and v[s..s+3][d].
+template <int G>
+__device__ __forceinline__ void cru_dec_load4(const float* vt, const float* sc, int stride,
+                                              int s, int d, float4 (&p)[G], float (&v)[4]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) p[g] = *reinterpret_cast<const float4*>(sc + g * stride + s);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = vt[(s + u) * CRU_HEAD_DIM + d];
+}
+
+// Chains of dimension d over n staged positions: acc[g] += p[g][s] * v[s][d], s ascending
+// (sc = head 0's probabilities of the tile; head g's are stride floats further). Four
+// positions per step so each head's probabilities are one float4 (sc is 16-byte aligned:
+// tiles start at multiples of 128 and stride is a multiple of 256); each step's loads are
+// issued before the previous step's fmas, so shared-memory latency overlaps the chains.
+template <int G>
+__device__ __forceinline__ void cru_dec_pv_tile(const float* vt, const float* sc, int stride,
+                                                int n, int d, float (&acc)[G]) {
+    const int n4 = n & ~3;
+    if (n4 > 0) {
+        float4 p[G];
+        float v[4];
+        cru_dec_load4<G>(vt, sc, stride, 0, d, p, v);
+#pragma unroll 2
+        for (int s = 4; s < n4; s += 4) {
+            float4 pc[G];  // copies the compiler renames away
+            float vc[4];
+#pragma unroll
+            for (int g = 0; g < G; ++g) pc[g] = p[g];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) vc[u] = v[u];
+            cru_dec_load4<G>(vt, sc, stride, s, d, p, v);
+            cru_dec_pv4<G>(pc, vc, acc);
+        }
+        cru_dec_pv4<G>(p, v, acc);
+    }
+    for (int s = n4; s < n; ++s) {
+        const float v = vt[s * CRU_HEAD_DIM + d];
+#pragma unroll
+        for (int g = 0; g < G; ++g) acc[g] = cru_pv(sc[g * stride + s], v, acc[g]);
+    }
+}
