@@ -38,7 +38,7 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
            const float* __restrict__ norm_w, float eps, const T* __restrict__ w_gu,
            const float* __restrict__ s_gu, const T* __restrict__ w_down,
            float* __restrict__ down_parts, int M, int K, int F, int N_d) {
-    extern __shared__ float4 mlp_smem4[];  // float4: 16-byte aligned for the vector reads
+    CRU_DYNAMIC_SMEM(float4, mlp_smem4);  // float4: 16-byte aligned for the vector reads
     float* smem = reinterpret_cast<float*>(mlp_smem4);
     __shared__ float red[8];
     __shared__ float inv;

@@ -11,6 +11,11 @@
 #pragma once
 #include "gemm_common.cuh"
 
+// The kernel's dynamic shared memory (the host shim maps it onto a buffer of its own).
+#ifndef CRU_DYNAMIC_SMEM
+#define CRU_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
+#endif
+
 // One column's 64-wide K chunk, as loaded. int8 chunks (64 B) are loaded whole into
 // registers at the very start of the kernel, so the loads overlap the staging and the
 // RMSNorm of x; f32 chunks (256 B) are loaded a quarter (16 values) at a time when used.
@@ -146,6 +151,9 @@ __device__ __forceinline__ void cru_rows_chunk(const RawChunk<T>* raw, bool prel
 
 // 16 bytes global -> shared without registers (Ampere+ cp.async; the L1 is bypassed), and
 // the wait for every copy this thread issued. The copies are in flight across the PDL wait.
+// (CRU_HOST_SHIM: tests/cuda_host/prelude.h runs these sources on the CPU, with a plain
+// copy here and no pins below.)
+#ifndef CRU_HOST_SHIM
 __device__ __forceinline__ void cru_cp16(void* dst, const void* src) {
     const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(at), "l"(src) : "memory");
@@ -154,6 +162,12 @@ __device__ __forceinline__ void cru_cp_wait_all() {
     asm volatile("cp.async.commit_group;" ::: "memory");
     asm volatile("cp.async.wait_all;" ::: "memory");
 }
+#define CRU_PIN(v) asm volatile("" : "+f"(v))
+#else
+__device__ __forceinline__ void cru_cp16(void* dst, const void* src) { __builtin_memcpy(dst, src, 16); }
+__device__ __forceinline__ void cru_cp_wait_all() {}
+#define CRU_PIN(v) ((void)0)
+#endif
 
 // A weight slice in shared memory: one 64-wide K chunk (columns k0 .. k0 + 63) of n_cols
 // columns of W [N, K], piece-major: 16-byte piece p of column n at int4 slot p * n_cols + n.
@@ -243,7 +257,7 @@ __device__ __forceinline__ void cru_combined(const float* x, const float* parts,
         out[i] = base[i];
         if (n_parts == 0) continue;
 #pragma unroll
-        for (int c = 0; c < CRU_MAX_PARTS; ++c) asm volatile("" : "+f"(p[i][c]));
+        for (int c = 0; c < CRU_MAX_PARTS; ++c) CRU_PIN(p[i][c]);
         float total = p[i][0];
 #pragma unroll
         for (int c = 1; c < CRU_MAX_PARTS; ++c)

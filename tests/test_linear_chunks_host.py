@@ -7,38 +7,18 @@ L2 reads, PDL) is gpu-engine-check's job."""
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from crucible.kernels.source import cuda_source_dir
-
-HERE = Path(__file__).resolve().parent / "cuda_host"
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_host"))
+from host_driver import build, run as _run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("g++ not on PATH")
-    exe = tmp_path_factory.mktemp("chunks") / "chunks_driver"
-    r = subprocess.run([cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-w", "-pthread",
-                        f"-I{HERE}", f"-I{cuda_source_dir()}", str(HERE / "chunks_driver.cpp"),
-                        "-o", str(exe)], capture_output=True, text=True, timeout=600)
-    if r.returncode and "barrier" in r.stderr:
-        pytest.skip("the C++ library lacks std::barrier (C++20)")
-    assert r.returncode == 0, r.stderr[-4000:]
-    return exe
-
-
-def _run(exe: Path, *args: str) -> tuple[int, int, int, str]:
-    r = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
-    m = re.search(r"(\d+) runs, (\d+) failed", r.stdout)
-    assert m, r.stdout[-2000:] + r.stderr[-2000:]
-    return r.returncode, int(m.group(1)), int(m.group(2)), r.stdout
+    return build("chunks_driver.cpp", tmp_path_factory.mktemp("chunks"))
 
 
 def test_kernel_source_on_host_matches_canonical_order(driver: Path) -> None:

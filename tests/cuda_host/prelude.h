@@ -1,5 +1,6 @@
-// prelude.h: the subset of CUDA that cuda/linear_chunks.cu uses, on the host, so a test can
-// run the kernel's own source on the CPU (tests/test_linear_chunks_host.py).
+// prelude.h: the subset of CUDA that cuda/linear_chunks.cu and cuda/decode_stack.cu use, on
+// the host, so a test can run the kernels' own source on the CPU
+// (tests/test_linear_chunks_host.py, tests/test_decode_stack_host.py).
 //
 // Why: the GPU is not always at hand, and the kernel's index arithmetic (tiles, K tails,
 // the scratch layout, the finisher's rows and columns, the last-ticket hand-off) is where a
@@ -76,6 +77,25 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {  // thread 0 of one CTA at 
     *p = old + v;
     return old;
 }
-inline float __shfl_down_sync(unsigned, float v, int) { return v; }  // rowops.cuh; not run
+// Warp shuffles for rowops.cuh's RMSNorm tree: the warp's 32 threads meet at their warp's
+// barrier (set by the driver, with t_flat) around an exchange slot per thread.
+inline thread_local int t_flat = 0;  // flat thread index in the CTA
+inline std::barrier<>** warp_barriers = nullptr;
+inline float warp_slots[1024];
+inline float __shfl_down_sync(unsigned, float v, int off) {
+    const int lane = t_flat & 31;
+    std::barrier<>* b = warp_barriers[t_flat >> 5];
+    warp_slots[t_flat] = v;
+    b->arrive_and_wait();
+    const float r = lane + off < 32 ? warp_slots[t_flat + off] : v;
+    b->arrive_and_wait();  // every lane has read before the slots are reused
+    return r;
+}
+
+// rows_chunk.cuh's host branches (plain copies for cp.async, no register pins) and dynamic
+// shared memory: one buffer, since one CTA runs at a time.
+#define CRU_HOST_SHIM 1
+inline unsigned char cru_host_dyn_smem[256 * 1024] __attribute__((aligned(16)));
+#define CRU_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(cru_host_dyn_smem)
 using std::max;
 using std::min;

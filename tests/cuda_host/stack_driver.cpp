@@ -1,0 +1,170 @@
+// stack_driver.cpp: cuda/decode_stack.cu (decode_mlp, combine_rows) run on the host
+// (prelude.h) against a plain spelling of the five-kernel layer's order, bit for bit
+// (tests/test_decode_stack_host.py builds it).
+//
+// Sweep: f32 and int8, K (hidden) 64 / 192 / 576, F 128 / 256, down width = K, rows M = 1
+// and 2, O partials 0 / 1 / 3 / 9. Checked: decode_mlp's h (x + O's partials finished as
+// O's residual epilogue), its down partials (the chunk-f chain of down over SwiGLU
+// outputs f*64 .. f*64+63, after the canonical RMSNorm tree and gate/up), and combine_rows
+// (h + the down partials, ascending). Outputs start as sentinels, so a missed write shows.
+// `descending` as the first argument makes the reference add O's partials in descending
+// order: the negative control, which must report failures (every run with 3 or 9 partials).
+#include "prelude.h"
+#include "decode_stack.cu"
+
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+static bool descending = false;
+
+// One CTA at a time, its threads as std::threads (threadIdx, t_flat, warp barriers).
+template <typename F>
+void run_grid(dim3 grid, dim3 block, F kernel) {
+    const int n = block.x * block.y;
+    std::barrier<> bar(n);
+    std::vector<std::unique_ptr<std::barrier<>>> warps;
+    std::vector<std::barrier<>*> ptrs;
+    for (int w = 0; w < n / 32; ++w) {
+        warps.push_back(std::make_unique<std::barrier<>>(32));
+        ptrs.push_back(warps.back().get());
+    }
+    cta_barrier = &bar;
+    warp_barriers = ptrs.data();
+    gridDim = grid;
+    blockDim = block;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < n; ++t)
+        threads.emplace_back([&, t] {
+            threadIdx = {(unsigned)(t % block.x), (unsigned)(t / block.x), 0};
+            t_flat = t;
+            for (unsigned y = 0; y < grid.y; ++y)
+                for (unsigned x = 0; x < grid.x; ++x) {
+                    blockIdx = {x, y, 0};
+                    kernel();
+                    bar.arrive_and_wait();  // the next CTA starts once this one has finished
+                }
+        });
+    for (auto& t : threads) t.join();
+}
+
+// rowops.cuh's RMSNorm tree, spelled out: 256 lanes of strided fma chains, each warp's
+// shuffle-down tree (16, 8, 4, 2, 1), the 8 warp partials ascending.
+static float inv_rms(const float* x, int K, float eps) {
+    float lanes[256];
+    for (int j = 0; j < 256; ++j) {
+        float acc = 0.0f;
+        for (int d = j; d < K; d += 256) acc = std::fma(x[d], x[d], acc);
+        lanes[j] = acc;
+    }
+    float warp[8];
+    for (int w = 0; w < 8; ++w) {
+        float v[32];
+        for (int l = 0; l < 32; ++l) v[l] = lanes[w * 32 + l];
+        for (int off = 16; off > 0; off >>= 1)
+            for (int l = 0; l < 32; ++l) v[l] = l + off < 32 ? __fadd_rn(v[l], v[l + off]) : v[l];
+        warp[w] = v[0];
+    }
+    float ss = warp[0];
+    for (int w = 1; w < 8; ++w) ss = __fadd_rn(ss, warp[w]);
+    return cru_inv_rms(ss, K, eps);
+}
+
+// A GEMM output in the canonical order: chunk chains from 0, ascending, then the scale.
+template <typename T>
+float dot(const float* x, const T* w, float sc, int K) {
+    float total = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += 64) {
+        float p = 0.0f;
+        for (int k = k0; k < std::min(K, k0 + 64); ++k) p = std::fma(x[k], (float)w[k], p);
+        total = k0 == 0 ? p : __fadd_rn(total, p);
+    }
+    return sizeof(T) == 1 ? __fmul_rn(total, sc) : total;
+}
+
+// base + (p_0 + p_1 + ...) * scale, the partials in ascending (or, negative control,
+// descending) order.
+template <typename T>
+float combine(float base, const std::vector<float>& p, float sc, bool desc) {
+    if (p.empty()) return base;
+    float t = desc ? p.back() : p[0];
+    for (size_t i = 1; i < p.size(); ++i) t = __fadd_rn(t, desc ? p[p.size() - 1 - i] : p[i]);
+    return __fadd_rn(base, sizeof(T) == 1 ? __fmul_rn(t, sc) : t);
+}
+
+template <typename T>
+int check(int M, int K, int F, int n_parts, std::mt19937& g) {
+    std::normal_distribution<float> normal;
+    auto weights = [&](size_t n) {
+        std::vector<T> w(n);
+        for (auto& v : w) v = sizeof(T) == 1 ? (T)((int)(g() % 255) - 127) : (T)(0.05f * normal(g));
+        return w;
+    };
+    const int N_d = K, n_f = F / 64;
+    std::vector<float> x((size_t)M * K), parts((size_t)n_parts * M * K), o_sc(K), nw(K),
+        gu_sc(2 * F), d_sc(N_d);
+    for (auto* v : {&x, &parts, &nw}) for (auto& e : *v) e = normal(g);
+    for (auto* v : {&o_sc, &gu_sc, &d_sc}) for (auto& e : *v) e = 0.01f * std::fabs(normal(g)) + 1e-3f;
+    std::vector<T> w_gu = weights((size_t)2 * F * K), w_d = weights((size_t)N_d * F);
+    std::vector<float> h((size_t)M * K, -777.0f), dparts((size_t)n_f * M * N_d, NAN),
+        y((size_t)M * K, -777.0f);
+    const bool i8 = sizeof(T) == 1;
+    const float eps = 1e-5f;
+    const int chunks = (K + 63) / 64;
+    run_grid({(unsigned)n_f, (unsigned)M, 1}, {32, (unsigned)(2 * chunks), 1}, [&] {
+        decode_mlp<T>(x.data(), n_parts ? parts.data() : nullptr, n_parts,
+                      i8 ? o_sc.data() : nullptr, h.data(), nw.data(), eps, w_gu.data(),
+                      i8 ? gu_sc.data() : nullptr, w_d.data(), dparts.data(), M, K, F, N_d);
+    });
+    run_grid({(unsigned)M, 1, 1}, {256, 1, 1}, [&] {
+        combine_rows<T>(h.data(), dparts.data(), n_f, i8 ? d_sc.data() : nullptr, y.data(), M, K);
+    });
+    int bad = 0;
+    auto same = [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; };
+    for (int m = 0; m < M; ++m) {
+        std::vector<float> hr(K), xn(K), act(F);
+        for (int k = 0; k < K; ++k) {
+            std::vector<float> p;
+            for (int c = 0; c < n_parts; ++c) p.push_back(parts[((size_t)c * M + m) * K + k]);
+            hr[k] = combine<T>(x[(size_t)m * K + k], p, o_sc[k], descending);
+            bad += !same(hr[k], h[(size_t)m * K + k]);
+        }
+        const float inv = inv_rms(hr.data(), K, eps);
+        for (int k = 0; k < K; ++k) xn[k] = cru_norm_apply(hr[k], inv, nw[k]);
+        for (int a = 0; a < F; ++a)
+            act[a] = cru_swiglu(dot(xn.data(), &w_gu[(size_t)a * K], gu_sc[a], K),
+                                dot(xn.data(), &w_gu[(size_t)(F + a) * K], gu_sc[F + a], K));
+        for (int n = 0; n < N_d; ++n) {
+            std::vector<float> p;
+            for (int f = 0; f < n_f; ++f) {
+                float acc = 0.0f;
+                for (int a = f * 64; a < f * 64 + 64; ++a)
+                    acc = std::fma(act[a], (float)w_d[(size_t)n * F + a], acc);
+                bad += !same(acc, dparts[((size_t)f * M + m) * N_d + n]);
+                p.push_back(acc);
+            }
+            bad += !same(combine<T>(hr[n], p, d_sc[n], false), y[(size_t)m * K + n]);
+        }
+    }
+    if (bad)
+        printf("FAIL %s M=%d K=%d F=%d parts=%d: %d wrong\n", i8 ? "int8" : "f32", M, K, F,
+               n_parts, bad);
+    return bad != 0;
+}
+
+int main(int argc, char** argv) {
+    descending = argc > 1 && std::strcmp(argv[1], "descending") == 0;
+    std::mt19937 g(3);
+    int runs = 0, fails = 0;
+    for (int K : {64, 192, 576})
+        for (int F : {128, 256})
+            for (int M : {1, 2})
+                for (int parts : {0, 1, 3, 9}) {
+                    fails += check<float>(M, K, F, parts, g) + check<signed char>(M, K, F, parts, g);
+                    runs += 2;
+                }
+    printf("%d runs, %d failed\n", runs, fails);
+    return fails != 0;
+}
