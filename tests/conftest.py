@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# The host-run kernel tests import tests/cuda_host/host_driver.py.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_host"))
 from hypothesis import settings
 
 # CI replays the same property-test examples every run (a landing must not depend on luck);

@@ -9,18 +9,11 @@ PDL, the attention's O partials, whole steps) is gpu-engine-check's."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import pytest
+from host_driver import driver_fixture, run
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_host"))
-from host_driver import build, run  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build("stack_driver.cpp", tmp_path_factory.mktemp("stack"))
+driver = driver_fixture("stack_driver.cpp")
 
 
 def test_kernel_source_on_host_matches_the_layer_order(driver: Path) -> None:

@@ -7,27 +7,20 @@ L2 reads, PDL) is gpu-engine-check's job."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-import pytest
+from host_driver import driver_fixture, run
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_host"))
-from host_driver import build, run as _run  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build("chunks_driver.cpp", tmp_path_factory.mktemp("chunks"))
+driver = driver_fixture("chunks_driver.cpp")
 
 
 def test_kernel_source_on_host_matches_canonical_order(driver: Path) -> None:
-    rc, runs, failed, out = _run(driver)
+    rc, runs, failed, out = run(driver)
     assert rc == 0 and runs == 540 and failed == 0, out[-3000:]
 
 
 def test_negative_control_descending_chunk_order_differs(driver: Path) -> None:
-    rc, runs, failed, out = _run(driver, "descending")
+    rc, runs, failed, out = run(driver, "descending")
     # One or two chunks add the same either way (a + b == b + a); the 108 runs of the
     # three-chunk shape (K = 192) must all fail.
     assert rc == 1 and runs == 540 and failed == 108, out[-3000:]
