@@ -79,13 +79,9 @@ def stack_kernels(be: Any, meta: Any, x: Any, q: Any, act: Any) -> dict[str, Cal
     out, o_parts = be._new(q.shape), be._new((cfg.n_heads, 1, d))
     h, r, y, d_parts = be._new((1, d)), be._new((1, d)), be._new((1, d)), be._new((24, 1, d))
     d_parts[...] = 0
-    rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, be._cos, be._sin, be.k_pool,
-                        be.v_pool, 0, cfg.n_heads, cfg.n_kv_heads)
 
     def qkv() -> None:
-        cf.linear_rows(x, be._linear["l0.qkv"], q, norm=be._norms["l0.attn_norm"],
-                       eps=cfg.rms_eps, epi=cf.EPI_ROPE, rope=rope, parts=d_parts,
-                       pscale=down.scale, x_out=r)
+        be.attn_in(x, 0, meta, parts=d_parts, pscale=down.scale, x_out=r)
 
     def attn_o() -> None:
         ds.attention_o(q, be.k_pool, be.v_pool, 0, meta, wo, out, o_parts, cfg.n_heads,

@@ -88,3 +88,62 @@ def test_profiling_never_takes_the_stack() -> None:
     model = tiny_random_model(seed=2)
     assert np.array_equal(_logits(prof, model), _logits(NumpyBackend(), model))
     assert be.calls == 0
+
+
+def test_attention_o_launches_what_paged_attention_launches_plus_o(
+        monkeypatch: pytest.MonkeyPatch, smem: None) -> None:
+    """attn_decode<1, OW> gets paged_attention's decode arguments, then W_o and the partials
+    (kernels/attention.decode_args is the one spelling), and the same checks first."""
+    from types import SimpleNamespace
+
+    from crucible.backend import cupy_launch
+    from crucible.backend.cupy_kernels import DeviceWeight
+    from crucible.kernels import attention
+
+    launches: list[tuple] = []
+
+    def record(fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+        launches.append((fn, tuple(grid)[:2], args))
+
+    for mod in (attention, ds):
+        monkeypatch.setattr(mod, "decode_kernel", lambda heads, ow=0: f"attn_decode<{heads}, {ow}>")
+        monkeypatch.setattr(mod, "ensure_dynamic_smem", lambda fn, n: None)
+    monkeypatch.setattr(attention, "smem_optin_limit", lambda: 227 * 1024)
+    monkeypatch.setattr(attention, "sm_count", lambda: 132)
+    monkeypatch.setattr(cupy_launch, "launch", record)
+    monkeypatch.setattr(ds, "launch", record)
+    f32 = np.float32
+    q, out = np.zeros((1, 576), f32), np.zeros((1, 576), f32)
+    pool = np.zeros((5, 2, 16, 192), f32)
+    segs, tables = np.array([[0, 1, 37, 0]], np.int32), np.array([[3, 1, 4]], np.int32)
+    wo = DeviceWeight(None, np.zeros((576, 576), np.int8), np.ones(576, f32))
+    parts = np.zeros((9, 1, 576), f32)
+    attention.paged_attention(q, pool, pool, 1, segs, tables, out, n_heads=9, n_kv_heads=3,
+                              max_chunk=1, score_capacity=256, variant="exact-q4-k64")
+    meta = SimpleNamespace(segments=segs, page_tables=tables, score_capacity=256)
+    ds.attention_o(q, pool, pool, 1, meta, wo, out, parts, 9, 3)
+    (fn0, grid0, plain), (fn1, grid1, stack) = launches
+    assert (fn0, fn1) == ("attn_decode<1, 0>", "attn_decode<1, 1>") and grid0 == grid1 == (9, 1)
+    assert all(a is b or a == b for a, b in zip(plain[:13], stack[:13]))
+    assert [int(a) for a in plain[13:]] == [0, 0, 0]
+    assert stack[13] is wo.w and stack[14] is parts and int(stack[15]) == 576
+    with pytest.raises(ValueError, match="O partials"):
+        ds.attention_o(q, pool, pool, 1, meta, wo, out, parts[:8], 9, 3)
+    with pytest.raises(ValueError, match="q must be float32"):
+        ds.attention_o(q.astype(np.float64), pool, pool, 1, meta, wo, out, parts, 9, 3)
+    assert len(launches) == 2  # nothing launched for bad input
+
+
+def test_python_limits_match_the_kernels() -> None:
+    """The host's bounds are the CUDA sources' (a drift would launch past a register array
+    or a launch bound)."""
+    import re
+
+    from crucible.backend import cupy_fused as cf
+    from crucible.kernels.source import read_cuda_source
+
+    parts = re.search(r"#define CRU_MAX_PARTS (\d+)", read_cuda_source("rows_chunk.cuh"))
+    bound = re.search(r"__launch_bounds__\((\d+), 1\)\s*decode_mlp",
+                      read_cuda_source("decode_stack.cu"))
+    assert parts and int(parts.group(1)) == cf.COMBINE_MAX_PARTS
+    assert bound and int(bound.group(1)) == ds.MLP_MAX_K  # 2 warps x 9 chunks of 64

@@ -217,9 +217,10 @@ class CupyBackend:
         ok = cf.fuses(x.shape[0], x.shape[1], epi)
         return ok and (group != "attn_in" or self.cfg.head_dim == 64)
 
-    def attn_in(self, x: Any, layer: int, meta: CupyMeta) -> Any:
-        """RMSNorm -> QKV -> RoPE -> K/V into the pool; returns Q [T, H*hd]."""
-        if not self.fuses(x, "attn_in"):
+    def attn_in(self, x: Any, layer: int, meta: CupyMeta, **combine: Any) -> Any:
+        """RMSNorm -> QKV -> RoPE -> K/V into the pool; returns Q [T, H*hd]. ``combine``
+        (parts, pscale, x_out: the decode stack) goes to the row kernel's prologue."""
+        if not combine and not self.fuses(x, "attn_in"):
             return llama.compose_attn_in(self, x, layer, meta)
         cfg = self.cfg
         q = self._new((meta.num_rows, cfg.q_dim))
@@ -227,7 +228,7 @@ class CupyBackend:
                             self.k_pool, self.v_pool, layer, cfg.n_heads, cfg.n_kv_heads)
         return cf.linear_rows(x, self._linear[f"l{layer}.qkv"], q,
                               norm=self._norms[f"l{layer}.attn_norm"], eps=cfg.rms_eps,
-                              epi=cf.EPI_ROPE, rope=rope)
+                              epi=cf.EPI_ROPE, rope=rope, **combine)
 
     def mlp_in(self, x: Any, layer: int) -> Any:
         """RMSNorm -> gate/up -> SwiGLU; returns [T, F] (decode sizes: norm, then chunks)."""

@@ -28,11 +28,11 @@ import numpy as np
 from crucible.backend import cupy_fused as cf
 from crucible.backend.cupy_kernels import DeviceWeight, _ctype, _module
 from crucible.backend.cupy_launch import launch
+from crucible.kernels.attention import decode_args, validate_arguments
 from crucible.kernels.loader import decode_kernel, ensure_dynamic_smem, smem_optin_limit
 from crucible.kernels.variants import decode_smem_bytes, decode_static_bytes
 
 MAX_ROWS = 1  # the stack re-reads every weight once per row: it pays at batch 1 only
-MAX_PARTS = 24  # CRU_MAX_PARTS: chunk partials one combine adds
 MLP_MAX_K = 576  # decode_mlp's launch bounds: 2 warps per K chunk, 576 threads at most
 
 _NAMES = tuple(f"{k}<{_ctype(d)}>" for k in ("decode_mlp", "combine_rows")
@@ -56,10 +56,10 @@ def attention_smem(capacity: int, o_n: int, wbytes: int) -> int:
 def fits(cfg: Any, rows: int, capacity: int, variant: Any, wbytes: int) -> bool:
     """Whether a decode step of ``rows`` rows runs as the stack: the exact family, shapes
     the kernels are built for, and W_o's chunk fitting beside attn_decode's own memory."""
-    d, f = cfg.hidden_size, cfg.ffn_size
+    d, f, most = cfg.hidden_size, cfg.ffn_size, cf.COMBINE_MAX_PARTS
     return (1 <= rows <= MAX_ROWS and variant.family == "exact" and cfg.head_dim == 64
-            and d % 16 == 0 and d <= MLP_MAX_K and f % 64 == 0 and f // 64 <= MAX_PARTS
-            and cfg.n_heads <= MAX_PARTS
+            and d % 16 == 0 and d <= MLP_MAX_K and f % 64 == 0 and f // 64 <= most
+            and cfg.n_heads <= most
             and attention_smem(capacity, d, wbytes) + decode_static_bytes(1)
             <= smem_optin_limit())
 
@@ -67,17 +67,20 @@ def fits(cfg: Any, rows: int, capacity: int, variant: Any, wbytes: int) -> bool:
 def attention_o(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, wo: DeviceWeight,
                 out: Any, o_parts: Any, n_heads: int, n_kv: int) -> None:
     """attn_decode<1, OW>: attention of every row into ``out`` [T, H*64], and O's chunk
-    partials into ``o_parts`` [H, T, N_o] (unscaled; the next kernel finishes them)."""
-    i32 = np.int32
+    partials into ``o_parts`` [H, T, N_o] (unscaled; the next kernel finishes them). The
+    arrays are checked as paged_attention checks them."""
     t, (o_n, o_k) = q.shape[0], wo.shape
-    assert o_k == n_heads * 64 and o_parts.shape == (n_heads, t, o_n), (wo.shape, o_parts.shape)
+    validate_arguments(q, k_pool, v_pool, layer, meta.segments, meta.page_tables, out,
+                       n_heads, n_kv, 1, meta.score_capacity)
+    if o_k != n_heads * 64 or o_parts.shape != (n_heads, t, o_n):
+        raise ValueError(f"attention_o: W_o {wo.shape} and O partials {o_parts.shape} do not "
+                         f"fit {n_heads} heads of 64 and {t} rows")
     wb = _wbytes(wo)
     fn = decode_kernel(1, wb)
     smem = attention_smem(meta.score_capacity, o_n, wb)
     ensure_dynamic_smem(fn, smem)
-    args = (q, k_pool, v_pool, meta.segments, i32(meta.segments.shape[0]), meta.page_tables,
-            i32(meta.page_tables.shape[1]), out, i32(n_heads), i32(n_kv), i32(k_pool.shape[1]),
-            i32(layer), i32(meta.score_capacity), wo.w, o_parts, i32(o_n))
+    args = decode_args(q, k_pool, v_pool, layer, meta.segments, meta.page_tables, out,
+                       n_heads, n_kv, meta.score_capacity, wo.w, o_parts)
     launch(fn, (n_heads, t), (256, 1, 1), args, shared_mem=smem)
 
 
@@ -117,13 +120,12 @@ def run_layers(be: Any, x: Any, meta: Any) -> Any:
     t, d = x.shape
     h, parts, pscale = x, None, None  # the residual stream is h + parts (when given)
     for i in range(cfg.n_layers):
-        r = new((t, d)) if parts is not None else h
-        q = new((t, cfg.q_dim))
-        rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, be._cos, be._sin,
-                            be.k_pool, be.v_pool, i, cfg.n_heads, cfg.n_kv_heads)
-        cf.linear_rows(h, be._linear[f"l{i}.qkv"], q, norm=be._norms[f"l{i}.attn_norm"],
-                       eps=cfg.rms_eps, epi=cf.EPI_ROPE, rope=rope, parts=parts,
-                       pscale=pscale, x_out=r if parts is not None else None)
+        if parts is None:  # the first layer: the embedding is the residual
+            r = h
+            q = be.attn_in(h, i, meta)
+        else:
+            r = new((t, d))
+            q = be.attn_in(h, i, meta, parts=parts, pscale=pscale, x_out=r)
         wo = be._linear[f"l{i}.o"]
         o_parts = new((cfg.n_heads, t, d))
         attention_o(q, be.k_pool, be.v_pool, i, meta, wo, new((t, cfg.q_dim)), o_parts,

@@ -26,6 +26,7 @@ from crucible.kernels.loader import ensure_dynamic_smem, sm_count
 # one-row LM head is fastest at 2 (12.4 µs against 13.9 at 4 and 15.4 at 6 on the H200).
 CTAS_PER_SM = 4
 HEAD_CTAS_PER_SM = 2
+COMBINE_MAX_PARTS = 24  # CRU_MAX_PARTS (cuda/rows_chunk.cuh): chunk partials one combine adds
 ROWS_MAX_M = 128  # up to here the row kernels (linear_rows.cu); above, the tiled one
 ROWS_MAX_K = 1536  # the row kernels give each 64-wide K chunk its own warp (<= 24 warps)
 ROWS_MAX_K_PAIRED = 768  # one-row SwiGLU and RoPE forms are compiled for <= 12 warps
@@ -148,9 +149,6 @@ def _combine_args(x: Any, parts: Any, pscale: Any, x_out: Any, mt: int, epi: int
         _check_out(x_out, (m, k), "x_out")
     return (parts, cp.int32(parts.shape[0]), pscale if pscale is not None else null,
             x_out if x_out is not None else null)
-
-
-COMBINE_MAX_PARTS = 24  # CRU_MAX_PARTS (cuda/rows_chunk.cuh)
 
 
 def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,

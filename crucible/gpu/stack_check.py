@@ -48,7 +48,6 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
     import cupy as cp
 
     from crucible.backend import cupy_decode_stack as ds
-    from crucible.backend import cupy_fused as cf
     from crucible.model import llama
 
     runner, pages = _prefilled(geom, weights, rng)
@@ -80,13 +79,9 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
         ref_y = be.linear_add(llama.mlp_in(be, ref_h, layer), f"l{layer}.down", ref_h)
         t.check(bool(cp.array_equal(y, ref_y)), f"{name} {weights} mlp + combine == down + residual, h={pos}")
         # The QKV form with the combine prologue == the same form fed the combined value.
-        q2, r = be._new(q.shape), be._new((1, d))
+        r = be._new((1, d))
         kv = (be.k_pool.copy(), be.v_pool.copy())
-        rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, be._cos, be._sin,
-                            be.k_pool, be.v_pool, layer, cfg.n_heads, cfg.n_kv_heads)
-        cf.linear_rows(h, be._linear[f"l{layer}.qkv"], q2, norm=be._norms[f"l{layer}.attn_norm"],
-                       eps=cfg.rms_eps, epi=cf.EPI_ROPE, rope=rope, parts=dparts,
-                       pscale=down.scale, x_out=r)
+        q2 = be.attn_in(h, layer, meta, parts=dparts, pscale=down.scale, x_out=r)
         kv_stack = (be.k_pool.copy(), be.v_pool.copy())
         be.k_pool[...], be.v_pool[...] = kv
         q_ref = be.attn_in(ref_y, layer, meta)

@@ -95,9 +95,8 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
     n_layers, stride = k_pool.shape[1], page_tables.shape[1]
     if plan.decode:
         grid = (n_heads // plan.decode_heads, q.shape[0], 1)
-        args = (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables, i32(stride),
-                out, i32(n_heads), i32(n_kv_heads), i32(n_layers), i32(layer),
-                i32(score_capacity), np.uint64(0), np.uint64(0), i32(0))
+        args = decode_args(q, k_pool, v_pool, layer, segments, page_tables, out, n_heads,
+                           n_kv_heads, score_capacity)
     elif plan.variant.family == "reference":
         grid = (n_heads, q.shape[0], 1)
         args = (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables, i32(stride),
@@ -114,3 +113,16 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
     else:
         kernel(grid, (plan.threads, 1, 1), args, shared_mem=plan.smem_bytes)
     return plan
+
+
+def decode_args(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
+                page_tables: Any, out: Any, n_heads: int, n_kv_heads: int,
+                score_capacity: int, o_weight: Any = None, o_parts: Any = None) -> tuple:
+    """attn_decode<G, OW>'s arguments. ``o_weight``/``o_parts`` [H, T, N_o]: the decode
+    stack's O partials (crucible/backend/cupy_decode_stack.py); null without them."""
+    i32 = np.int32
+    o = ((np.uint64(0), np.uint64(0), i32(0)) if o_parts is None
+         else (o_weight, o_parts, i32(o_parts.shape[2])))
+    return (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables,
+            i32(page_tables.shape[1]), out, i32(n_heads), i32(n_kv_heads), i32(k_pool.shape[1]),
+            i32(layer), i32(score_capacity)) + o
