@@ -5,9 +5,13 @@ model's shapes, so no model file is needed).
 
 Per batch size (1 and 64 rows, 192-token histories), each over ``--steps`` steps queued back
 to back with one synchronization at the end, so the host never holds the device back:
-  graph      the decode graph replayed alone (its metadata already on the device);
-  +meta      each replay preceded by its metadata upload (page-locked, async);
-  +sample    and followed by greedy sampling on the device and the ids' copy back;
+  graph      the decode graph (forward and greedy argmax) replayed alone on the default
+             stream, as steps replay (its metadata already on the device); "own stream":
+             on the stream it was captured on, for comparison;
+  +meta      each replay preceded by its metadata upload (page-locked, async, on the
+             upload stream; one twin, so each upload waits for the previous replay);
+  +sample    whole steps through ModelRunner.launch_sample (both twins, the metadata
+             uploaded ahead, the ids copied back), never waiting for the host;
   pipelined  ModelRunner.launch_sample as the engine drives it (feed from the device,
              step t's ids read after step t+1 is queued), host work included.
 Batch 1 runs twice: with the decode stack (three kernels per layer, the default) and with
@@ -49,10 +53,10 @@ def step_costs(runner: ModelRunner, b: int, steps: int, history: int) -> dict[st
     greedy = SamplingParams(temperature=0.0)
     rows = [row_sampling(i, greedy, prompt=(), output=(), seed=0, stop_ids=(), vocab_size=vocab)
             for i in range(b)]
-    runner.forward_sample(batch(history), rows)  # capture
+    runner.forward_sample(batch(history), rows)  # captures both twins
     g = be.graphs
     bucket = next(x for x in BUCKETS if x >= b)
-    cap = g.graphs[(bucket, score_capacity(history + 1))]
+    cap = g.graphs[(bucket, score_capacity(history + 1))][g.last]
     meta = g.host_meta(batch(history), bucket, g.table_width(score_capacity(history + 1)))
     out: dict[str, float] = {}
 
@@ -65,18 +69,11 @@ def step_costs(runner: ModelRunner, b: int, steps: int, history: int) -> dict[st
         cp.cuda.Device().synchronize()
         out[name] = (time.perf_counter() - t) / steps * 1e6
 
-    timed("graph", lambda: cap.graph.launch(stream=g.stream))
-    timed("+meta", lambda: (g.ring.upload(meta, cap.meta_dev, g.stream),
-                            cap.graph.launch(stream=g.stream)))
-    sampler = runner.sampler
-    fed = be.fed_ids(b)
-
-    def full() -> None:
-        logits = cap.replay(g.stream, meta, g.ring)
-        with g.stream:
-            sampler.sample_async(logits[:b], rows, fed)
-
-    timed("+sample", full)
+    timed("graph", lambda: cap.graph.launch(stream=cp.cuda.Stream.null))
+    timed("graph, own stream", lambda: cap.graph.launch(stream=g.stream))
+    timed("+meta", lambda: cap.replay_default(meta, g.ring, g.upload))
+    # Both twins, the argmax's ids copied back (greedy rows); nothing waits for the host.
+    timed("+sample", lambda: runner.launch_sample(batch(history), rows))
     feed = np.arange(b, dtype=np.int32)
     t = time.perf_counter()
     pend = runner.launch_sample(batch(history), rows)

@@ -57,3 +57,16 @@ def test_decode_stack_equals_layers(weights: str) -> None:
     check_stack_stages(t, "g3-9/3", GEOMS["g3-9/3"], weights, rng)
     check_stack_steps(t, "g3-9/3", GEOMS["g3-9/3"], weights, rng)
     assert t.failed == 0 and t.passed == 5 * 9 + 2
+
+
+def test_graph_argmax_equals_the_sampler() -> None:
+    """All-greedy requests through a pipelined engine on decode graphs (ids from the graphs'
+    argmax, both twins) == an engine without graphs (ids from the sampler's kernel)."""
+    from crucible.gpu.pipeline_check import check_pipeline
+    from crucible.model.tiny import tiny_random_model
+
+    model = tiny_random_model(seed=1, weights="int8", n_heads=9, n_kv_heads=3, head_dim=64,
+                              hidden_size=192, ffn_size=256, tie_embeddings=False,
+                              max_context=512)
+    same, diff, chained = check_pipeline(model, "cuda", seed=5, requests=12, greedy=True)
+    assert (same, diff) == (12, 0) and chained > 0

@@ -9,8 +9,7 @@ live on the device in both layouts (cupy_kernels.DeviceWeight), f32 or int8 plus
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +44,6 @@ class CupyBackend:
         self.cfg: ModelConfig | None = None
         self.graphs = None  # DecodeGraphs once the pool exists (CRUCIBLE_DECODE_GRAPHS=0: off)
         self.prefill_graphs = None  # PrefillGraphs likewise (CRUCIBLE_PREFILL_GRAPHS=0: off)
-        self.step_stream = None  # where the last step's logits were made (None: default)
         self._linear: dict[str, ck.DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
@@ -130,18 +128,19 @@ class CupyBackend:
         """Where a step's sampler should write its ``rows`` ids so that the next decode step
         can read them on the device (``run_step_device(..., feed=...)``), or None when that
         next step cannot be fed (no decode graphs, or more rows than a graph holds)."""
-        g = self.graphs
-        return g.fed if g is not None and rows <= g.fed.shape[0] else None
+        return self.graphs.fed_ids(rows) if self.graphs is not None else None
 
-    @contextlib.contextmanager
-    def on_step_stream(self) -> Iterator[None]:
-        """Queue work (the sampler) where the last step's logits were made (a decode graph's
-        stream: no hop through the default one); then the default stream waits for it."""
-        s = self.step_stream
-        with s if s is not None else contextlib.nullcontext():
-            yield
-        if s is not None:
-            _cp().cuda.Stream.null.wait_event(s.record())
+    def sampled_ids(self, rows: int) -> Any:
+        """The greedy ids of the last step's first ``rows`` logits rows, when that step was a
+        decode graph (its argmax ran in the graph, cupy_graphs.py); else None."""
+        g = self.graphs
+        buf = g.fed_ids(rows) if g is not None and g.last_replayed else None
+        return None if buf is None else buf[:rows]
+
+    def ids_copied(self, event: Any) -> None:
+        """The ids in ``fed_ids`` are being copied back until ``event`` (cupy_graphs.py)."""
+        if self.graphs is not None:
+            self.graphs.copied(event)
 
     def _drop_graphs(self) -> None:
         _cp().cuda.Device().synchronize()
@@ -166,9 +165,9 @@ class CupyBackend:
 
         if feed is not None and (self.graphs is None or not is_decode_step(batch)):
             raise ValueError("a fed step must be a decode step run by the decode graphs")
-        self.step_stream = None
+        if self.graphs is not None:
+            self.graphs.last_replayed = False
         if self.graphs is not None and is_decode_step(batch):
-            self.step_stream = self.graphs.stream  # the sampler follows there
             return self.graphs.run(batch, score_capacity(batch.max_end), feed)
         if self.prefill_graphs is not None and is_singleton_prefill(batch):
             out = self.prefill_graphs.run(batch, score_capacity(batch.max_end))

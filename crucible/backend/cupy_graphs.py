@@ -7,20 +7,31 @@ their own: token 0 at position 0, whose one page is a scratch page past the engi
 data, so padding rows cannot change real rows; they all write the same bits into the same
 scratch slot.
 
-A graph is keyed by (bucket, score capacity), since the attention launch depends on both.
-Everything it touches lives at fixed addresses: one int32 metadata buffer (refilled by one
-host-to-device copy before each replay), the graph's private memory pool, which holds
-its activations and logits (``capture_forward``), and ``fed``: the sampled ids of the
-previous step, written there by the sampler, which a pipelined step's rows read as their
-input tokens (the metadata's ``feed`` column says which; -1 takes the batch's own id). At
-most ``MAX_GRAPHS`` graphs are kept; the oldest is dropped first.
+Graphs come in twins keyed by (bucket, score capacity), since the attention launch depends
+on both. Everything it touches lives at fixed addresses: its int32 metadata buffer,
+its private memory pool (activations, logits: ``capture_forward``), and the two ``fed``
+buffers. A graph ends with the greedy argmax of every row (cuda/sampling_greedy.cu), so a
+step whose rows are all plain greedy needs no sampling launch: the ids are already in
+``fed``, and only the copy back is queued (``sampled_ids``). Other steps' samplers write
+their ids over them.
+
+Why twins: a pipelined step t+1 reads step t's ids from ``fed`` while step t's ids are still
+being copied back to the host. Twin q reads ``fed[1 - q]`` (the previous step's ids: the
+metadata's ``feed`` column says which; -1 takes the batch's own id) and writes ``fed[q]``;
+consecutive steps alternate twins. So a graph only has to wait for the copy of the ids two
+steps back (long done), never the previous step's, and its metadata buffer is not the one
+the previous step is still reading, so the next step's metadata goes up on a stream of its
+own while the previous step runs. Replays go on the default stream, where the sampler and
+eager steps run: no hop between streams on the critical path. (Captures need a stream of
+their own.) Both twins are captured when a key is first needed. At most ``MAX_PAIRS`` keys
+are kept; the oldest is dropped first.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -29,7 +40,7 @@ from crucible.backend.cupy_pinned import PinnedRing
 from crucible.engine.batch import PackedBatch
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
-MAX_GRAPHS = 64
+MAX_PAIRS = 32  # (bucket, capacity) keys, two graphs each
 
 
 @dataclass
@@ -38,10 +49,12 @@ class Captured:
     meta_dev: Any  # int32 buffer the metadata views point into
     logits: Any  # [R, vocab] device buffer written by the graph
     pool: Any  # the graph's private memory pool: every intermediate it touches lives here
+    done: Any = None  # event: this graph's last replay finished (its metadata may change)
 
     def replay(self, stream: Any, host_meta: np.ndarray, ring: Any) -> Any:
         """Refill the metadata (through page-locked staging: nothing here waits for the
-        device), replay on ``stream``, and return the logits buffer."""
+        device), replay on ``stream``, and return the logits buffer. (The prefill graphs'
+        form: their own stream, between two hops through the default one.)"""
         import cupy as cp
 
         # Work queued eagerly on the default stream (a prefill's K/V, the previous step's
@@ -53,9 +66,30 @@ class Captured:
         cp.cuda.Stream.null.wait_event(stream.record())
         return self.logits
 
+    def replay_default(self, host_meta: np.ndarray, ring: Any, upload: Any,
+                       after: Any = None) -> Any:
+        """The decode form: the metadata goes up on ``upload`` once this graph's previous
+        replay has read it (a twin's: not the step still running), and the graph replays on
+        the default stream, behind everything queued there, once the upload and ``after``
+        (an event, or None) are done."""
+        import cupy as cp
 
-def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any) -> Captured:
-    """Capture one forward over ``meta`` (views into ``meta_dev``) as a CUDA graph.
+        null = cp.cuda.Stream.null
+        if self.done is not None:
+            upload.wait_event(self.done)
+        ring.upload(host_meta, self.meta_dev, upload)
+        null.wait_event(upload.record())
+        if after is not None:
+            null.wait_event(after)
+        self.graph.launch(stream=null)
+        self.done = null.record()
+        return self.logits
+
+
+def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any,
+                    tail: Callable[[Any, bool], None] | None = None) -> Captured:
+    """Capture one forward over ``meta`` (views into ``meta_dev``) as a CUDA graph, then
+    ``tail(logits, warm_up)`` (the decode graphs' argmax) when given.
 
     Every array the forward allocates comes from a private memory pool that lives as long
     as the graph. Intermediates freed during the forward are reused by later ones, exactly
@@ -65,7 +99,9 @@ def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any) -> Captured:
     The warm-up runs on ``stream`` after everything queued on the default stream: that is
     where ``meta_dev`` was filled, and, with pipelined decode, where the previous step may
     still be running. (Without this wait the warm-up once read a metadata buffer whose copy
-    had not landed yet and faulted on its garbage page indices.)"""
+    had not landed yet and faulted on its garbage page indices.) Its ``tail`` must write
+    nowhere a step in flight reads: the decode graphs give it a scratch target. The host
+    waits for the warm-up before capturing, so no replay can overtake it."""
     import cupy as cp
 
     from crucible.model.llama import forward_meta
@@ -73,11 +109,15 @@ def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any) -> Captured:
     pool = cp.cuda.MemoryPool()
     stream.wait_event(cp.cuda.Stream.null.record())
     with cp.cuda.using_allocator(pool.malloc), stream:
-        forward_meta(be.cfg, be, meta)  # warm-up: compiles, and sizes the private pool
+        logits = forward_meta(be.cfg, be, meta)  # warm-up: compiles, and sizes the pool
+        if tail is not None:
+            tail(logits, True)
         stream.synchronize()
         stream.begin_capture()
         try:
             logits = forward_meta(be.cfg, be, meta)
+            if tail is not None:
+                tail(logits, False)
         finally:
             graph = stream.end_capture()
     return Captured(graph, meta_dev, logits, pool)
@@ -94,15 +134,25 @@ class DecodeGraphs:
     def __init__(self, backend: Any, table_width: int, scratch_page: int) -> None:
         import cupy as cp
 
+        from crucible.backend.cupy_greedy import GreedyLauncher
+
         self.be = backend
         self.width = table_width  # pages of one full context: the widest table a graph holds
         self.scratch = scratch_page
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        self.graphs: OrderedDict[tuple[int, int], Captured] = OrderedDict()
+        self.stream = cp.cuda.Stream(non_blocking=True)  # captures
+        self.upload = cp.cuda.Stream(non_blocking=True)  # metadata, ahead of the replays
+        self.graphs: OrderedDict[tuple[int, int], tuple[Captured, Captured]] = OrderedDict()
         self.num_captures = 0
         self.num_replays = 0
         self._templates: dict[tuple[int, int], np.ndarray] = {}
-        self.fed = cp.zeros(BUCKETS[-1], dtype=cp.int32)
+        self.fed = (cp.zeros(BUCKETS[-1], dtype=cp.int32), cp.zeros(BUCKETS[-1], dtype=cp.int32))
+        self.last = 0  # fed[last] holds the latest step's ids
+        self.last_replayed = False  # whether the latest step was a replay (its argmax ran)
+        self._read: list[Any] = [None, None]  # per fed buffer: its last copy back's event
+        self._warm_ids = cp.zeros(BUCKETS[-1], dtype=cp.int32)  # the warm-up argmax's target
+        self.argmax = GreedyLauncher()
+        # Sized once for the largest bucket: a capture must not reallocate its scratch.
+        self.argmax.reserve(BUCKETS[-1], backend.cfg.vocab_size)
         self.ring = PinnedRing()
 
     def clear(self) -> None:
@@ -160,19 +210,23 @@ class DecodeGraphs:
         feed = np.full(bucket, -1, np.int32)
         return np.concatenate([tok, pos, page, slot, seg.ravel(), tables.ravel(), finals, feed])
 
-    def _views(self, meta_dev: Any, bucket: int, capacity: int) -> Any:
+    def _views(self, meta_dev: Any, bucket: int, capacity: int, twin: int) -> Any:
         w = self.table_width(capacity)
         v = split(meta_dev, [bucket] * 4 + [bucket * 4, bucket * w, bucket, bucket])
         return CupyMeta(bucket, v[0], v[1], v[2], v[3], v[4].reshape(bucket, 4),
                         v[5].reshape(bucket, w), v[6], bucket, 1, capacity, True,
-                        feed=v[7], fed=self.fed)
+                        feed=v[7], fed=self.fed[1 - twin])
 
-    def _capture(self, bucket: int, capacity: int) -> Captured:
+    def _capture(self, bucket: int, capacity: int, twin: int) -> Captured:
         import cupy as cp
 
         meta_dev = cp.asarray(self.host_meta(None, bucket, self.table_width(capacity)))
+
+        def argmax(logits: Any, warm_up: bool) -> None:
+            self.argmax.launch(logits, None, bucket, self._warm_ids if warm_up else self.fed[twin])
+
         cap = capture_forward(self.be, self.stream, meta_dev,
-                              self._views(meta_dev, bucket, capacity))
+                              self._views(meta_dev, bucket, capacity, twin), tail=argmax)
         self.num_captures += 1
         return cap
 
@@ -180,15 +234,30 @@ class DecodeGraphs:
         b = batch.num_rows
         bucket = next(x for x in BUCKETS if x >= b)
         key = (bucket, capacity)
-        cap = self.graphs.get(key)
-        if cap is None:
-            cap = self._capture(bucket, capacity)
-            self.graphs[key] = cap
-            if len(self.graphs) > MAX_GRAPHS:
+        pair = self.graphs.get(key)
+        if pair is None:
+            # Both twins at once: which one a later step needs depends on the parity of every
+            # step before it, and a twin captured on demand costs a step the whole capture.
+            pair = (self._capture(bucket, capacity, 0), self._capture(bucket, capacity, 1))
+            self.graphs[key] = pair
+            if len(self.graphs) > MAX_PAIRS:
                 self.graphs.popitem(last=False)
         else:
             self.graphs.move_to_end(key)
+        twin = 1 - self.last
         meta = self.host_meta(batch, bucket, self.table_width(capacity), feed)
-        logits = cap.replay(self.stream, meta, self.ring)
+        # The graph's argmax rewrites fed[twin]: the ids copied from it two steps back must
+        # be on the host first (that copy ended while the previous step ran).
+        logits = pair[twin].replay_default(meta, self.ring, self.upload, self._read[twin])
+        self.last, self.last_replayed = twin, True
         self.num_replays += 1
         return logits[:b]
+
+    def fed_ids(self, rows: int) -> Any:
+        """Where the latest step's ids are (a replay's argmax) or go (its sampler)."""
+        return self.fed[self.last] if rows <= BUCKETS[-1] else None
+
+    def copied(self, event: Any) -> None:
+        """The latest step's ids are being copied back until ``event``: the next writer of
+        their buffer (the replay after next) waits for it."""
+        self._read[self.last] = event

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.backend.sampling_meta import RowSampling, pack_rows
+from crucible.backend.sampling_meta import RowSampling, greedy_only, pack_rows
 from crucible.kernels.source import compile_module
 
 THREADS = 256  # GREEDY_THREADS in sampling_greedy.cu
@@ -38,15 +38,6 @@ def _module() -> Any:
     return compile_module("sampling_greedy.cu")
 
 
-def greedy_only(rows: Sequence[RowSampling]) -> bool:
-    """True when ``greedy_rows`` gives every row's answer: temperature 0, no entries (the
-    penalties and min_tokens masking reach the device only as entries, so a row without any
-    takes sample_rows' plain greedy branch whatever its penalty fields say) and no logprobs.
-    False for no rows: there is nothing to launch, and pack_rows rejects an empty step."""
-    return bool(rows) and all(r.temperature == 0 and r.entry_ids.size == 0
-                              and r.num_logprobs is None for r in rows)
-
-
 def slices_for(vocab: int, slice_len: int = SLICE) -> int:
     """CTAs per row. slices_for(V) * slice >= V covers the row whatever its alignment head."""
     return max(1, -(-vocab // slice_len))
@@ -61,6 +52,11 @@ class GreedyLauncher:
         self.slice_len = slice_len
         self._part: Any = None  # u64 [>= rows * slices]
         self._counters: Any = None  # u32 [>= rows], zero between launches
+
+    def reserve(self, rows: int, vocab: int) -> None:
+        """Allocate the scratch for launches of up to ``rows`` rows of ``vocab`` now (before a
+        graph captures a launch, which must not reallocate it)."""
+        self._scratch(rows, slices_for(vocab, self.slice_len))
 
     def _scratch(self, r: int, s: int) -> tuple[Any, Any]:
         cp = _cupy()

@@ -32,8 +32,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.backend.sampling_meta import (LP_WORDS, RowSampling, SampleOutput, pack_rows)
-from crucible.backend.cupy_greedy import GreedyLauncher, greedy_only
+from crucible.backend.sampling_meta import (LP_WORDS, RowSampling, SampleOutput, greedy_only,
+                                            greedy_rows_in_order, pack_rows)
+from crucible.backend.cupy_greedy import GreedyLauncher
 from crucible.backend.cupy_pinned import PinnedRing, device_buffer
 from crucible.kernels.loader import sm_count
 from crucible.kernels.source import compile_module
@@ -103,10 +104,12 @@ class CupySampler:
         return self.sample_async(logits, rows).result()
 
     def sample_async(self, logits: Any, rows: Sequence[RowSampling],
-                     tokens_out: Any = None) -> "PendingSample":
+                     tokens_out: Any = None, ready: bool = False) -> "PendingSample":
         """Queue the sampling of ``rows`` and the copy of their ids back; nothing here waits
         for the device. ``tokens_out`` (int32 device array, >= len(rows)): where the kernel
-        writes the ids, for a next step that reads them on the device."""
+        writes the ids, for a next step that reads them on the device. ``ready``: it
+        already holds them (a decode graph's argmax, for ``greedy_rows_in_order`` rows):
+        only the copy is queued."""
         cp = _cupy()
         if not isinstance(logits, cp.ndarray) or logits.dtype != cp.float32 or logits.ndim != 2 \
                 or not logits.flags.c_contiguous:
@@ -120,30 +123,45 @@ class CupySampler:
         if r == 0:
             return PendingSample(None, None, None, rows)
         stream = cp.cuda.get_current_stream()
-        greedy = self.split_greedy and greedy_only(rows)
-        if greedy and r <= num_logits and all(row.logits_row == i for i, row in enumerate(rows)):
-            meta = None  # row i samples logits row i: nothing to upload (a decode step)
+        if ready:
+            if tokens_out is None or r > num_logits or not greedy_rows_in_order(rows):
+                raise ValueError("device sampler: ready ids need plain greedy rows in logits "
+                                 "order and the buffer holding them")
+            tokens, lp, greedy = tokens_out, None, True
         else:
-            host_meta = pack_rows(rows, num_logits, vocab)
-            self._meta = device_buffer(self._meta, host_meta.size, cp.int64)
-            meta = self._meta[: host_meta.size]
-            self._up.upload(host_meta, meta, stream)  # the step's one upload
-        # The copies back run on a stream of their own, so the next step (queued behind this
-        # one on ``stream``) does not wait for them; the next kernel waits for them instead,
-        # since it rewrites the buffers they read.
-        if self._copied is not None:
-            stream.wait_event(self._copied)
-        tokens, lp = self.launch(logits, meta, r, tokens_out, greedy=greedy)
+            greedy = self.split_greedy and greedy_only(rows)
+            # The copies back run on a stream of their own, so the next step (queued behind
+            # this one on ``stream``) does not wait for them; the next kernel waits for them
+            # instead, since it rewrites the buffers they read.
+            if self._copied is not None:
+                stream.wait_event(self._copied)
+            tokens, lp = self.launch(logits, self._upload_meta(rows, greedy, num_logits, vocab),
+                                     r, tokens_out, greedy=greedy)
         if self._copy_stream is None:
             self._copy_stream = cp.cuda.Stream(non_blocking=True)
         copy = self._copy_stream
         copy.wait_event(stream.record())
         ids = self._ids.download(tokens[:r], copy)  # 4 bytes a row come back ...
         lps = None
-        if any(row.num_logprobs is not None for row in rows):  # ... unless logprobs were asked
-            lps = self._lps.download(lp[:r], copy)
+        if any(row.num_logprobs is not None for row in rows):
+            lps = self._lps.download(lp[:r], copy)  # ... unless logprobs were asked
         self._copied = copy.record()
+        if ready:
+            self._last_r, self._paths = r, None  # every row took the greedy route
         return PendingSample(self._copied, ids, lps, rows)
+
+    def _upload_meta(self, rows: Sequence[RowSampling], greedy: bool, num_logits: int,
+                     vocab: int) -> Any:
+        """The rows' metadata on the device (the step's one upload), or None for greedy rows
+        in logits order: row i samples logits row i, nothing to upload (a decode step)."""
+        cp = _cupy()
+        if greedy and len(rows) <= num_logits and greedy_rows_in_order(rows):
+            return None
+        host_meta = pack_rows(rows, num_logits, vocab)
+        self._meta = device_buffer(self._meta, host_meta.size, cp.int64)
+        meta = self._meta[: host_meta.size]
+        self._up.upload(host_meta, meta, cp.cuda.get_current_stream())
+        return meta
 
     def launch(self, logits: Any, meta: Any, r: int, tokens_out: Any = None,
                greedy: bool = False) -> tuple[Any, Any]:
@@ -190,6 +208,11 @@ class PendingSample:
     def __init__(self, event: Any, ids: np.ndarray | None, lps: np.ndarray | None,
                  rows: Sequence[RowSampling]) -> None:
         self._event, self._ids, self._lps, self._rows = event, ids, lps, rows
+
+    @property
+    def event(self) -> Any:
+        """The copy back's event (None: nothing was sampled)."""
+        return self._event
 
     def result(self) -> SampleOutput:
         if self._event is None:

@@ -40,6 +40,7 @@ def _spin_kernel() -> Any:
 class ProfiledBackend:
     run_step = None  # no fast path: the runner calls llama.forward, one timed op at a time
     fed_ids = None  # nor pipelined decode: every step's stages are timed in turn
+    sampled_ids = None  # nor a decode graph's argmax: the sampler's launch is timed
     decode_stack = None  # nor the batch-1 stack, whose kernels span stages
 
     def __init__(self, backend: Any) -> None:

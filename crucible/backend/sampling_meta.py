@@ -71,6 +71,22 @@ class RowSampling:
         return self.temperature == 0
 
 
+def greedy_only(rows: Sequence[RowSampling]) -> bool:
+    """True when the greedy argmax gives every row's answer (cuda/sampling_greedy.cu):
+    temperature 0, no entries (the penalties and min_tokens masking reach the device only as
+    entries, so a row without any takes sample_rows' plain greedy branch whatever its penalty
+    fields say) and no logprobs. False for no rows: there is nothing to launch, and pack_rows
+    rejects an empty step."""
+    return bool(rows) and all(r.temperature == 0 and r.entry_ids.size == 0
+                              and r.num_logprobs is None for r in rows)
+
+
+def greedy_rows_in_order(rows: Sequence[RowSampling]) -> bool:
+    """``greedy_only``, and row i samples logits row i (a decode step's rows): the argmax
+    a decode graph ran over its rows is these rows' answer."""
+    return greedy_only(rows) and all(r.logits_row == i for i, r in enumerate(rows))
+
+
 def plain_row_sampling(logits_row: int, params: Any, *, num_output: int,
                        seed: int) -> RowSampling | None:
     """The RowSampling of a row with no entries (no penalty, and ``min_tokens`` met after

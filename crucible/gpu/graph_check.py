@@ -10,7 +10,9 @@ gpu-graph-check   decode steps replayed from CUDA graphs (padded up to a bucket)
                   a step of its own. On the GPU every decode step must also be a replay. Where
                   there are no graphs (the numpy backend, CRUCIBLE_DECODE_GRAPHS=0) it says so
                   and compares eager against eager: the harness and pool reuse still run.
-                  Then the pipelined engine against the plain one (gpu/pipeline_check.py).
+                  Then the pipelined engine against the plain one (gpu/pipeline_check.py),
+                  and an all-greedy pipelined engine (its ids from the decode graphs'
+                  argmax) against an engine without graphs (ids from the sampler's kernel).
 gpu-decode-prefill  teacher forcing: the logits of decode step t equal the prefill logits of
                   prompt + generated[:t], bitwise (DESIGN.md 5.3). Checked against one
                   prefill per request with every row wanted, and against a packed step of
@@ -154,12 +156,15 @@ def graph_main(argv: list[str]) -> int:
     passed, failed = check_graphs(cand, ref, args.sizes, args.steps, max_prompt, args.seed)
     if graphs is not None:
         print(f"graphs: {graphs.num_captures} captures, {graphs.num_replays} replays")
-    same, diff, chained = check_pipeline(model, args.device, args.seed)
-    if graphs is not None and chained == 0:
-        diff += 1  # pipelining is on by default with decode graphs: it must have run
-    print(f"pipelined engine vs plain engine: {same} requests identical, {diff} failures, "
-          f"{chained} steps queued before the previous step's ids were read")
-    passed, failed = passed + same, failed + diff
+    for greedy in (False, True):
+        same, diff, chained = check_pipeline(model, args.device, args.seed, greedy=greedy)
+        if graphs is not None and chained == 0:
+            diff += 1  # pipelining is on by default with decode graphs: it must have run
+        what = ("all-greedy pipelined engine vs an engine without graphs" if greedy
+                else "pipelined engine vs plain engine")
+        print(f"{what}: {same} requests identical, {diff} failures, "
+              f"{chained} steps queued before the previous step's ids were read")
+        passed, failed = passed + same, failed + diff
     print(f"{'graph replay' if graphs is not None else 'eager'} vs eager, sizes {args.sizes}, "
           f"{args.steps} decode steps each, requests finishing and joining")
     return report("gpu-graph-check", cand, args, passed, failed, t0)

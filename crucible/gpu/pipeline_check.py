@@ -17,7 +17,11 @@ from crucible.engine.sampling import SamplingParams
 from crucible.model.runner import ModelRunner
 
 
-def _params(i: int, stop: tuple[int, ...]) -> SamplingParams:
+def _params(i: int, stop: tuple[int, ...], greedy: bool = False) -> SamplingParams:
+    if greedy:  # plain greedy rows, some with stop ids: a decode graph's argmax serves them
+        kind = dict(stop_token_ids=stop) if i % 3 == 1 else {}
+        return SamplingParams(max_tokens=4 + (5 * i) % 29, seed=i, ignore_eos=i % 2 == 0,
+                              temperature=0.0, **kind)
     kinds = [dict(temperature=0.0), dict(temperature=0.9, top_k=40),
              dict(temperature=1.0, top_p=0.9, logprobs=2),
              dict(temperature=0.8, stop_token_ids=stop),
@@ -27,12 +31,12 @@ def _params(i: int, stop: tuple[int, ...]) -> SamplingParams:
 
 
 def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
-         stop: tuple[int, ...]) -> tuple[dict[str, tuple], LLMEngine]:
+         stop: tuple[int, ...], greedy: bool = False) -> tuple[dict[str, tuple], LLMEngine]:
     eng = LLMEngine(runner, tokenizer)
     out: dict[str, list] = {}
     n0 = len(prompts) * 2 // 3
     for i in range(n0):
-        out[eng.add_request(prompts[i], _params(i, stop))] = []
+        out[eng.add_request(prompts[i], _params(i, stop, greedy))] = []
     step = 0
     while eng.has_unfinished() or step < 6:
         for d in eng.step():
@@ -42,7 +46,7 @@ def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
             eng.abort("req-1")
         if step == 5:  # late arrivals join a pipelined decode
             for i in range(n0, len(prompts)):
-                out[eng.add_request(prompts[i], _params(i, stop))] = []
+                out[eng.add_request(prompts[i], _params(i, stop, greedy))] = []
     flat = {rid: (tuple(t for d in ds for t in d.new_token_ids),
                   tuple(x for d in ds if d.new_logprobs for x in d.new_logprobs),
                   "".join(d.new_text for d in ds),
@@ -50,9 +54,12 @@ def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
     return flat, eng
 
 
-def check_pipeline(model: object, device: str, seed: int, requests: int = 24
-                   ) -> tuple[int, int, int]:
-    """(requests identical, requests different, steps pipelined)."""
+def check_pipeline(model: object, device: str, seed: int, requests: int = 24,
+                   greedy: bool = False) -> tuple[int, int, int]:
+    """(requests identical, requests different, steps pipelined). ``greedy``: every request
+    plain greedy, so the candidate's decode steps take their ids from the graphs' argmax;
+    the reference then runs without graphs (every id from the sampler's kernel), and on the
+    GPU some step must have used the argmax."""
     rng = np.random.default_rng(seed)
     vocab = model.config.vocab_size
     prompts = [rng.integers(0, vocab, int(rng.integers(1, 60))).tolist()
@@ -61,8 +68,10 @@ def check_pipeline(model: object, device: str, seed: int, requests: int = 24
     piped = ModelRunner(model, num_pages=requests * 8 + 8, device=device)
     plain = ModelRunner(model, num_pages=requests * 8 + 8, device=device)
     plain.pipeline = False
-    got, eng = _run(piped, model.tokenizer, prompts, stop)
-    want, _ = _run(plain, model.tokenizer, prompts, stop)
+    if greedy and getattr(plain.backend, "graphs", None) is not None:
+        plain.backend.graphs = plain.backend.prefill_graphs = None
+    got, eng = _run(piped, model.tokenizer, prompts, stop, greedy)
+    want, _ = _run(plain, model.tokenizer, prompts, stop, greedy)
     bad = [rid for rid, w in want.items() if got.get(rid) != w]
     for rid in bad[:3]:
         print(f"  {rid}: pipelined {got.get(rid)} != plain {want[rid]}")
@@ -71,4 +80,7 @@ def check_pipeline(model: object, device: str, seed: int, requests: int = 24
     if eng.allocator.num_free != piped.num_pages:
         print(f"  pages: {eng.allocator.num_free} free of {piped.num_pages} at the end")
         diff += 1  # a page was lost
+    if greedy and getattr(piped.backend, "graphs", None) is not None:
+        print(f"  {piped.num_argmax_steps} steps took their ids from a decode graph's argmax")
+        diff += piped.num_argmax_steps == 0
     return same, diff, eng.num_chained

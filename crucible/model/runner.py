@@ -9,12 +9,12 @@ to sample): that is the scheduler's and the request's.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.backend.sampling_meta import RowSampler, RowSampling, SampleOutput
+from crucible.backend.sampling_meta import (RowSampler, RowSampling, SampleOutput,
+                                            greedy_rows_in_order)
 from crucible.backend.select import env_flag, make_backend
 from crucible.engine.batch import PackedBatch
 from crucible.errors import ConfigError
@@ -38,6 +38,7 @@ class ModelRunner:
         self.num_pages = num_pages
         # CRUCIBLE_PIPELINE=0: never queue a decode step before the previous one's ids are read.
         self.pipeline = env_flag("CRUCIBLE_PIPELINE")
+        self.num_argmax_steps = 0  # steps whose ids a decode graph's argmax gave
         self.backend = make_backend(device, attention)
         self.device = "cuda" if self.backend.name != "numpy" else "cpu"
         self.backend.load_weights(model.config, model.weights, model.weights_mode)
@@ -109,10 +110,21 @@ class ModelRunner:
         if async_sample is None:  # a host-side twin: the result is ready at once
             out = self.sampler.sample(logits, rows) if rows else SampleOutput((), ())
             return PendingStep(None, out, host)
-        fed = getattr(self.backend, "fed_ids", None)
-        where = getattr(self.backend, "on_step_stream", contextlib.nullcontext)
-        with where():  # sample where the logits were made
+        be = self.backend
+        fed = getattr(be, "fed_ids", None)
+        # A decode graph already ran the greedy argmax of its rows (cupy_graphs.py): when
+        # that is all these rows ask for, only the copy back is queued.
+        done = getattr(be, "sampled_ids", None)
+        ready = done(len(rows)) if done is not None and greedy_rows_in_order(rows) else None
+        if ready is not None:
+            pending = async_sample(logits, rows, ready, ready=True)
+            self.num_argmax_steps += 1
+        else:
             pending = async_sample(logits, rows, fed(len(rows)) if fed else None)
+        note = getattr(be, "ids_copied", None)
+        event = getattr(pending, "event", None)
+        if note is not None and event is not None:
+            note(event)
         return PendingStep(pending, None, host)
 
 
