@@ -36,6 +36,10 @@
 // n_parts > 0, the staged x is x + the previous GEMM's n_parts chunk partials
 // [n_parts][M][K], finished as that GEMM's residual epilogue (pscale: its int8 scales);
 // column block 0 also stores that x to x_out, the residual stream's next value.
+// Gather (the same forms, the stack's first layer): with g_ids set, x is the embedding table
+// and row m0's x is table row (g_feed && g_feed[m0] >= 0 ? g_fed[g_feed[m0]] : g_ids[m0]),
+// as model_ops.cu's embed_fed picks it; column block 0 stores it to x_out. This replaces the
+// embedding kernel: the first kernel of a decode graph has no kernel to overlap with.
 // PDL (pdl.cuh): the first column block's weights and epilogue inputs, and the norm weight,
 // load before cru_pdl_wait; x, the partials and the residual after it.
 // Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32 + K). No standard headers (NVRTC).
@@ -53,7 +57,8 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
             const float* __restrict__ sin_t, float* __restrict__ k_pool,
             float* __restrict__ v_pool, int layer, int n_layers, int n_heads, int n_kv,
             const float* __restrict__ parts, int n_parts, const float* __restrict__ pscale,
-            float* __restrict__ x_out) {
+            float* __restrict__ x_out, const int* __restrict__ g_ids,
+            const int* __restrict__ g_feed, const int* __restrict__ g_fed) {
     constexpr int NC = EPI == 0 ? 1 : 2;
     extern __shared__ float smem[];
     __shared__ float red[MT * 8];
@@ -98,7 +103,15 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     if (finisher) e0.res = cru_epi_res<EPI>(cb0, m0 + c, lane, N_out, residual);
     // The combine is compiled into the one-row SwiGLU and RoPE forms only: their 384-thread
     // bounds leave registers for 48 loads in flight; the 768-thread ones would spill.
-    if (MT == 1 && EPI != 0) {
+    if (MT == 1 && EPI != 0 && g_ids != nullptr) {  // gather: no partials to add
+        const int f = g_feed != nullptr ? g_feed[m0] : -1;
+        const float* xr = x + (long)(f >= 0 ? g_fed[f] : g_ids[m0]) * K;
+        for (int k = tid; k < K; k += nthreads) {
+            const float v = xr[k];
+            xs[k] = v;
+            if (x_out != nullptr && blockIdx.x == 0) x_out[(long)m0 * K + k] = v;
+        }
+    } else if (MT == 1 && EPI != 0) {
         for (int k0 = tid; k0 < K; k0 += 2 * nthreads) {  // two elements' loads at once
             float v[2];
             cru_combined<T, 2>(x, parts, n_parts, pscale, M, m0, K, k0, nthreads, v);
@@ -187,7 +200,8 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     template __global__ void linear_rows<T, MT, PRO, EPI>(                                     \
         const float*, const T*, const float*, const float*, float, const float*, float*, int, \
         int, int, int, const int*, const int*, const int*, const float*, const float*, float*, \
-        float*, int, int, int, int, const float*, int, const float*, float*);
+        float*, int, int, int, int, const float*, int, const float*, float*, const int*,        \
+        const int*, const int*);
 CRU_ROWS_INSTANTIATE(signed char, 1, 1, 2)
 CRU_ROWS_INSTANTIATE(signed char, 1, 1, 1)
 CRU_ROWS_INSTANTIATE(signed char, 1, 0, 0)

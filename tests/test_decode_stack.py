@@ -59,10 +59,11 @@ class _Stacked(NumpyBackend):
         super().__init__()
         self.take, self.calls = take, 0
 
-    def decode_stack(self, x: Any, meta: Any) -> Any:
+    def decode_stack(self, meta: Any) -> Any:
         self.calls += 1
         if not self.take:
             return None
+        x = self.embed(meta)  # the stack embeds itself
         return llama.layers(self.cfg, self, x, meta) * 0.0 + 1.0  # marks the stack's output
 
 
@@ -147,3 +148,49 @@ def test_python_limits_match_the_kernels() -> None:
                       read_cuda_source("decode_stack.cu"))
     assert parts and int(parts.group(1)) == cf.COMBINE_MAX_PARTS
     assert bound and int(bound.group(1)) == ds.MLP_MAX_K  # 2 warps x 9 chunks of 64
+
+
+def test_qkv_gather_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stack's first QKV reads the embedding itself: x's pointer is the table and the
+    last three arguments are ids, feed and fed (nulls without a gather); bad gathers raise
+    before anything is launched."""
+    import sys
+    import types
+
+    from crucible.backend import cupy_fused as cf
+    from test_linear_chunks import dev, weight
+
+    fake = types.ModuleType("cupy")
+    fake.float32, fake.int32, fake.uint32, fake.int8 = np.float32, np.int32, np.uint32, np.int8
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    launches: list[tuple] = []
+    monkeypatch.setattr(cf, "fused_kernel", lambda name: name)
+    monkeypatch.setattr(cf, "ensure_dynamic_smem", lambda fn, n: None)
+    monkeypatch.setattr(cf, "sm_count", lambda: 132)
+    monkeypatch.setattr(cf, "launch", lambda fn, grid, block, args, shared_mem=0:
+                        launches.append((fn, args)))
+    table, wd = dev((100, 576)), weight(960, 576)
+    ids, feed, fed = dev((1,), np.int32), dev((1,), np.int32), dev((64,), np.int32)
+    rope = cf.RopeStore(*(dev((1,), np.int32),) * 3, dev((8, 32)), dev((8, 32)),
+                        dev((4, 2, 16, 192)), dev((4, 2, 16, 192)), 0, 9, 3)
+    q, r = dev((1, 576)), dev((1, 576))
+    kw = dict(norm=dev((576,)), eps=1e-5, epi=cf.EPI_ROPE, rope=rope)
+    cf.linear_rows(cf.Gather(table, ids, feed, fed), wd, q, x_out=r, **kw)
+    cf.linear_rows(cf.Gather(table, ids), wd, q, x_out=r, **kw)
+    cf.linear_rows(dev((1, 576)), wd, q, **kw)
+    (name, a), (_, b), (_, c) = launches
+    assert name == "linear_rows<signed char, 1, 1, 2>"
+    assert a[0] is table and b[0] is table and a[-4] is r
+    assert a[-3:] == (ids, feed, fed) and b[-3] is ids and [int(v) for v in b[-2:]] == [0, 0]
+    assert [int(v) for v in c[-4:]] == [0, 0, 0, 0]  # no x_out, no gather
+    bad = [(cf.Gather(table, dev((1,), np.float32)), {}, "ids must be int32"),
+           (cf.Gather(table, ids, feed), {}, "feed and fed go together"),
+           (cf.Gather(table, ids, dev((2,), np.int32), fed), {}, "feed must be int32"),
+           (cf.Gather(table, ids), dict(parts=dev((3, 1, 576))), "adds no partials"),
+           (dev((1, 576)), dict(x_out=r), "x_out needs parts or a gather")]
+    for x, more, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            cf.linear_rows(x, wd, q, **{**kw, **more})
+    with pytest.raises(ValueError, match="one row per CTA, SwiGLU or RoPE"):
+        cf.linear_rows(cf.Gather(table, ids), weight(576, 576), dev((1, 576)))
+    assert len(launches) == 3

@@ -23,15 +23,26 @@ from crucible.model.runner import ModelRunner
 VOCAB = 50
 
 
+class _Event:
+    def __init__(self, name: str, done: bool = False) -> None:
+        self.name, self.done = name, done
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Event) and other.name == self.name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
 class _Stream:
     def __init__(self, name: str, log: list[tuple]) -> None:
         self.name, self.log = name, log
 
-    def record(self) -> str:
-        return f"event({self.name})"
+    def record(self) -> _Event:
+        return _Event(f"event({self.name})")
 
-    def wait_event(self, event: str) -> None:
-        self.log.append((self.name, "waits", event))
+    def wait_event(self, event: _Event) -> None:
+        self.log.append((self.name, "waits", event.name))
 
 
 class _Ring:
@@ -61,14 +72,21 @@ def test_decode_replay_runs_on_the_default_stream(monkeypatch: pytest.MonkeyPatc
 
     cap = Captured(Graph(), "meta_dev", logits="logits", pool=None)
     upload, ring = _Stream("upload", log), _Ring(log)
-    assert cap.replay_default(np.array([1, 2]), ring, upload, after="copied") == "logits"
+    copied = _Event("copied")
+    assert cap.replay_default(np.array([1, 2]), ring, upload, after=copied) == "logits"
     assert log == [("upload", "meta", [1, 2]), ("default", "waits", "event(upload)"),
                    ("default", "waits", "copied"), ("default", "launch")]
-    assert cap.done == "event(default)"
+    assert cap.done == _Event("event(default)")
     log.clear()
     cap.replay_default(np.array([3]), ring, upload)
     assert log == [("upload", "waits", "event(default)"), ("upload", "meta", [3]),
                    ("default", "waits", "event(upload)"), ("default", "launch")]
+    # Events already reached queue no wait.
+    log.clear()
+    cap.done.done = True
+    cap.replay_default(np.array([4]), ring, upload, after=_Event("copied", done=True))
+    assert log == [("upload", "meta", [4]), ("default", "waits", "event(upload)"),
+                   ("default", "launch")]
 
 
 class _Launcher:  # GreedyLauncher: records where each argmax writes
@@ -93,7 +111,7 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, log: list[tuple]) -> DecodeGraphs:
             self.twin = twin
 
         def replay_default(self, meta: np.ndarray, ring: Any, upload: Any, after: Any) -> list:
-            log.append(("replay", self.twin, after))
+            log.append(("replay", self.twin, None if after is None else after.name))
             return ["row"] * 64
 
     def capture(be: Any, stream: Any, meta_dev: Any, meta: Any, tail: Any) -> Cap:
@@ -122,7 +140,7 @@ def test_twins_alternate_and_wait_for_the_copy_two_steps_back(
         assert len(out) == 3 and g.last_replayed
         got.append(g.last)
         assert g.fed_ids(3) == ("fed0", "fed1")[g.last]
-        g.copied(f"copy{step}")
+        g.copied(_Event(f"copy{step}"))
     assert got == [1, 0, 1, 0, 1, 0]
     # Both twins captured at the first step; the warm-up's argmax writes the scratch target,
     # the captured one the twin's own buffer, over the bucket's 4 rows.

@@ -110,10 +110,10 @@ class CupyBackend:
         self._drop_graphs()
         self.use_stack = bool(on)
 
-    def decode_stack(self, x: Any, meta: CupyMeta) -> Any:
-        """Every layer of a batch-1 decode step in three kernels each
-        (cupy_decode_stack.py); None when the step is not its shape (llama.py runs the
-        layers then)."""
+    def decode_stack(self, meta: CupyMeta) -> Any:
+        """The embedding and every layer of a batch-1 decode step in three kernels per layer
+        (cupy_decode_stack.py); None when the step is not its shape (llama.py embeds and
+        runs the layers then)."""
         from crucible.backend import cupy_decode_stack as ds
 
         decode = meta.max_chunk == 1 and meta.segments.shape[0] == meta.num_rows
@@ -122,7 +122,7 @@ class CupyBackend:
                                                       meta.score_capacity, self.variant,
                                                       wbytes)):
             return None
-        return ds.run_layers(self, x, meta)
+        return ds.run_layers(self, meta)
 
     def fed_ids(self, rows: int) -> Any:
         """Where a step's sampler should write its ``rows`` ids so that the next decode step

@@ -6,7 +6,8 @@ GEMMs are folded into the kernels before them, which leave one partial per 64-wi
 instead of the output; the kernel after them adds the partials in the canonical order with
 the scale and the residual (cuda/rows_chunk.cuh's cru_combined):
 
-    QKV (linear_rows, RoPE form)  h_prev + down partials -> r; RMSNorm -> QKV -> RoPE, K/V
+    QKV (linear_rows, RoPE form)  h_prev + down partials -> r (the first layer: r = its
+                                  token's embedding row); RMSNorm -> QKV -> RoPE, K/V
     attn_decode<1, OW>            attention; O's partial of head h's chunk, every O column
     decode_mlp                    r + O partials -> h; RMSNorm -> gate/up -> SwiGLU -> down's
                                   partial of its 64 SwiGLU outputs' chunk, every column
@@ -114,17 +115,18 @@ def combine_rows(h: Any, parts: Any, scale: Any, out: Any) -> None:
     launch(fn, (t,), (256,), args)
 
 
-def run_layers(be: Any, x: Any, meta: Any) -> Any:
-    """Every layer of a decode step as the stack; returns the residual after the last."""
+def run_layers(be: Any, meta: Any) -> Any:
+    """Every layer of a decode step as the stack; returns the residual after the last. The
+    first QKV reads its row of the embedding itself (a ``Gather``): no embedding kernel."""
     cfg, new = be.cfg, be._new
-    t, d = x.shape
-    h, parts, pscale = x, None, None  # the residual stream is h + parts (when given)
+    t, d = meta.num_rows, cfg.hidden_size
+    first = cf.Gather(be.embedding, meta.token_ids, meta.feed, meta.fed)
+    h, parts, pscale = None, None, None  # the residual stream is h + parts
     for i in range(cfg.n_layers):
+        r = new((t, d))
         if parts is None:  # the first layer: the embedding is the residual
-            r = h
-            q = be.attn_in(h, i, meta)
+            q = be.attn_in(first, i, meta, x_out=r)
         else:
-            r = new((t, d))
             q = be.attn_in(h, i, meta, parts=parts, pscale=pscale, x_out=r)
         wo = be._linear[f"l{i}.o"]
         o_parts = new((cfg.n_heads, t, d))

@@ -94,12 +94,38 @@ class _Form:
     rope_args: tuple
 
 
+@dataclass(frozen=True)
+class Gather:
+    """x given as rows of a table (the decode stack's first QKV reads the embedding itself):
+    row m is table[fed[feed[m]]] where feed[m] >= 0, else table[ids[m]] (embed_fed's pick)."""
+
+    table: Any  # f32 [V, K]
+    ids: Any  # int32 [M]
+    feed: Any = None  # int32 [M], or None: every row takes its own id
+    fed: Any = None  # int32: the previous step's ids (with feed)
+
+
+def _rows_of(x: Any, k: int) -> int:
+    """M of x (an array, or a Gather), checked."""
+    cp = _cupy()
+    if not isinstance(x, Gather):
+        _check_x(x, k)
+        return x.shape[0]
+    _check_x(x.table, k)
+    m = x.ids.shape[0] if x.ids.ndim == 1 else -1
+    _need(x.ids.dtype == cp.int32 and m >= 0, "linear_rows: gather ids must be int32 [M]")
+    _need((x.feed is None) == (x.fed is None), "linear_rows: gather feed and fed go together")
+    _need(x.feed is None or (x.feed.dtype == cp.int32 and x.feed.shape == (m,)
+                             and x.fed.dtype == cp.int32),
+          f"linear_rows: gather feed must be int32 [{m}] and fed int32")
+    return m
+
+
 def _form(what: str, x: Any, wd: DeviceWeight, out: Any, residual: Any, norm: Any, epi: int,
           rope: RopeStore | None) -> _Form:
     cp = _cupy()
     n_w, k = wd.shape
-    _check_x(x, k)
-    m = x.shape[0]
+    m = _rows_of(x, k)
     rope_args: tuple = (np.uint64(0),) * 7 + (cp.int32(0),) * 4
     if epi == EPI_STORE:
         n_out, blocks, nc = n_w, -(-n_w // 32), 1
@@ -131,24 +157,34 @@ def _head_args(x: Any, wd: DeviceWeight, out: Any, norm: Any, eps: float,
             residual if residual is not None else null, out)
 
 
-def _combine_args(x: Any, parts: Any, pscale: Any, x_out: Any, mt: int, epi: int) -> tuple:
-    """The combine prologue's arguments (null when ``parts`` is None), checked."""
+def _combine_args(x: Any, m: int, parts: Any, pscale: Any, x_out: Any, mt: int,
+                  epi: int) -> tuple:
+    """The combine (or gather) prologue's arguments (nulls when neither is asked), checked."""
     cp, null = _cupy(), np.uint64(0)
+    k = x.table.shape[1] if isinstance(x, Gather) else x.shape[1]
+    prologue = parts is not None or isinstance(x, Gather)
+    if prologue:
+        _need(mt == 1 and epi != EPI_STORE, "linear_rows: the combine and gather prologues "
+              "are built for one row per CTA, SwiGLU or RoPE")
+    if x_out is not None:
+        _need(prologue, "linear_rows: x_out needs parts or a gather")
+        _check_out(x_out, (m, k), "x_out")
+    gather = (null,) * 3
+    if isinstance(x, Gather):
+        _need(parts is None, "linear_rows: a gather adds no partials")
+        gather = (x.ids, x.feed if x.feed is not None else null,
+                  x.fed if x.fed is not None else null)
+    out_arg = x_out if x_out is not None else null
     if parts is None:
-        _need(x_out is None and pscale is None, "linear_rows: x_out/pscale need parts")
-        return (null, cp.int32(0), null, null)
-    m, k = x.shape
-    _need(mt == 1 and epi != EPI_STORE,
-          "linear_rows: the combine prologue is built for one row per CTA, SwiGLU or RoPE")
+        _need(pscale is None, "linear_rows: pscale needs parts")
+        return (null, cp.int32(0), null, out_arg) + gather
     _need(parts.dtype == np.float32 and parts.ndim == 3 and parts.shape[1:] == (m, k)
           and 1 <= parts.shape[0] <= COMBINE_MAX_PARTS and parts.flags.c_contiguous,
           f"linear_rows: parts must be f32 [1..{COMBINE_MAX_PARTS}, {m}, {k}], got "
           f"{parts.dtype} {parts.shape}")
     _need(pscale is None or pscale.shape == (k,), f"linear_rows: pscale must be [{k}]")
-    if x_out is not None:
-        _check_out(x_out, (m, k), "x_out")
     return (parts, cp.int32(parts.shape[0]), pscale if pscale is not None else null,
-            x_out if x_out is not None else null)
+            out_arg) + gather
 
 
 def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
@@ -159,7 +195,8 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     first, then the GEMM, then store (+ residual), SwiGLU, or RoPE + K/V store. ``mt``
     (1, 4 or 8 rows per CTA) overrides ``rows_mt`` for benchmarks; bits do not depend on it.
     ``parts`` [n, M, K] (one row per CTA; the decode stack): x is first x + those chunk
-    partials of the previous GEMM, finished with its scales ``pscale``; ``x_out`` gets it."""
+    partials of the previous GEMM, finished with its scales ``pscale``; ``x_out`` gets it.
+    x may be a ``Gather`` (the same forms): its rows come from a table, ``x_out`` gets them."""
     cp = _cupy()
     f = _form("linear_rows", x, wd, out, residual, norm, epi, rope)
     m, k = f.m, f.k
@@ -169,7 +206,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
         return out
     mt = rows_mt(m) if mt is None else mt
     _need(mt in (1, 4, 8), f"linear_rows: {mt} rows per CTA is not built (1, 4 or 8)")
-    combine = _combine_args(x, parts, pscale, x_out, mt, epi)
+    combine = _combine_args(x, m, parts, pscale, x_out, mt, epi)
     chunks = -(-k // KC)
     row_groups = -(-m // mt)
     # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
@@ -178,7 +215,8 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     fn = fused_kernel(_rows_name(str(wd.w.dtype), mt, 0 if norm is None else 1, epi))
     smem = 4 * (mt * k + chunks * mt * f.nc * 32 + k)
     ensure_dynamic_smem(fn, smem)
-    args = _head_args(x, wd, out, norm, eps, residual) + (
+    x_ptr = x.table if isinstance(x, Gather) else x
+    args = _head_args(x_ptr, wd, out, norm, eps, residual) + (
         cp.int32(m), cp.int32(f.n_out), cp.int32(k), cp.int32(groups)) + f.rope_args + combine
     launch(fn, (-(-f.blocks // groups), row_groups), (32, max(chunks, 8)), args,
            shared_mem=smem)

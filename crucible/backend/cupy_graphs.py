@@ -75,11 +75,13 @@ class Captured:
         import cupy as cp
 
         null = cp.cuda.Stream.null
-        if self.done is not None:
+        # An event already reached (the usual case: the host has read that step's ids) needs
+        # no wait queued; the device-side wait would still cost the stream a step.
+        if self.done is not None and not self.done.done:
             upload.wait_event(self.done)
         ring.upload(host_meta, self.meta_dev, upload)
         null.wait_event(upload.record())
-        if after is not None:
+        if after is not None and not after.done:
             null.wait_event(after)
         self.graph.launch(stream=null)
         self.done = null.record()

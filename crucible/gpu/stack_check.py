@@ -48,6 +48,7 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
     import cupy as cp
 
     from crucible.backend import cupy_decode_stack as ds
+    from crucible.backend import cupy_fused as cf
     from crucible.model import llama
 
     runner, pages = _prefilled(geom, weights, rng)
@@ -88,6 +89,22 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
         same_kv = all(bool(cp.array_equal(a, b)) for a, b in zip(kv_stack, (be.k_pool, be.v_pool)))
         t.check(bool(cp.array_equal(r, ref_y)) and bool(cp.array_equal(q2, q_ref)) and same_kv,
                 f"{name} {weights} QKV combine == QKV of the combined residual, h={pos}")
+        # The first layer's QKV gathers its embedding row itself: the batch's id (5), or the
+        # previous step's id that feed points at (11, which a gather ignoring feed misses).
+        ok = True
+        for feed, fed, tok in ((None, None, 5), ([1], [3, 11], 11)):
+            g = cf.Gather(be.embedding, meta.token_ids,
+                          None if feed is None else cp.asarray(feed, cp.int32),
+                          None if fed is None else cp.asarray(fed, cp.int32))
+            r = be._new((1, d))
+            q3 = be.attn_in(g, layer, meta, x_out=r)
+            kv_gather = (be.k_pool.copy(), be.v_pool.copy())
+            be.k_pool[...], be.v_pool[...] = kv
+            row = cp.ascontiguousarray(be.embedding[tok : tok + 1])
+            q_ref = be.attn_in(row, layer, meta)
+            ok = ok and bool(cp.array_equal(r, row)) and bool(cp.array_equal(q3, q_ref)) and all(
+                bool(cp.array_equal(a, b)) for a, b in zip(kv_gather, (be.k_pool, be.v_pool)))
+        t.check(ok, f"{name} {weights} QKV gather == QKV of the embedding row, h={pos}")
 
 
 def _steps(runner: ModelRunner, pages: list, stack: bool, graphs: bool) -> tuple[list, Any]:

@@ -27,11 +27,10 @@ def forward(cfg: ModelConfig, be: Backend, batch: PackedBatch) -> np.ndarray:
 
 def forward_meta(cfg: ModelConfig, be: Backend, meta: Any) -> Any:
     """The forward over already-uploaded step metadata; logits stay on the backend."""
-    x = be.embed(meta)  # [T, D]
-    stack = getattr(be, "decode_stack", None)  # a backend's own run of every layer
-    h = stack(x, meta) if stack is not None else None  # None: not for this step
+    stack = getattr(be, "decode_stack", None)  # a backend's own embedding and layers
+    h = stack(meta) if stack is not None else None  # None: not for this step
     if h is None:
-        h = layers(cfg, be, x, meta)
+        h = layers(cfg, be, be.embed(meta), meta)  # [T, D]
     rows = be.gather_rows(h, meta)  # [R, D]
     return norm_linear(be, rows, "final_norm", "lm_head")
 
