@@ -9,9 +9,9 @@ rotate-half order), so both engines run the same model. First, an agreement chec
 largest logit difference on one prompt, HF f32 vs Crucible. Then decode throughput, greedy,
 with 128-token prompts and 64 new tokens, at each batch size. HF's decode rate is
 (batch x 63) / (time of 64 new tokens - time of 1), so its prefill is excluded. Crucible's
-rate comes from bench/gpu_generate.py's decode loop (graphs on). The two alternate in
-order between rounds; the figures are the median and min-max, and ours/theirs is paired per
-round.
+rate comes from bench/gpu_generate.py's decode loop (graphs on, pipelined, as the engine
+runs decode). The two alternate in order between rounds; the figures are the median and
+min-max, and ours/theirs is paired per round.
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             got = {}
             for who in order:
                 if who == "ours":
-                    got[who] = decode_rate(runner, b, args.new, runner.device == "cuda", rng)
+                    got[who] = decode_rate(runner, b, args.new, rng,
+                                           pipelined=runner.device == "cuda")
                 else:
                     got[who] = hf_decode_rate(model, b, 128, args.new,
                                               loaded.config.vocab_size, device)

@@ -127,7 +127,7 @@ class CupySampler:
             if tokens_out is None or r > num_logits or not greedy_rows_in_order(rows):
                 raise ValueError("device sampler: ready ids need plain greedy rows in logits "
                                  "order and the buffer holding them")
-            tokens, lp, greedy = tokens_out, None, True
+            tokens, lp = tokens_out, None
         else:
             greedy = self.split_greedy and greedy_only(rows)
             # The copies back run on a stream of their own, so the next step (queued behind
