@@ -8,8 +8,6 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
-
 import pytest
 
 from crucible.kernels.source import cuda_source_dir
@@ -30,16 +28,6 @@ def build(driver: str, out_dir: Path) -> Path:
         pytest.skip("the C++ library lacks std::barrier (C++20)")
     assert r.returncode == 0, r.stderr[-4000:]
     return exe
-
-
-def driver_fixture(source: str) -> Any:
-    """A module-scoped pytest fixture that builds ``source`` once for the module's tests."""
-
-    @pytest.fixture(scope="module")
-    def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-        return build(source, tmp_path_factory.mktemp(Path(source).stem))
-
-    return driver
 
 
 def run(exe: Path, *args: str) -> tuple[int, int, int, str]:

@@ -1,0 +1,46 @@
+"""Kernels' own CUDA sources run on the CPU (tests/cuda_host/prelude.h maps the CUDA they
+use onto std::thread and std::barrier, warp shuffles included), each against a plain
+spelling of the canonical order, bitwise, with a negative control that adds the chunk
+partials in descending order and must fail exactly the runs that can tell. This checks the
+kernels' index arithmetic without a GPU; the GPU's side (fences, L2 reads, cp.async, PDL,
+whole steps) is gpu-engine-check's.
+
+- cuda/linear_chunks.cu (chunks_driver.cpp): every instantiation over shapes with N and K
+  tails and M = 1..64, 540 runs. One or two chunks add the same either way (a + b == b + a);
+  the 108 runs of the three-chunk shape (K = 192) must fail.
+- cuda/decode_stack.cu (stack_driver.cpp: decode_mlp, combine_rows) against the five-kernel
+  layer's order: h = x + O's partials (O's residual epilogue), the canonical RMSNorm tree,
+  gate/up, SwiGLU, down's chunk partials and their ascending combine; f32 and int8, several
+  hidden and FFN sizes, 1 and 2 rows, 0-9 O partials, 96 runs. 0 or 1 partials add the same
+  either way; the 48 runs with 3 or 9 must fail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from host_driver import build, run
+
+# driver: (runs, runs that fail with the partials added in descending order)
+CASES = {"chunks_driver.cpp": (540, 108), "stack_driver.cpp": (96, 48)}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def driver(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    name = request.param
+    return name, build(name, tmp_path_factory.mktemp(Path(name).stem))
+
+
+def test_kernel_source_on_host_matches_the_canonical_order(driver: tuple[str, Path]) -> None:
+    name, exe = driver
+    rc, runs, failed, out = run(exe)
+    assert rc == 0 and runs == CASES[name][0] and failed == 0, out[-3000:]
+
+
+def test_negative_control_descending_partials_differ(driver: tuple[str, Path]) -> None:
+    name, exe = driver
+    rc, runs, failed, out = run(exe, "descending")
+    assert rc == 1 and (runs, failed) == CASES[name], out[-3000:]
