@@ -19,64 +19,45 @@ from crucible.backend.sampling_meta import greedy_rows_in_order, row_sampling
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.engine.sampling import SamplingParams
 from crucible.model.runner import ModelRunner
+from fake_streams import Event, event, stream_class
 
 VOCAB = 50
-
-
-class _Event:
-    def __init__(self, name: str, done: bool = False) -> None:
-        self.name, self.done = name, done
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Event) and other.name == self.name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-class _Stream:
-    def __init__(self, name: str, log: list[tuple]) -> None:
-        self.name, self.log = name, log
-
-    def record(self) -> _Event:
-        return _Event(f"event({self.name})")
-
-    def wait_event(self, event: _Event) -> None:
-        self.log.append((self.name, "waits", event.name))
 
 
 class _Ring:
     def __init__(self, log: list[tuple]) -> None:
         self.log = log
 
-    def upload(self, host: np.ndarray, dev: Any, stream: _Stream) -> None:
+    def upload(self, host: np.ndarray, dev: Any, stream: Any) -> None:
         self.log.append((stream.name, "meta", host.tolist()))
 
 
-def _fake_cupy(monkeypatch: pytest.MonkeyPatch, log: list[tuple]) -> None:
+def _fake_cupy(monkeypatch: pytest.MonkeyPatch, log: list[tuple]) -> type:
+    Stream = stream_class(log)
     fake = types.ModuleType("cupy")
-    fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=_Stream("default", log)))
+    fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=Stream("default")))
     fake.asarray = np.asarray
     monkeypatch.setitem(sys.modules, "cupy", fake)
+    return Stream
 
 
 def test_decode_replay_runs_on_the_default_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """The metadata goes up on the upload stream (after this graph's previous replay has
     read it), then the default stream waits for the upload and for ``after`` and replays."""
     log: list[tuple] = []
-    _fake_cupy(monkeypatch, log)
+    Stream = _fake_cupy(monkeypatch, log)
 
     class Graph:
-        def launch(self, stream: _Stream) -> None:
+        def launch(self, stream: Any) -> None:
             log.append((stream.name, "launch"))
 
     cap = Captured(Graph(), "meta_dev", logits="logits", pool=None)
-    upload, ring = _Stream("upload", log), _Ring(log)
-    copied = _Event("copied")
+    upload, ring = Stream("upload"), _Ring(log)
+    copied = event("copied")
     assert cap.replay_default(np.array([1, 2]), ring, upload, after=copied) == "logits"
     assert log == [("upload", "meta", [1, 2]), ("default", "waits", "event(upload)"),
                    ("default", "waits", "copied"), ("default", "launch")]
-    assert cap.done == _Event("event(default)")
+    assert cap.done == "event(default)"
     log.clear()
     cap.replay_default(np.array([3]), ring, upload)
     assert log == [("upload", "waits", "event(default)"), ("upload", "meta", [3]),
@@ -84,7 +65,7 @@ def test_decode_replay_runs_on_the_default_stream(monkeypatch: pytest.MonkeyPatc
     # Events already reached queue no wait.
     log.clear()
     cap.done.done = True
-    cap.replay_default(np.array([4]), ring, upload, after=_Event("copied", done=True))
+    cap.replay_default(np.array([4]), ring, upload, after=event("copied", done=True))
     assert log == [("upload", "meta", [4]), ("default", "waits", "event(upload)"),
                    ("default", "launch")]
 
@@ -111,7 +92,7 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, log: list[tuple]) -> DecodeGraphs:
             self.twin = twin
 
         def replay_default(self, meta: np.ndarray, ring: Any, upload: Any, after: Any) -> list:
-            log.append(("replay", self.twin, None if after is None else after.name))
+            log.append(("replay", self.twin, after))
             return ["row"] * 64
 
     def capture(be: Any, stream: Any, meta_dev: Any, meta: Any, tail: Any) -> Cap:
@@ -140,7 +121,7 @@ def test_twins_alternate_and_wait_for_the_copy_two_steps_back(
         assert len(out) == 3 and g.last_replayed
         got.append(g.last)
         assert g.fed_ids(3) == ("fed0", "fed1")[g.last]
-        g.copied(_Event(f"copy{step}"))
+        g.copied(Event(f"copy{step}"))
     assert got == [1, 0, 1, 0, 1, 0]
     # Both twins captured at the first step; the warm-up's argmax writes the scratch target,
     # the captured one the twin's own buffer, over the bucket's 4 rows.

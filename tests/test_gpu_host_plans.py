@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from crucible.backend.select import env_flag
+from fake_streams import stream_class
 from crucible.backend.cupy_graphs import is_decode_step
 from crucible.backend.cupy_prefill_graphs import MAX_LENGTH, is_singleton_prefill
 from crucible.engine.batch import SegmentSpec, build_packed_batch
@@ -87,38 +88,6 @@ def test_graph_switches(monkeypatch: pytest.MonkeyPatch) -> None:
         env_flag("CRUCIBLE_PREFILL_GRAPHS")
 
 
-def _stream_class(log: list[tuple]) -> type:
-    """A stand-in CuPy stream that records what is queued on it, in order, into ``log``."""
-
-    class Stream:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def record(self) -> str:
-            return f"event({self.name})"
-
-        def wait_event(self, event: str) -> None:
-            log.append((self.name, "waits", event))
-
-        def __enter__(self) -> "Stream":
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-        def synchronize(self) -> None:
-            log.append((self.name, "sync"))
-
-        def begin_capture(self) -> None:
-            log.append((self.name, "begin"))
-
-        def end_capture(self) -> str:
-            log.append((self.name, "end"))
-            return "graph"
-
-    return Stream
-
-
 def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     """A replay waits for the default stream's queued work, refills the metadata, launches,
     and makes the default stream wait for the graph, in that order, all on its stream."""
@@ -130,7 +99,7 @@ def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     from crucible.backend.cupy_graphs import Captured
 
     log: list[tuple] = []
-    Stream = _stream_class(log)
+    Stream = stream_class(log)
 
     class Ring:  # page-locked staging (cupy_pinned.PinnedRing): queued on the stream
         def upload(self, host: np.ndarray, dev: str, stream: Stream) -> None:
@@ -160,7 +129,7 @@ def test_capture_waits_for_the_default_stream_first(monkeypatch: pytest.MonkeyPa
     from crucible.model import llama
 
     log: list[tuple] = []
-    Stream = _stream_class(log)
+    Stream = stream_class(log)
 
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=Stream("default")),
