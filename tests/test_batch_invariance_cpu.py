@@ -107,31 +107,60 @@ def test_exp_is_position_independent() -> None:
         assert np.array_equal(np.exp(buf)[offset : offset + 37], want)
 
 
-@pytest.mark.usefixtures("cpu_path")
-def test_plain_blas_would_not_be_invariant(model, monkeypatch) -> None:
-    """Negative control: with a plain ``x @ W.T`` in every GEMM, the needle comparison
-    detects a change (on both paths: only the GEMMs are swapped).
+def _row_count_ordered_gemm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``x @ w.T`` in f32 with a reduction order that depends on the number of rows: a
+    deliberately batch-dependent GEMM, for the negative control.
 
-    Skipped when this machine's BLAS happens to compute a lone row like a batched one for
-    these shapes (then the control cannot show anything).
+    Every output sums its K products in one explicit running order that starts at
+    ``k0 = M % K`` (``M`` = rows in ``x``) and wraps around: a split-K whose split point
+    moves with the batch. It is built from elementwise f32 multiplies and adds only (one
+    correctly rounded IEEE operation each, no BLAS, no kernel choice, no contraction to
+    FMA), so its bits are the same on every machine, and a row's bits change with ``M``.
     """
-    def plain(self, x, weight):
+    m, k = x.shape
+    x, w = x.astype(np.float32, copy=False), w.astype(np.float32, copy=False)
+    acc = np.zeros((m, w.shape[0]), dtype=np.float32)
+    for j in np.roll(np.arange(k), -(m % k)):
+        acc += x[:, j : j + 1] * w[None, :, j]
+    return acc
+
+
+def test_row_count_ordered_gemm_is_batch_dependent() -> None:
+    """The control's GEMM itself: right to f32 rounding, and a lone row's bits differ from
+    the same row in a batch (so the control below has a batch dependence to detect)."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((288, 96)).astype(np.float32)
+    x = rng.standard_normal((40, 96)).astype(np.float32)
+    full = _row_count_ordered_gemm(x, w)
+    np.testing.assert_allclose(full, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4,
+                               atol=1e-4)
+    assert not np.array_equal(_row_count_ordered_gemm(x[:1], w)[0], full[0])
+
+
+@pytest.mark.usefixtures("cpu_path")
+def test_batch_dependent_gemm_is_not_invariant(model, monkeypatch) -> None:
+    """Negative control: with every GEMM swapped for one whose reduction order depends on
+    the row count (``_row_count_ordered_gemm``), the needle comparison the real backend
+    passes detects a change (on both paths: only the GEMMs are swapped).
+
+    The control no longer uses a plain ``x @ W.T``: whether BLAS computes a lone row like a
+    batched one depends on which kernel it picks on this CPU (on AVX-512 OpenBLAS it does,
+    for these shapes), so such a control showed nothing there. This one is batch-dependent
+    by construction, with the same bits on every machine.
+    """
+    def ordered(self, x, weight):
         if self.compiled:
             packed = self._packed[weight]
             w, scale = packed.dense(), packed.scale
         else:
             w, scale = self._linear[weight]
-        y = x @ w.T
+        y = _row_count_ordered_gemm(x, w)
         return y if scale is None else y * scale
 
     rng = np.random.default_rng(4)
-    w = rng.standard_normal((288, 96)).astype(np.float32)
-    x = rng.standard_normal((40, 96)).astype(np.float32)
-    if np.array_equal((x[:1] @ w.T)[0], (x @ w.T)[0]):
-        pytest.skip("this BLAS computes a lone row like a batched one; control not informative")
-    monkeypatch.setattr(numpy_backend.NumpyBackend, "linear", plain)
+    monkeypatch.setattr(numpy_backend.NumpyBackend, "linear", ordered)
     monkeypatch.setattr(numpy_backend.NumpyBackend, "linear_add",
-                        lambda self, x, weight, residual: residual + plain(self, x, weight))
+                        lambda self, x, weight, residual: residual + ordered(self, x, weight))
     vocab = model.config.vocab_size
     needle = rng.integers(0, vocab, 20).tolist()
     alone = _run_alone(model, needle, [0, 1])
