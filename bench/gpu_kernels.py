@@ -32,7 +32,7 @@ from crucible.backend import cupy_fused as cf
 from crucible.backend import cupy_kernels as ck
 from crucible.backend import cupy_launch
 from crucible.engine.batch import SegmentSpec, build_packed_batch
-from crucible.kernels.attention_bench import capture_repeated, replay_us
+from crucible.checks.attention_bench import capture_repeated, replay_us
 from crucible.model.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 

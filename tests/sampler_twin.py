@@ -61,7 +61,7 @@ class NumpyTwinSampler:
     def rows_to_host(self, logits: Any, rows: Sequence[int]) -> np.ndarray:
         return np.asarray(logits, dtype=np.float32)[list(rows)]
 
-    # The check harness's device hooks (crucible/gpu/sampling_check.py).
+    # The check harness's device hooks (crucible/checks/sampling_check.py).
     def to_device(self, x: np.ndarray) -> np.ndarray:
         return x
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crucible.kernels.attention_cases import Case
-from crucible.kernels.attention_suite import HETERO
+from crucible.checks.attention_cases import Case
+from crucible.checks.attention_suite import HETERO
 from crucible.kernels.variants import Variant, all_variants, parse_variant
 
 cp = pytest.importorskip("cupy")
@@ -32,7 +32,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_every_variant_matches_the_reference(case: Case) -> None:
-    from crucible.kernels.attention_check import Tally, check_case
+    from crucible.checks.attention_check import Tally, check_case
 
     variants = list(all_variants())
     tallies = {v.name: Tally() for v in variants}
@@ -45,8 +45,8 @@ def test_every_variant_matches_the_reference(case: Case) -> None:
 
 def test_online_is_a_real_negative_control() -> None:
     """Online reorders f32 work, so on a long history its bits must differ somewhere."""
-    from crucible.kernels.attention_cases import build
-    from crucible.kernels.attention_check import to_device, run_variant
+    from crucible.checks.attention_cases import build
+    from crucible.checks.attention_check import to_device, run_variant
 
     d = to_device(build(Case("long", 12, 3, ((0, 700),), seed=5)))
     ref, _ = run_variant(Variant("reference"), d)

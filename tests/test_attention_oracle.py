@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from crucible.kernels.attention_cases import (
+from crucible.checks.attention_cases import (
     LAYER, Case, build, remap_pages, reverse_segments, single_segment, truncate_and_poison)
-from crucible.kernels.oracle import oracle_rows
+from crucible.checks.oracle import oracle_rows
 
 
 def _dense(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, heads: int, kv: int):

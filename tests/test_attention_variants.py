@@ -111,7 +111,7 @@ def test_commands_explain_a_missing_cupy_instead_of_crashing(capsys) -> None:
         pass
     else:
         pytest.skip("CuPy is installed here")
-    from crucible.kernels import attention_bench, attention_check
+    from crucible.checks import attention_bench, attention_check
 
     assert attention_check.main(["--fuzz", "1"]) == 2
     assert attention_bench.main(["--shapes", "single-1"]) == 2

@@ -7,7 +7,7 @@ import pytest
 
 from crucible.engine.batch import SegmentSpec, build_packed_batch
 from crucible.model.gguf_loader import load_gguf, open_gguf
-from crucible.model.gguf_writer import save_gguf
+from gguf_writer import save_gguf
 from crucible.model.loader import load_model
 from crucible.model.runner import ModelRunner
 from crucible.model.tiny import save_hf_dir, tiny_random_model

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from crucible.backend import numpy_attention
-from crucible.gpu import batch_check, graph_check, validate
-from crucible.gpu.batch_check import Counts, bits_equal
+from crucible.checks import batch_check, graph_check, validate
+from crucible.checks.batch_check import Counts, bits_equal
 from crucible.model.runner import ModelRunner
 
 BATCH = ["--device", "cpu", "--sizes", "1", "3", "16", "17", "--steps", "3", "--max-prompt", "40"]
@@ -155,7 +155,7 @@ def test_validate_reports_failures(monkeypatch, capsys) -> None:
 
     monkeypatch.setattr(batch_check, "paged_main", lambda argv: 1)
     monkeypatch.setattr(graph_check, "graph_main", boom)
-    monkeypatch.setattr("crucible.gpu.packed_check.main", lambda argv: 0)  # speed: 4 s saved
+    monkeypatch.setattr("crucible.checks.packed_check.main", lambda argv: 0)  # speed: 4 s saved
     assert validate.main(["--device", "cpu", "--quick"]) == 1
     cap = capsys.readouterr()
     table = cap.out.split("summary")[1]

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_linear_kernels_identical_for_every_m() -> None:
-    from crucible.gpu.engine_check import Tally, check_linear
+    from crucible.checks.engine_check import Tally, check_linear
 
     t = Tally()
     check_linear(t, np.random.default_rng(0))
@@ -20,8 +20,8 @@ def test_chunk_kernel_fused_order_and_graphs() -> None:
     """rmsnorm + chunk SwiGLU == the fused row kernel; the partials finished on the host in
     ascending order == the kernel, descending (negative control) != ; graph replays == eager.
     (The chunk kernel == tiled for M = 1..64 runs in check_linear above.)"""
-    from crucible.gpu.chunks_check import check_chunks
-    from crucible.gpu.engine_check import Tally
+    from crucible.checks.chunks_check import check_chunks
+    from crucible.checks.engine_check import Tally
 
     t = Tally()
     check_chunks(t, np.random.default_rng(3))
@@ -30,7 +30,7 @@ def test_chunk_kernel_fused_order_and_graphs() -> None:
 
 @pytest.mark.parametrize("name", ["g4-12/3", "g3-9/3"])
 def test_tiny_model_exact_and_agreeing(name: str) -> None:
-    from crucible.gpu.engine_check import GEOMS, Tally, check_model
+    from crucible.checks.engine_check import GEOMS, Tally, check_model
 
     t = Tally()
     check_model(t, name, GEOMS[name], np.random.default_rng(1), "online-q2-k32")
@@ -38,7 +38,7 @@ def test_tiny_model_exact_and_agreeing(name: str) -> None:
 
 
 def test_decode_graphs_equal_eager() -> None:
-    from crucible.gpu.engine_check import GEOMS, Tally, check_graphs
+    from crucible.checks.engine_check import GEOMS, Tally, check_graphs
 
     t = Tally()
     check_graphs(t, "g3-9/3", GEOMS["g3-9/3"], np.random.default_rng(2))
@@ -49,8 +49,8 @@ def test_decode_graphs_equal_eager() -> None:
 def test_decode_stack_equals_layers(weights: str) -> None:
     """The batch-1 decode stack == the five-kernel layers, per kernel (with the descending
     O-partials negative control, which must differ) and per step, eager and from graphs."""
-    from crucible.gpu.engine_check import GEOMS, Tally
-    from crucible.gpu.stack_check import check_stack_stages, check_stack_steps
+    from crucible.checks.engine_check import GEOMS, Tally
+    from crucible.checks.stack_check import check_stack_stages, check_stack_steps
 
     t = Tally()
     rng = np.random.default_rng(4)
@@ -62,7 +62,7 @@ def test_decode_stack_equals_layers(weights: str) -> None:
 def test_graph_argmax_equals_the_sampler() -> None:
     """All-greedy requests through a pipelined engine on decode graphs (ids from the graphs'
     argmax, both twins) == an engine without graphs (ids from the sampler's kernel)."""
-    from crucible.gpu.pipeline_check import check_pipeline
+    from crucible.checks.pipeline_check import check_pipeline
     from crucible.model.tiny import tiny_random_model
 
     model = tiny_random_model(seed=1, weights="int8", n_heads=9, n_kv_heads=3, head_dim=64,

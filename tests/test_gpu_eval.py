@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from crucible.cli import main
-from crucible.gpu.eval import heldout_text
+from crucible.checks.eval import heldout_text
 from crucible.model.tiny import save_hf_dir, tiny_random_model
 from tests.oracle_llama import oracle_logits
 

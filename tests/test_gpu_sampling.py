@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crucible.gpu.batch_check import Counts
+from crucible.checks.batch_check import Counts
 
 pytestmark = pytest.mark.gpu
 VOCAB = 49152
@@ -13,7 +13,7 @@ VOCAB = 49152
 
 @pytest.fixture(scope="module")
 def h():
-    from crucible.gpu.sampling_check import cupy_harness
+    from crucible.checks.sampling_check import cupy_harness
 
     return cupy_harness()
 
@@ -23,7 +23,7 @@ def counts_ok(c: Counts) -> None:
 
 
 def test_rng_bits_equal_host(h) -> None:
-    from crucible.gpu.sampling_check import check_rng
+    from crucible.checks.sampling_check import check_rng
 
     c = Counts()
     check_rng(h, c, np.random.default_rng(0), 20_000)
@@ -31,7 +31,7 @@ def test_rng_bits_equal_host(h) -> None:
 
 
 def test_greedy_and_matrix_equal_sample_row(h) -> None:
-    from crucible.gpu.sampling_check import check_greedy, check_matrix
+    from crucible.checks.sampling_check import check_greedy, check_matrix
 
     c = Counts()
     rng = np.random.default_rng(1)
@@ -41,7 +41,7 @@ def test_greedy_and_matrix_equal_sample_row(h) -> None:
 
 
 def test_large_top_k_small_and_odd_vocabularies(h) -> None:
-    from crucible.gpu.sampling_check import check_paths
+    from crucible.checks.sampling_check import check_paths
 
     c = Counts()
     check_paths(h, c, np.random.default_rng(2), VOCAB, quick=True)
@@ -49,7 +49,7 @@ def test_large_top_k_small_and_odd_vocabularies(h) -> None:
 
 
 def test_batch_invariance(h) -> None:
-    from crucible.gpu.sampling_check import check_batch
+    from crucible.checks.sampling_check import check_batch
 
     c = Counts()
     check_batch(h, c, np.random.default_rng(3), VOCAB, [1, 5, 64, 200])
@@ -57,7 +57,7 @@ def test_batch_invariance(h) -> None:
 
 
 def test_chi_square_and_other_seeds(h) -> None:
-    from crucible.gpu.sampling_stats import check_chi2
+    from crucible.checks.sampling_stats import check_chi2
 
     c = Counts()
     check_chi2(h, c, np.random.default_rng(4), 4000)
@@ -65,7 +65,7 @@ def test_chi_square_and_other_seeds(h) -> None:
 
 
 def test_engine_device_sampling_equals_host_sampling() -> None:
-    from crucible.gpu.sampling_stats import check_engine
+    from crucible.checks.sampling_stats import check_engine
     from crucible.model.runner import ModelRunner
     from crucible.model.tiny import tiny_random_model
 
@@ -95,6 +95,6 @@ def test_bad_input_is_a_clear_error(h) -> None:
 
 
 def test_command_quick() -> None:
-    from crucible.gpu.sampling_check import main
+    from crucible.checks.sampling_check import main
 
     assert main(["--quick"]) == 0

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from crucible.backend.sampling_meta import SampleOutput
-from crucible.gpu.batch_check import Counts
-from crucible.gpu.sampling_cases import chi_square_p
-from crucible.gpu.sampling_check import Harness, check_batch, check_matrix, check_rng, run
+from crucible.checks.batch_check import Counts
+from crucible.checks.sampling_cases import chi_square_p
+from crucible.checks.sampling_check import Harness, check_batch, check_matrix, check_rng, run
 from crucible.model.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 from sampler_twin import NumpyTwinSampler

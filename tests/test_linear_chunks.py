@@ -18,7 +18,7 @@ import pytest
 
 from crucible.backend import cupy_chunks as cc
 from crucible.backend.cupy_kernels import DeviceWeight
-from crucible.gpu.chunks_check import finish_partials
+from crucible.checks.chunks_check import finish_partials
 from crucible.kernels.source import cuda_source_dir
 from tests.cpu_reference import canonical_gemm, fma_f32
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from crucible.errors import ConfigError, ModelLoadError
-from crucible.model.gguf_writer import save_gguf
+from gguf_writer import save_gguf
 from crucible.model.loader import load_model
 from crucible.model.tiny import save_hf_dir, tiny_random_model
 

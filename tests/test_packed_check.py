@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from crucible.cli import main
-from crucible.gpu.packed_check import Report
+from crucible.checks.packed_check import Report
 
 
 def test_packed_check_passes_on_cpu(capsys) -> None:

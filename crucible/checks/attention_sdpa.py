@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from crucible.kernels.attention_cases import LAYER, HostBatch
-from crucible.kernels.oracle import HEAD_DIM, gather_history
+from crucible.checks.attention_cases import LAYER, HostBatch
+from crucible.checks.oracle import HEAD_DIM, gather_history
 
 
 def _calls(b: HostBatch, torch: Any) -> list[tuple[Any, Any, Any, Any]]:

@@ -18,8 +18,8 @@ import numpy as np
 
 from crucible.backend.sampling_meta import MASK64, pack_rows, row_sampling
 from crucible.engine.sampling import SamplingParams, sample_row
-from crucible.gpu.batch_check import Counts
-from crucible.gpu.sampling_cases import case, chi_square_p, make_logits
+from crucible.checks.batch_check import Counts
+from crucible.checks.sampling_cases import case, chi_square_p, make_logits
 
 SMALL = np.array([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0, -3.0]], np.float32)
 

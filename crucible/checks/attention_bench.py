@@ -18,10 +18,10 @@ import statistics
 import sys
 from typing import Any, Callable
 
-from crucible.kernels.attention_cases import Case, build
-from crucible.kernels.attention_check import to_device
-from crucible.kernels.attention_sdpa import sdpa_microseconds
-from crucible.kernels.attention_suite import bench_shapes
+from crucible.checks.attention_cases import Case, build
+from crucible.checks.attention_check import to_device
+from crucible.checks.attention_sdpa import sdpa_microseconds
+from crucible.checks.attention_suite import bench_shapes
 from crucible.kernels.variants import Variant, parse_variant
 
 HEADLINE = "exact-q4-k64"
@@ -32,7 +32,7 @@ def _capture(variant: Variant, d: dict[str, Any], iters: int, stream: Any) -> An
     import cupy as cp  # noqa: PLC0415
 
     from crucible.kernels.attention import paged_attention  # noqa: PLC0415
-    from crucible.kernels.attention_cases import LAYER  # noqa: PLC0415
+    from crucible.checks.attention_cases import LAYER  # noqa: PLC0415
 
     b = d["host"]
     out = cp.empty_like(d["q"])

@@ -33,8 +33,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from crucible.engine.rng import random_bits, uniform
-from crucible.gpu.batch_check import Counts
-from crucible.gpu.sampling_cases import (KINDS, Case, boundary_margin, case, chi_square_p,
+from crucible.checks.batch_check import Counts
+from crucible.checks.sampling_cases import (KINDS, Case, boundary_margin, case, chi_square_p,
                                          make_logits, matrix_cases)
 
 
@@ -221,7 +221,7 @@ def check_batch(h: Harness, c: Counts, rng: np.random.Generator, vocab: int,
 
 
 def run(h: Harness, args: argparse.Namespace, make_runner: Callable[[bool], Any] | None) -> int:
-    from crucible.gpu.sampling_stats import check_chi2, check_engine, time_sampler
+    from crucible.checks.sampling_stats import check_chi2, check_engine, time_sampler
 
     rng = np.random.default_rng(args.seed)
     c = Counts()

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from crucible.kernels.attention_cases import (
+from crucible.checks.attention_cases import (
     LAYER, Case, HostBatch, build, remap_pages, reverse_segments, single_segment,
     truncate_and_poison)
-from crucible.kernels.attention_suite import fixed_cases, fuzz_cases
-from crucible.kernels.oracle import oracle_rows
+from crucible.checks.attention_suite import fixed_cases, fuzz_cases
+from crucible.checks.oracle import oracle_rows
 from crucible.kernels.variants import Variant, all_variants, parse_variant
 
 ONLINE_ATOL = ONLINE_RTOL = 2e-5

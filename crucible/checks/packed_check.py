@@ -115,7 +115,7 @@ class Report:
 def check_malformed(report: Report, vocab: int) -> int:
     from crucible.engine.validate import validate_packed_batch
     from crucible.errors import BatchValidationError
-    from crucible.gpu.malformed import CASES, valid_batch
+    from crucible.checks.malformed import CASES, valid_batch
 
     rejected = 0
     for name, mutate in CASES.items():

@@ -10,7 +10,7 @@ gpu-graph-check   decode steps replayed from CUDA graphs (padded up to a bucket)
                   a step of its own. On the GPU every decode step must also be a replay. Where
                   there are no graphs (the numpy backend, CRUCIBLE_DECODE_GRAPHS=0) it says so
                   and compares eager against eager: the harness and pool reuse still run.
-                  Then the pipelined engine against the plain one (gpu/pipeline_check.py),
+                  Then the pipelined engine against the plain one (checks/pipeline_check.py),
                   and an all-greedy pipelined engine (its ids from the decode graphs'
                   argmax) against an engine without graphs (ids from the sampler's kernel).
 gpu-decode-prefill  teacher forcing: the logits of decode step t equal the prefill logits of
@@ -28,8 +28,8 @@ import time
 import numpy as np
 
 from crucible.engine.batch import SegmentSpec, build_packed_batch
-from crucible.gpu.batch_check import Counts, Req, add_common, load, pages_for, report, run_step
-from crucible.gpu.pipeline_check import check_pipeline
+from crucible.checks.batch_check import Counts, Req, add_common, load, pages_for, report, run_step
+from crucible.checks.pipeline_check import check_pipeline
 from crucible.model.runner import ModelRunner
 
 GRAPH_SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 32, 33, 47, 48, 49, 63, 64,

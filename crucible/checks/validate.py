@@ -29,7 +29,7 @@ Check = tuple[str, Callable[[list[str]], int], list[str], bool]  # name, main, a
 
 
 def plan(args: argparse.Namespace) -> list[Check]:
-    from crucible.gpu import batch_check, engine_check, graph_check, packed_check, sampling_check
+    from crucible.checks import batch_check, engine_check, graph_check, packed_check, sampling_check
 
     dev = ["--device", args.device]
     common = dev + ["--weights", args.weights] + (["--model", args.model] if args.model else [])
@@ -61,7 +61,7 @@ def plan(args: argparse.Namespace) -> list[Check]:
 
 def _attention_main(argv: list[str]) -> int:
     # Imported late: the attention check pulls in the CUDA toolchain helpers.
-    from crucible.kernels.attention_check import main
+    from crucible.checks.attention_check import main
 
     return main(argv)
 

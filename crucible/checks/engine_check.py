@@ -3,7 +3,7 @@
 Checks (each prints a count; any failure exits non-zero):
   linear    row (decode) and tiled GEMM kernels give identical bits for every M (f32 and
             int8), and agree with a float64 product within tolerance; the chunk-parallel
-            decode GEMM == tiled for M = 1..64 (gpu/chunks_check.py);
+            decode GEMM == tiled for M = 1..64 (checks/chunks_check.py);
   chunks    rmsnorm + chunk SwiGLU == the fused row kernel; the chunk order model and its
             negative control; chunk GEMMs replayed from a CUDA graph == eager;
   fused     each fused row kernel == its stages run as separate kernels (bitwise);
@@ -14,7 +14,7 @@ Checks (each prints a count; any failure exits non-zero):
   graphs    decode steps replayed from CUDA graphs (padded to a bucket) == eager, bitwise,
             for batch sizes across the bucket edges;
   stack     the batch-1 decode stack == the five-kernel layers, per kernel and per step,
-            with a negative control (gpu/stack_check.py);
+            with a negative control (checks/stack_check.py);
   model     (with --model) greedy text of the default model contains "Paris", and its
             GPU logits agree with the CPU path.
 """
@@ -28,8 +28,8 @@ import time
 import numpy as np
 
 from crucible.engine.batch import SegmentSpec, build_packed_batch
-from crucible.gpu.chunks_check import check_chunks, check_chunks_linear
-from crucible.gpu.stack_check import check_stack
+from crucible.checks.chunks_check import check_chunks, check_chunks_linear
+from crucible.checks.stack_check import check_stack
 from crucible.model.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from crucible.kernels.attention_cases import DATA_MODES, PAGE_MODES, Case
+from crucible.checks.attention_cases import DATA_MODES, PAGE_MODES, Case
 
 FIXTURE = (12, 3)  # the test fixture: G = 4
 DEFAULT_MODEL = (9, 3)  # SmolLM2-135M: G = 3
