@@ -26,9 +26,9 @@ import numpy as np
 from common import stat, write_json
 
 from crucible.backend import cpu_ext, numpy_backend
-from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.model.loader import load_model
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 
 
 def prefill_tok_s(runner: ModelRunner, tokens: list[int]) -> float:

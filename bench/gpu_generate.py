@@ -27,9 +27,9 @@ import numpy as np
 from common import stat, write_json
 
 from crucible.backend import cupy_launch
-from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.model.loader import load_model
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 
 
 # decode graphs off; on without PDL; on with PDL; the last, pipelined (step t+1 queued
@@ -53,7 +53,7 @@ def decode_rate(runner: ModelRunner, batch_size: int, steps: int, rng: np.random
     """tok/s of decode steps as the engine runs them: the packed batch built on the host,
     the forward, greedy sampling on the device, the ids back on the host. Pipelined: step
     p + 1 is queued (its ids fed on the device) before step p's ids are read."""
-    from crucible.backend.sampling_meta import row_sampling
+    from crucible.step.rows import row_sampling
     from crucible.engine.sampling import SamplingParams
 
     vocab = runner.config.vocab_size

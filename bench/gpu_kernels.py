@@ -31,9 +31,9 @@ from crucible.backend import cupy_chunks as cc
 from crucible.backend import cupy_fused as cf
 from crucible.backend import cupy_kernels as ck
 from crucible.backend import cupy_launch
-from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.checks.attention_bench import capture_repeated, replay_us
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
 LAYERS = dict(SMOLLM2, n_layers=2)  # kernels are timed one at a time: two layers suffice

@@ -31,11 +31,11 @@ import numpy as np
 from common import SMOLLM2, stat, write_json
 
 from crucible.backend.cupy_graphs import BUCKETS
-from crucible.backend.sampling_meta import row_sampling
-from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.step.rows import row_sampling
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.engine.sampling import SamplingParams
 from crucible.kernels.variants import score_capacity
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
 

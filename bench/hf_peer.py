@@ -76,7 +76,7 @@ def hf_decode_rate(model, batch: int, prompt: int, new: int, vocab: int, device:
 def agreement(loaded, runner, model, device: str) -> float:
     import torch
 
-    from crucible.engine.batch import SegmentSpec, build_packed_batch
+    from crucible.step.batch import SegmentSpec, build_packed_batch
 
     ids = loaded.tokenizer.encode("The capital of France is Paris, and the capital of Italy is")
     pages = list(range(-(-len(ids) // 16)))
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from crucible.model.loader import load_model
-    from crucible.model.runner import ModelRunner
+    from crucible.engine.runner import ModelRunner
     from common import stat, write_json
     from gpu_generate import decode_rate
 

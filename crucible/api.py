@@ -1,6 +1,6 @@
 """The embedded Python API: ``from crucible import LLM, SamplingParams``.
 
-    llm = LLM()                                  # the default model, numpy backend, int8
+    llm = LLM()                                  # the default model, int8, GPU when there is one
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(temperature=0, max_tokens=32))
     outs[0].text, outs[0].token_ids, outs[0].finish_reason   # "stop" | "length"
 
@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Sequence, Union
 
 from crucible.engine.async_engine import AsyncLLMEngine
-from crucible.engine.engine import LLMEngine, RequestDelta
-from crucible.engine.pages import pages_for
+from crucible.engine.engine import RequestDelta
+from crucible.engine.factory import build_engine
 from crucible.engine.sampling import SamplingParams
-from crucible.engine.scheduler import SchedulerConfig
+from crucible.engine.settings import Settings
 from crucible.errors import ConfigError, QueueFullError
+from crucible.model.fetch import DEFAULT_MODEL
+from crucible.model.loader import LoadedModel
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]
 
@@ -38,34 +40,31 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(self, model: Any = None, *, device: str = "auto", weights: str | None = None,
-                 token_budget: int = 1024, chunk_cap: int | None = None, max_queue: int = 64,
-                 max_running: int = 256, num_pages: int | None = None, seed: int = 0) -> None:
+    def __init__(self, model: str | LoadedModel | None = None, *, device: str | None = None,
+                 weights: str | None = None, token_budget: int | None = None,
+                 chunk_cap: int | None = None, max_queue: int | None = None,
+                 max_running: int | None = None, num_pages: int | None = None,
+                 seed: int | None = None, settings: Settings | None = None) -> None:
         """``model``: a known name, a .gguf path, an HF directory, or a LoadedModel.
 
-        ``weights``: "int8" (default when loading by name) or "f32"; a LoadedModel keeps
-        the mode it was loaded with (asking for another one is an error).
-
-        ``num_pages`` defaults to twice the pages of one full context (at least 64).
-        ``seed`` is the base from which requests without their own seed derive one
-        (see crucible.engine.rng): fresh LLMs given the same calls sample the same tokens.
+        The keyword arguments override ``settings`` (default: the CRUCIBLE_* environment
+        and the built-in defaults; see the README's settings table). ``weights``: "int8"
+        (the default) or "f32"; a LoadedModel keeps the mode it was loaded with. ``seed`` is
+        the base from which requests without their own seed derive one (engine/rng.py):
+        fresh LLMs given the same calls sample the same tokens.
         """
-        from crucible.model.loader import load_model
-        from crucible.model.runner import ModelRunner
-
-        if model is None or isinstance(model, str):
-            from crucible.model.fetch import DEFAULT_MODEL
-
-            model = load_model(model or DEFAULT_MODEL, weights or "int8")
-        elif weights is not None and weights != model.weights_mode:
-            raise ConfigError(f"weights={weights!r} but the given model was loaded as "
-                              f"{model.weights_mode!r}")
-        self.model = model
-        pages = num_pages if num_pages is not None else max(64, 2 * pages_for(model.config.max_context))
-        runner = ModelRunner(model, num_pages=pages, device=device)
-        config = SchedulerConfig(token_budget=token_budget, chunk_cap=chunk_cap,
-                                 max_queue=max_queue, max_running=max_running)
-        self.engine = LLMEngine(runner, model.tokenizer, config, seed=seed)
+        if isinstance(model, LoadedModel) and weights is None:
+            weights = model.weights_mode
+        given = dict(device=device, weights=weights, token_budget=token_budget,
+                     chunk_cap=chunk_cap, max_queue=max_queue, max_running=max_running,
+                     num_pages=num_pages, seed=seed)
+        if settings is None:
+            settings = Settings.from_env(**given)
+        else:
+            settings = settings.replace(**{k: v for k, v in given.items() if v is not None})
+        self.settings = settings
+        self.engine, self.info = build_engine(model or DEFAULT_MODEL, settings)
+        self.model = self.engine.runner.model
 
     @property
     def tokenizer(self) -> Any:

@@ -6,37 +6,29 @@ import argparse
 import sys
 import time
 
+from crucible.backend.profile import ProfiledBackend
 from crucible.cli_args import add_model_options, add_sampling_options
+from crucible.engine import factory
 from crucible.engine.engine import LLMEngine
-from crucible.engine.pages import pages_for
 from crucible.engine.sampling import SamplingParams
-from crucible.engine.scheduler import SchedulerConfig
+from crucible.engine.settings import Settings
+from crucible.kernels.variants import parse_variant, startup_report
 
 
 def build_engine(args: argparse.Namespace) -> LLMEngine:
-    from crucible.backend.select import resolve_device
-    from crucible.model.loader import load_model
-    from crucible.model.runner import ModelRunner
+    """The flags over the environment's settings, through the one engine factory."""
+    settings = Settings.from_env(device=args.device, weights=args.weights,
+                                 num_pages=args.num_pages, token_budget=args.token_budget,
+                                 chunk_cap=args.chunk_cap)
+    engine, info = factory.build_engine(args.model, settings)
+    if info.device == "cuda":  # say which attention kernel runs
+        print(f"crucible: {startup_report(parse_variant(info.attention))}", file=sys.stderr)
+    if not args.profile:
+        return engine
+    from crucible.backend.profile import ProfiledSampler
 
-    from crucible.kernels.variants import variant_from_env
-
-    variant_from_env()  # fail fast on bad settings, before a slow model load
-    device = resolve_device(args.device)
-    model = load_model(args.model, args.weights)
-    pages = args.num_pages or 2 * pages_for(model.config.max_context)
-    runner = ModelRunner(model, num_pages=pages, device=device)
-    variant = getattr(runner.backend, "variant", None)
-    if variant is not None:  # the GPU path: say which attention kernel runs
-        from crucible.kernels.variants import startup_report
-
-        print(f"crucible: {startup_report(variant)}", file=sys.stderr)
-    config = SchedulerConfig(token_budget=args.token_budget, chunk_cap=args.chunk_cap)
-    if not getattr(args, "profile", False):
-        return LLMEngine(runner, model.tokenizer, config)
-    from crucible.backend.profile import ProfiledBackend, ProfiledSampler
-
+    runner = engine.runner
     runner.backend = pb = ProfiledBackend(runner.backend)
-    engine = LLMEngine(runner, model.tokenizer, config)
     if runner.sampler is not None:
         runner.sampler = ProfiledSampler(runner.sampler, pb)
     else:
@@ -47,7 +39,7 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
 def profile_line(engine: LLMEngine) -> str | None:
     """Per-stage milliseconds summed over the run's steps and layers (with --profile)."""
     be = engine.runner.backend
-    if not hasattr(be, "stage_ms"):
+    if not isinstance(be, ProfiledBackend):
         return None
     ms = be.stage_ms()
     kind = "GPU kernel" if be.gpu else "wall"
@@ -133,6 +125,7 @@ def chat_main(argv: list[str]) -> int:
                                 "Empty line or Ctrl-D quits; /reset starts over.")
     p.add_argument("--system", default=None, help="system message")
     p.add_argument("--stats", action="store_true", help="print a stats line after each answer")
+    p.set_defaults(profile=False)
     add_sampling_options(p, max_tokens=512)
     add_model_options(p)
     args = p.parse_args(argv)

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from gpu_kernels import SMOLLM2  # noqa: E402
 
-from crucible.engine.batch import SegmentSpec, build_packed_batch  # noqa: E402
-from crucible.model.runner import ModelRunner  # noqa: E402
+from crucible.step.batch import SegmentSpec, build_packed_batch  # noqa: E402
+from crucible.engine.runner import ModelRunner  # noqa: E402
 from crucible.model.tiny import tiny_random_model  # noqa: E402
 
 

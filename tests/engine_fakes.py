@@ -14,10 +14,15 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from crucible.engine.batch import PAGE_SIZE, PackedBatch
+from crucible.step.batch import PAGE_SIZE, PackedBatch
 
 
 class FakeRunner:
+    """The runner interface the engine uses, without a device sampler (host sampling)."""
+
+    sampler = None
+    chain_rows = 0  # no pipelined decode
+
     def __init__(self, num_pages: int, *, vocab_size: int = 64, max_context: int = 512,
                  on_batch=None) -> None:
         self.num_pages = num_pages

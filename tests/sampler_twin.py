@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.backend.sampling_meta import (MASK, PEN, REP, RowSampling, SampleOutput,
-                                            pack_rows, unpack_rows)
+from crucible.step.rows import (MASK, PEN, REP, ReadySample, RowSampling, SampleOutput,
+                                pack_rows, unpack_rows)
 from crucible.engine.rng import random_bits, uniform
 from crucible.engine.sampling import SamplingParams, sample_row
 
@@ -57,6 +57,11 @@ class NumpyTwinSampler:
             lps.append(res.logprobs)
         self.num_rows += len(rows)
         return SampleOutput(tuple(ids), tuple(lps))
+
+    def sample_async(self, logits: Any, rows: Sequence[RowSampling], tokens_out: Any = None,
+                     ready: bool = False) -> ReadySample:
+        """Samples at once: the host has the result before the call returns."""
+        return ReadySample(self.sample(logits, rows))
 
     def rows_to_host(self, logits: Any, rows: Sequence[int]) -> np.ndarray:
         return np.asarray(logits, dtype=np.float32)[list(rows)]

@@ -7,7 +7,7 @@ import pytest
 from crucible.errors import ConfigError
 from crucible.kernels.variants import (
     DEFAULT_VARIANT, Variant, all_variants, parse_variant, plan_launch, score_capacity,
-    tiled_smem_bytes, valid_names, variant_from_env)
+    tiled_smem_bytes, valid_names)
 
 H200_OPTIN = 232448
 
@@ -26,9 +26,7 @@ def test_every_family_name_round_trips() -> None:
 def test_default_and_alias() -> None:
     assert DEFAULT_VARIANT == "exact-q4-k64"
     assert parse_variant("exact") == parse_variant("exact-q4-k64") == Variant("exact", 4, 64)
-    assert variant_from_env({}) == Variant("exact", 4, 64)
-    assert variant_from_env({"CRUCIBLE_PREFILL_ATTN": "  "}) == Variant("exact", 4, 64)
-    assert variant_from_env({"CRUCIBLE_PREFILL_ATTN": "online-q2-k32"}) == Variant("online", 2, 32)
+    # The environment variable's parsing (blank, alias, a diagnostic name): test_settings.py.
 
 
 @pytest.mark.parametrize("bad", ["exact-q8-k64", "flash", "exact-q4", "online-q4-k128", "",

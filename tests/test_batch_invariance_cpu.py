@@ -12,8 +12,8 @@ import pytest
 
 from crucible.backend import cpu_ext, numpy_backend
 from crucible.backend.numpy_gemm import gemm_rows
-from crucible.engine.batch import SegmentSpec, build_packed_batch
-from crucible.model.runner import ModelRunner
+from crucible.step.batch import SegmentSpec, build_packed_batch
+from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
 

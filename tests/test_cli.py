@@ -74,14 +74,19 @@ def test_unknown_attention_variant_is_a_startup_error() -> None:
     assert "Traceback" not in out.stderr
 
 
-def test_unknown_attention_variant_rejected_by_the_runner(monkeypatch) -> None:
+def test_unknown_attention_variant_rejected_by_the_api_and_the_runner(monkeypatch) -> None:
+    """On every device, not only on GPUs: the setting is checked before anything is built."""
+    from crucible import LLM
     from crucible.errors import ConfigError
-    from crucible.model.runner import ModelRunner
+    from crucible.engine.runner import ModelRunner
     from crucible.model.tiny import tiny_random_model
 
+    model = tiny_random_model(seed=0)
+    with pytest.raises(ConfigError, match="exact-q4-k64"):
+        ModelRunner(model, num_pages=4, attention="fastest-please")
     monkeypatch.setenv("CRUCIBLE_PREFILL_ATTN", "fastest-please")
     with pytest.raises(ConfigError, match="exact-q4-k64"):
-        ModelRunner(tiny_random_model(seed=0), num_pages=4)
+        LLM(model, device="cpu")
 
 
 def test_generate_profile_on_cpu(tmp_path) -> None:

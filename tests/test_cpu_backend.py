@@ -15,10 +15,11 @@ import pytest
 
 from crucible.backend import cpu_ext
 from crucible.backend.numpy_backend import NumpyBackend
-from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.errors import ConfigError
 from crucible.model.loader import LoadedModel
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
+from crucible.engine.settings import Settings
 from crucible.model.tiny import tiny_random_model
 from tests.cpu_reference import build_extension
 
@@ -32,8 +33,9 @@ def model() -> LoadedModel:
                              hidden_size=96)
 
 
-def _logits(model: LoadedModel, **backend_attrs: object) -> np.ndarray:
-    runner = ModelRunner(model, num_pages=16)
+def _logits(model: LoadedModel, threads: int | None = None,
+            **backend_attrs: object) -> np.ndarray:
+    runner = ModelRunner(model, num_pages=16, settings=Settings(cpu_threads=threads))
     for name, value in backend_attrs.items():
         setattr(runner.backend, name, value)
     rng = np.random.default_rng(0)
@@ -43,31 +45,14 @@ def _logits(model: LoadedModel, **backend_attrs: object) -> np.ndarray:
     return runner.forward(build_packed_batch(specs))
 
 
-@pytest.mark.parametrize("raw,want", [("1", 1), ("3", 3), (" 2 ", 2), ("256", 256)])
-def test_threads_setting(monkeypatch, raw: str, want: int) -> None:
-    monkeypatch.setenv(cpu_ext.ENV_THREADS, raw)
-    assert cpu_ext.cpu_threads() == want
-
-
-def test_threads_default_is_the_available_cores(monkeypatch) -> None:
-    monkeypatch.delenv(cpu_ext.ENV_THREADS, raising=False)
-    assert cpu_ext.cpu_threads() == min(cpu_ext.default_threads(), cpu_ext.MAX_THREADS) >= 1
-
-
-@pytest.mark.parametrize("raw", ["0", "-2", "two", "2.5", "257", "1e3"])
-def test_bad_threads_setting_is_a_startup_error(monkeypatch, raw: str) -> None:
-    monkeypatch.setenv(cpu_ext.ENV_THREADS, raw)
-    with pytest.raises(ConfigError, match="CRUCIBLE_CPU_THREADS must be a whole number"):
-        NumpyBackend()
+# The CRUCIBLE_CPU_THREADS setting's parsing and default: test_settings.py.
 
 
 @compiled_only
-def test_thread_count_and_kernel_change_no_logit_bit(model, monkeypatch) -> None:
-    monkeypatch.setenv(cpu_ext.ENV_THREADS, "1")
-    want = _logits(model)
-    for threads in ("2", "3", "5"):
-        monkeypatch.setenv(cpu_ext.ENV_THREADS, threads)
-        assert np.array_equal(_logits(model), want), threads
+def test_thread_count_and_kernel_change_no_logit_bit(model) -> None:
+    want = _logits(model, threads=1)
+    for threads in (2, 3, 5):
+        assert np.array_equal(_logits(model, threads=threads), want), threads
     assert np.array_equal(_logits(model, scalar=True), want)
 
 

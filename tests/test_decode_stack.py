@@ -13,10 +13,11 @@ import pytest
 from crucible.backend import cupy_decode_stack as ds
 from crucible.backend.numpy_backend import NumpyBackend
 from crucible.backend.profile import ProfiledBackend
-from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.kernels.variants import parse_variant
 from crucible.model import llama
 from crucible.model.tiny import tiny_config, tiny_random_model
+from crucible.model.weights import backend_weights
 
 SMOLLM2 = dict(vocab_size=4096, hidden_size=576, n_layers=2, n_heads=9, n_kv_heads=3,
                head_dim=64, ffn_size=1536, max_context=8192)
@@ -68,7 +69,7 @@ class _Stacked(NumpyBackend):
 
 
 def _logits(be: Any, model: Any) -> np.ndarray:
-    be.load_weights(model.config, model.weights, "f32")
+    be.load_weights(model.config, backend_weights(model.weights, "f32"))
     be.allocate_pool(4)
     batch = build_packed_batch([SegmentSpec("r", [3, 1, 4], 0, [0], [2])])
     return llama.forward(model.config, be, batch)
@@ -85,7 +86,8 @@ def test_forward_uses_the_stack_and_falls_back_when_it_declines() -> None:
 def test_profiling_never_takes_the_stack() -> None:
     be = _Stacked(take=True)
     prof = ProfiledBackend(be)
-    assert prof.decode_stack is None  # llama.forward_meta then runs the layers stage by stage
+    meta = prof.prepare(build_packed_batch([SegmentSpec("r", [3], 0, [0], [0])]))
+    assert prof.decode_stack(meta) is None  # the forward then runs the layers stage by stage
     model = tiny_random_model(seed=2)
     assert np.array_equal(_logits(prof, model), _logits(NumpyBackend(), model))
     assert be.calls == 0

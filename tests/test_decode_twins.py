@@ -15,10 +15,10 @@ import pytest
 
 from crucible.backend import cupy_graphs
 from crucible.backend.cupy_graphs import Captured, DecodeGraphs
-from crucible.backend.sampling_meta import greedy_rows_in_order, row_sampling
-from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.step.rows import greedy_rows_in_order, row_sampling
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.engine.sampling import SamplingParams
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 from fake_streams import Event, event, stream_class
 
 VOCAB = 50
@@ -141,9 +141,8 @@ def test_twins_alternate_and_wait_for_the_copy_two_steps_back(
 class _Backend:
     def __init__(self, replayed: bool) -> None:
         self.replayed, self.copied = replayed, []
-        self.run_step = object()
 
-    def run_step_device(self, batch: Any, feed: Any = None) -> np.ndarray:
+    def run_step(self, batch: Any, forward: Any, feed: Any = None) -> np.ndarray:
         return np.zeros((batch.final_rows.shape[0], VOCAB), np.float32)
 
     def fed_ids(self, rows: int) -> str:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crucible.backend.sampling_meta import SampleOutput
+from crucible.step.rows import SampleOutput
 from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import SchedulerConfig
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
+from crucible.engine.runner import PendingStep
 from engine_fakes import FakeRunner, fake_tokenizer
 from sampler_twin import NumpyTwinSampler
 
@@ -32,10 +33,11 @@ class TwinFakeRunner(FakeRunner):
         super().__init__(*args, **kw)
         self.sampler = NumpyTwinSampler()
 
-    def forward_sample(self, batch, rows, host_rows=()):
+    def launch_sample(self, batch, rows, host_rows=(), feed=None):
+        assert feed is None  # chain_rows is 0: the engine never feeds a step
         logits = self.forward(batch)
         out = self.sampler.sample(logits, rows) if rows else SampleOutput((), ())
-        return out, self.sampler.rows_to_host(logits, host_rows)
+        return PendingStep(None, out, self.sampler.rows_to_host(logits, host_rows))
 
 
 def mixed_params(n: int) -> list[SamplingParams]:
@@ -95,7 +97,7 @@ def test_tiny_model_device_path_equals_host_path():
 def test_forward_sample_needs_a_sampler_and_right_shapes():
     model = tiny_random_model(seed=2)
     runner = ModelRunner(model, num_pages=8, device="cpu", device_sampling=True)
-    from crucible.engine.batch import SegmentSpec, build_packed_batch
+    from crucible.step.batch import SegmentSpec, build_packed_batch
 
     batch = build_packed_batch([SegmentSpec("a", [1, 2, 3], 0, [0], [1, 2])])
     with pytest.raises(RuntimeError, match="no device sampler"):

@@ -19,7 +19,7 @@ from crucible.engine.pages import pages_for
 from crucible.engine.sampling import SamplingParams
 from crucible.errors import RequestError
 from crucible.checks.packed_check import one_at_a_time as packed_one_at_a_time, run_workload
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
 CONTEXT = 128

@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from crucible.backend.sampling_meta import SampleOutput
+from crucible.step.rows import SampleOutput
 from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import SchedulerConfig

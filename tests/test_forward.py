@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crucible.engine.batch import SegmentSpec, build_packed_batch
-from crucible.model.runner import ModelRunner
+from crucible.step.batch import SegmentSpec, build_packed_batch
+from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 from tests.oracle_llama import oracle_logits
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.model.gguf_loader import load_gguf, open_gguf
 from gguf_writer import save_gguf
 from crucible.model.loader import load_model
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import save_hf_dir, tiny_random_model
 from crucible.model.weights import permute_llama_qk, unpermute_llama_qk
 

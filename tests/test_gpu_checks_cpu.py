@@ -14,7 +14,7 @@ import pytest
 from crucible.backend import numpy_attention
 from crucible.checks import batch_check, graph_check, validate
 from crucible.checks.batch_check import Counts, bits_equal
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 
 BATCH = ["--device", "cpu", "--sizes", "1", "3", "16", "17", "--steps", "3", "--max-prompt", "40"]
 PAGED = ["--device", "cpu", "--requests", "6", "--steps", "2", "--max-prompt", "40"]

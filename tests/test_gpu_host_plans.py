@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from crucible.backend.select import env_flag
 from fake_streams import stream_class
 from crucible.backend.cupy_graphs import is_decode_step
 from crucible.backend.cupy_prefill_graphs import MAX_LENGTH, is_singleton_prefill
-from crucible.engine.batch import SegmentSpec, build_packed_batch
-from crucible.errors import ConfigError
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.kernels.variants import (decode_smem_bytes, decode_static_bytes, parse_variant,
                                        plan_launch)
 
@@ -78,16 +76,6 @@ def test_decode_heads_per_cta() -> None:
     assert plan_launch(exact, decode=True, rows=64, **edge).decode_heads == 1
 
 
-def test_graph_switches(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CRUCIBLE_PREFILL_GRAPHS", raising=False)
-    assert env_flag("CRUCIBLE_PREFILL_GRAPHS")  # default on
-    monkeypatch.setenv("CRUCIBLE_PREFILL_GRAPHS", "0")
-    assert not env_flag("CRUCIBLE_PREFILL_GRAPHS")
-    monkeypatch.setenv("CRUCIBLE_PREFILL_GRAPHS", "off")
-    with pytest.raises(ConfigError, match="CRUCIBLE_PREFILL_GRAPHS must be 0 or 1"):
-        env_flag("CRUCIBLE_PREFILL_GRAPHS")
-
-
 def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     """A replay waits for the default stream's queued work, refills the metadata, launches,
     and makes the default stream wait for the graph, in that order, all on its stream."""
@@ -126,7 +114,6 @@ def test_capture_waits_for_the_default_stream_first(monkeypatch: pytest.MonkeyPa
     from contextlib import nullcontext
 
     from crucible.backend import cupy_graphs
-    from crucible.model import llama
 
     log: list[tuple] = []
     Stream = stream_class(log)
@@ -136,9 +123,8 @@ def test_capture_waits_for_the_default_stream_first(monkeypatch: pytest.MonkeyPa
                                       MemoryPool=lambda: types.SimpleNamespace(malloc=None),
                                       using_allocator=lambda _: nullcontext())
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr(llama, "forward_meta", lambda *a: log.append(("forward",)) or "logits")
-    cap = cupy_graphs.capture_forward(types.SimpleNamespace(cfg=None), Stream("graphs"),
-                                      "meta_dev", "meta")
+    cap = cupy_graphs.capture_forward(lambda meta: log.append(("forward",)) or "logits",
+                                      Stream("graphs"), "meta_dev", "meta")
     assert cap.graph == "graph" and cap.logits == "logits"
     assert log == [("graphs", "waits", "event(default)"), ("forward",), ("graphs", "sync"),
                    ("graphs", "begin"), ("forward",), ("graphs", "end")]
@@ -169,7 +155,7 @@ def test_decode_graph_metadata_matches_the_batch() -> None:
     import numpy as np
 
     from crucible.backend.cupy_graphs import BUCKETS, DecodeGraphs
-    from crucible.engine.batch import SegmentSpec, build_packed_batch
+    from crucible.step.batch import SegmentSpec, build_packed_batch
 
     g = DecodeGraphs.__new__(DecodeGraphs)  # host side only: no device, no stream
     g.width, g.scratch, g._templates = 12, 500, {}

@@ -66,7 +66,7 @@ def test_chi_square_and_other_seeds(h) -> None:
 
 def test_engine_device_sampling_equals_host_sampling() -> None:
     from crucible.checks.sampling_stats import check_engine
-    from crucible.model.runner import ModelRunner
+    from crucible.engine.runner import ModelRunner
     from crucible.model.tiny import tiny_random_model
 
     model = tiny_random_model(seed=3, n_heads=9, n_kv_heads=3, head_dim=64, hidden_size=192,
@@ -80,7 +80,7 @@ def test_engine_device_sampling_equals_host_sampling() -> None:
 def test_bad_input_is_a_clear_error(h) -> None:
     import cupy as cp
 
-    from crucible.backend.sampling_meta import row_sampling
+    from crucible.step.rows import row_sampling
     from crucible.engine.sampling import SamplingParams
 
     row = row_sampling(0, SamplingParams(), prompt=[1], output=[], seed=1, stop_ids=(),

@@ -12,11 +12,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from crucible.backend.sampling_meta import SampleOutput
+from crucible.step.rows import SampleOutput
 from crucible.checks.batch_check import Counts
 from crucible.checks.sampling_cases import chi_square_p
 from crucible.checks.sampling_check import Harness, check_batch, check_matrix, check_rng, run
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 from sampler_twin import NumpyTwinSampler
 

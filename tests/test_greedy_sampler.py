@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from crucible.backend.cupy_greedy import SLICE, THREADS, greedy_only, slices_for
-from crucible.backend.sampling_meta import (MASK, REP, ROW_WORDS, RowSampling,
+from crucible.step.rows import (MASK, REP, ROW_WORDS, RowSampling,
                                             plain_row_sampling, row_sampling)
 from crucible.engine.sampling import SamplingParams
 from crucible.kernels.source import cuda_source_dir
@@ -276,7 +276,7 @@ def test_gpu_without_metadata_reads_row_i() -> None:
     import cupy as cp
 
     from crucible.backend.cupy_greedy import GreedyLauncher
-    from crucible.backend.sampling_meta import pack_rows
+    from crucible.step.rows import pack_rows
 
     x = planted(49152, 5, np.random.default_rng(3))
     d = cp.asarray(x)

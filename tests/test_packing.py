@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from crucible.engine.batch import SegmentSpec, _pack_loop, _pack_vectorised, build_packed_batch
-from crucible.records import quick_init
+from crucible.step.batch import SegmentSpec, _pack_loop, _pack_vectorised, build_packed_batch
+from crucible.step.quick_init import quick_init
 
 FIELDS = ("token_ids", "positions", "segments", "page_tables", "table_lengths", "final_rows")
 
@@ -53,7 +53,7 @@ def test_packed_layout_by_hand() -> None:
 def test_quick_init_keeps_a_frozen_dataclass() -> None:
     """The per-step records built with quick_init behave as the generated frozen __init__
     made them: same fields, keywords, eq, repr, replace(), and no assignment."""
-    from crucible.backend.sampling_meta import RowSampling
+    from crucible.step.rows import RowSampling
     from crucible.engine.engine import RequestDelta
     from crucible.engine.sampling import SampleResult
     from crucible.engine.scheduler import ScheduledSlice

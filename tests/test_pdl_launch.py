@@ -121,12 +121,3 @@ def test_struct_layout_matches_cuda_h() -> None:
     assert cupy_launch._Config.num_attrs.offset == 48
 
 
-def test_env_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from crucible.backend.select import env_flag
-    from crucible.errors import ConfigError
-
-    monkeypatch.setenv("CRUCIBLE_PDL", "0")
-    assert not env_flag("CRUCIBLE_PDL")
-    monkeypatch.setenv("CRUCIBLE_PDL", "yes")
-    with pytest.raises(ConfigError, match="CRUCIBLE_PDL must be 0 or 1"):
-        env_flag("CRUCIBLE_PDL")

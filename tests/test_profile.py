@@ -7,7 +7,7 @@ import numpy as np
 from crucible.backend.profile import ProfiledBackend, ProfiledSampler
 from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
 

@@ -11,11 +11,13 @@ import urllib.request
 import anthropic
 import pytest
 
-from crucible.server.launch import EngineSpec, ServerThread, build_engine
+from crucible.engine.factory import TINY_MODEL, build_engine
+from crucible.engine.settings import Settings
+from crucible.server.launch import ServerThread
 from crucible.server.probe import wait_idle
 from crucible.server.state import ServerConfig
 
-TINY = EngineSpec(model="tiny-random", device="cpu", weights="f32", num_pages=256)
+TINY = (TINY_MODEL, Settings(device="cpu", weights="f32", num_pages=256))
 MODEL = "tiny-random"
 HI = [{"role": "user", "content": "Hello there"}]
 GREEDY = {"extra_body": {"temperature": 0}}  # this SDK no longer exposes sampling fields
@@ -23,7 +25,7 @@ GREEDY = {"extra_body": {"temperature": 0}}  # this SDK no longer exposes sampli
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerThread(lambda: build_engine(TINY), ServerConfig(model_name=MODEL)) as srv:
+    with ServerThread(lambda: build_engine(*TINY), ServerConfig(model_name=MODEL)) as srv:
         srv.engine = srv.state.engine_loop.engine
         yield srv
 
@@ -154,7 +156,7 @@ def test_unknown_model_and_malformed_json(server, client):
 
 def test_api_key_via_x_api_key():
     cfg = ServerConfig(model_name=MODEL, api_key="k-123")
-    with ServerThread(lambda: build_engine(TINY), cfg) as srv:
+    with ServerThread(lambda: build_engine(*TINY), cfg) as srv:
         with pytest.raises(anthropic.AuthenticationError) as exc:
             anthropic.Anthropic(base_url=srv.url, api_key="nope", max_retries=0
                                 ).messages.create(model=MODEL, max_tokens=2, messages=HI)

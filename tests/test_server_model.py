@@ -10,7 +10,9 @@ import anthropic
 import openai
 import pytest
 
-from crucible.server.launch import EngineSpec, ServerThread, build_engine
+from crucible.engine.factory import build_engine
+from crucible.engine.settings import Settings
+from crucible.server.launch import ServerThread
 from crucible.server.probe import wait_idle
 from crucible.server.state import ServerConfig
 
@@ -21,8 +23,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def server(default_model):
-    spec = EngineSpec(model=MODEL, device="cpu", weights="int8", num_pages=128)
-    with ServerThread(lambda: build_engine(spec, default_model),
+    settings = Settings(device="cpu", weights="int8", num_pages=128)
+    with ServerThread(lambda: build_engine(default_model, settings),
                       ServerConfig(model_name=MODEL)) as srv:
         srv.engine = srv.state.engine_loop.engine
         yield srv

@@ -12,10 +12,12 @@ import urllib.request
 import aiohttp
 import pytest
 
-from crucible.server.launch import EngineSpec, ServerThread, build_engine
+from crucible.engine.factory import TINY_MODEL, build_engine
+from crucible.engine.settings import Settings
+from crucible.server.launch import ServerThread
 from crucible.server.probe import parse_metrics, wait_idle
 
-TINY = EngineSpec(model="tiny-random", device="cpu", weights="f32", num_pages=256)
+TINY = (TINY_MODEL, Settings(device="cpu", weights="f32", num_pages=256))
 
 
 def call(url: str, body: object | bytes | None = None, method: str | None = None
@@ -32,7 +34,7 @@ def call(url: str, body: object | bytes | None = None, method: str | None = None
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerThread(lambda: build_engine(TINY)) as srv:
+    with ServerThread(lambda: build_engine(*TINY)) as srv:
         srv.engine = srv.state.engine_loop.engine
         yield srv
 
@@ -55,7 +57,7 @@ def test_health_is_503_until_the_model_is_ready():
 
     def slow_engine():
         assert release.wait(30)
-        return build_engine(TINY)
+        return build_engine(*TINY)
 
     srv = ServerThread(slow_engine).start(wait_loaded=False)
     try:

@@ -10,18 +10,20 @@ import urllib.request
 import openai
 import pytest
 
-from crucible.server.launch import EngineSpec, ServerThread, build_engine
+from crucible.engine.factory import TINY_MODEL, build_engine
+from crucible.engine.settings import Settings
+from crucible.server.launch import ServerThread
 from crucible.server.probe import wait_idle
 from crucible.server.state import ServerConfig
 
-TINY = EngineSpec(model="tiny-random", device="cpu", weights="f32", num_pages=256)
+TINY = (TINY_MODEL, Settings(device="cpu", weights="f32", num_pages=256))
 MODEL = "tiny-random"
 NO_EOS = {"ignore_eos": True}  # the tiny model may sample its EOS early; lengths must be fixed
 
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerThread(lambda: build_engine(TINY), ServerConfig(model_name=MODEL)) as srv:
+    with ServerThread(lambda: build_engine(*TINY), ServerConfig(model_name=MODEL)) as srv:
         srv.engine = srv.state.engine_loop.engine
         yield srv
 
@@ -205,7 +207,7 @@ def test_bad_chat_requests_are_400(client):
 
 def test_api_key_is_required_when_configured():
     cfg = ServerConfig(model_name=MODEL, api_key="sekret")
-    with ServerThread(lambda: build_engine(TINY), cfg) as srv:
+    with ServerThread(lambda: build_engine(*TINY), cfg) as srv:
         bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError) as exc:
             bad.models.list()

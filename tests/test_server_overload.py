@@ -22,8 +22,9 @@ import anthropic
 import openai
 import pytest
 
-from crucible.engine.scheduler import SchedulerConfig
-from crucible.server.launch import EngineSpec, ServerThread, build_engine
+from crucible.engine.factory import build_engine
+from crucible.engine.settings import Settings
+from crucible.server.launch import ServerThread
 from crucible.server.probe import parse_metrics, wait_idle
 from crucible.server.state import ServerConfig
 
@@ -34,11 +35,11 @@ BURST_PROMPT = [66] * 150  # its first slice needs 10 pages
 
 def start(max_queue: int = 64, num_pages: int = 256, token_budget: int = 1024,
           step_delay: float = 0.0, **cfg) -> ServerThread:
-    spec = EngineSpec(model=MODEL, device="cpu", weights="f32", num_pages=num_pages,
-                      scheduler=SchedulerConfig(token_budget=token_budget, max_queue=max_queue))
+    settings = Settings(device="cpu", weights="f32", num_pages=num_pages,
+                        token_budget=token_budget, max_queue=max_queue)
 
     def make():
-        engine, info = build_engine(spec)
+        engine, info = build_engine(MODEL, settings)
         if step_delay:  # a slower engine widens the window in which the pool stays full
             forward = engine.runner.forward
             engine.runner.forward = lambda b: (time.sleep(step_delay), forward(b))[1]

@@ -18,7 +18,6 @@ from types import ModuleType
 
 from crucible.errors import ConfigError
 
-ENV_THREADS = "CRUCIBLE_CPU_THREADS"
 MAX_THREADS = 256  # the pool's limit (pool.c: 255 workers + the caller)
 log = logging.getLogger("crucible.backend")
 
@@ -61,16 +60,12 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_threads() -> int:
-    """Threads for the CPU kernels: CRUCIBLE_CPU_THREADS, or the available cores."""
-    raw = os.environ.get(ENV_THREADS, "").strip()
-    if not raw:
+def check_threads(threads: int | None) -> int:
+    """Threads for the CPU kernels: ``threads``, or the available cores when None."""
+    if threads is None:
         return min(default_threads(), MAX_THREADS)
-    try:
-        value = int(raw, 10)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_THREADS:
-        raise ConfigError(f"{ENV_THREADS} must be a whole number from 1 to {MAX_THREADS}, "
-                          f"got {raw!r}")
-    return value
+    if isinstance(threads, bool) or not isinstance(threads, int) \
+            or not 1 <= threads <= MAX_THREADS:
+        raise ConfigError(f"cpu threads must be a whole number from 1 to {MAX_THREADS}, "
+                          f"got {threads!r}")
+    return threads

@@ -16,14 +16,13 @@ import numpy as np
 from crucible.backend import cupy_chunks as cc
 from crucible.backend import cupy_fused as cf
 from crucible.backend import cupy_kernels as ck
-from crucible.backend import cupy_launch
+from crucible.backend import cupy_launch, stages
 from crucible.backend.cupy_meta import CupyMeta, device_meta
+from crucible.backend.options import BackendOptions
+from crucible.backend.protocol import BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
-from crucible.backend.select import env_flag
-from crucible.engine.batch import PackedBatch
-from crucible.model import llama
-from crucible.model.config import ModelConfig
-from crucible.model.weights import ModelWeights, quantize_int8
+from crucible.kernels.variants import Variant, parse_variant
+from crucible.step.batch import PackedBatch
 
 
 def _cp() -> Any:
@@ -34,44 +33,29 @@ def _cp() -> Any:
 
 class CupyBackend:
     name = "cupy"
+    device = "cuda"
 
-    def __init__(self, variant: Any = None) -> None:
-        from crucible.kernels.variants import variant_from_env
-
-        self.variant = variant if variant is not None else variant_from_env()
-        cupy_launch.set_enabled(env_flag("CRUCIBLE_PDL"))
-        self.use_stack = env_flag("CRUCIBLE_DECODE_STACK")  # cupy_decode_stack.py
-        self.cfg: ModelConfig | None = None
-        self.graphs = None  # DecodeGraphs once the pool exists (CRUCIBLE_DECODE_GRAPHS=0: off)
-        self.prefill_graphs = None  # PrefillGraphs likewise (CRUCIBLE_PREFILL_GRAPHS=0: off)
+    def __init__(self, options: BackendOptions | None = None) -> None:
+        self.options = options or BackendOptions()
+        self.variant: Variant = parse_variant(self.options.attention)
+        cupy_launch.set_enabled(self.options.pdl)
+        self.use_stack = self.options.decode_stack  # cupy_decode_stack.py
+        self.cfg: Geometry | None = None
+        self.graphs = None  # DecodeGraphs once the pool exists (decode_graphs off: None)
+        self.prefill_graphs = None  # PrefillGraphs likewise
         self._linear: dict[str, ck.DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
-    def load_weights(self, cfg: ModelConfig, weights: ModelWeights, mode: str) -> None:
+    def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
         cp = _cp()
-        if mode not in ("f32", "int8"):
-            raise ValueError(f"weights mode must be 'f32' or 'int8', got {mode!r}")
-        self.cfg, self.mode = cfg, mode
-        self.embedding = cp.asarray(np.ascontiguousarray(weights.embed, dtype=np.float32))
+        cfg = self.cfg = geometry
+        self.mode = weights.mode
+        self.embedding = cp.asarray(weights.embedding)
         cos, sin = rope_table(cfg.max_context, cfg.head_dim, cfg.rope_theta)
         self._cos, self._sin = cp.asarray(cos), cp.asarray(sin)
-
-        def put(name: str, w: np.ndarray) -> None:
-            if mode == "int8":
-                qw = quantize_int8(w)
-                self._linear[name] = ck.upload_weight(qw.q, qw.scale)
-            else:
-                self._linear[name] = ck.upload_weight(w)
-
-        for i, lw in enumerate(weights.layers):
-            put(f"l{i}.qkv", np.concatenate([lw.wq, lw.wk, lw.wv]))
-            put(f"l{i}.o", lw.wo)
-            put(f"l{i}.gate_up", np.concatenate([lw.w_gate, lw.w_up]))
-            put(f"l{i}.down", lw.w_down)
-            self._norms[f"l{i}.attn_norm"] = cp.asarray(lw.attn_norm.astype(np.float32))
-            self._norms[f"l{i}.ffn_norm"] = cp.asarray(lw.ffn_norm.astype(np.float32))
-        put("lm_head", weights.head)
-        self._norms["final_norm"] = cp.asarray(weights.final_norm.astype(np.float32))
+        for name, lw in weights.linears.items():
+            self._linear[name] = ck.upload_weight(lw.w, lw.scale)
+        self._norms = {name: cp.asarray(v) for name, v in weights.norms.items()}
 
     def allocate_pool(self, num_pages: int) -> None:
         from crucible.backend.cupy_graphs import DecodeGraphs
@@ -85,16 +69,19 @@ class CupyBackend:
         self.v_pool = cp.zeros(shape, dtype=cp.float32)
         width = -(-cfg.max_context // 16)
         self.graphs = self.prefill_graphs = None
-        if env_flag("CRUCIBLE_DECODE_GRAPHS"):
-            self.graphs = DecodeGraphs(self, table_width=width, scratch_page=num_pages)
-        if env_flag("CRUCIBLE_PREFILL_GRAPHS"):
-            self.prefill_graphs = PrefillGraphs(self, table_width=width, scratch_page=num_pages)
+        if self.options.decode_graphs:
+            self.graphs = DecodeGraphs(cfg.vocab_size, table_width=width, scratch_page=num_pages)
+        if self.options.prefill_graphs:
+            self.prefill_graphs = PrefillGraphs(table_width=width, scratch_page=num_pages)
+
+    def device_sampler(self) -> Any:
+        from crucible.backend.cupy_sampling import CupySampler
+
+        return CupySampler()
 
     def set_variant(self, variant: Any) -> None:
         """Switch the attention variant: waits for queued work and drops every graph, since
         a graph bakes in the kernels it launches."""
-        from crucible.kernels.variants import parse_variant
-
         new = parse_variant(variant) if isinstance(variant, str) else variant
         self._drop_graphs()
         self.variant = new
@@ -112,8 +99,8 @@ class CupyBackend:
 
     def decode_stack(self, meta: CupyMeta) -> Any:
         """The embedding and every layer of a batch-1 decode step in three kernels per layer
-        (cupy_decode_stack.py); None when the step is not its shape (llama.py embeds and
-        runs the layers then)."""
+        (cupy_decode_stack.py); None when the step is not its shape (the forward then
+        embeds and runs the layers)."""
         from crucible.backend import cupy_decode_stack as ds
 
         decode = meta.max_chunk == 1 and meta.segments.shape[0] == meta.num_rows
@@ -126,7 +113,7 @@ class CupyBackend:
 
     def fed_ids(self, rows: int) -> Any:
         """Where a step's sampler should write its ``rows`` ids so that the next decode step
-        can read them on the device (``run_step_device(..., feed=...)``), or None when that
+        can read them on the device (``run_step(..., feed=...)``), or None when that
         next step cannot be fed (no decode graphs, or more rows than a graph holds)."""
         return self.graphs.fed_ids(rows) if self.graphs is not None else None
 
@@ -148,17 +135,12 @@ class CupyBackend:
             if g is not None:
                 g.clear()
 
-    def run_step(self, batch: PackedBatch) -> np.ndarray:
-        """f32 logits of the final rows, on the host."""
-        return self.to_host(self.run_step_device(batch))
-
-    def run_step_device(self, batch: PackedBatch, feed: np.ndarray | None = None) -> Any:
+    def run_step(self, batch: PackedBatch, forward: Forward,
+                 feed: np.ndarray | None = None) -> Any:
         """Logits [R, vocab] of the final rows as a device array. Decode steps and singleton
-        prefills replay CUDA graphs; everything else runs eagerly. The array belongs to the
-        backend and is only valid until the next step (a graph reuses its buffer).
-
-        ``feed`` (pipelined decode, see ``fed_ids``): per row, the index of the previous
-        step's sampled id that is this row's input token, or -1 for the batch's own id."""
+        prefills replay CUDA graphs of ``forward``; everything else runs it eagerly. The
+        array belongs to the backend and is only valid until the next step (a graph reuses
+        its buffer). ``feed``: see ``fed_ids``; only decode graphs take it."""
         from crucible.backend.cupy_graphs import is_decode_step
         from crucible.backend.cupy_prefill_graphs import is_singleton_prefill
         from crucible.kernels.variants import score_capacity
@@ -168,12 +150,12 @@ class CupyBackend:
         if self.graphs is not None:
             self.graphs.last_replayed = False
         if self.graphs is not None and is_decode_step(batch):
-            return self.graphs.run(batch, score_capacity(batch.max_end), feed)
+            return self.graphs.run(batch, score_capacity(batch.max_end), forward, feed)
         if self.prefill_graphs is not None and is_singleton_prefill(batch):
-            out = self.prefill_graphs.run(batch, score_capacity(batch.max_end))
+            out = self.prefill_graphs.run(batch, score_capacity(batch.max_end), forward)
             if out is not None:
                 return out
-        return llama.forward_meta(self.cfg, self, self.prepare(batch))
+        return forward(self.prepare(batch))
 
     def _new(self, shape: tuple[int, ...]) -> Any:
         return _cp().empty(shape, dtype=np.float32)
@@ -207,7 +189,7 @@ class CupyBackend:
         wd = self._linear[weight]
         return ck.linear(x, wd, self._new((x.shape[0], wd.shape[0])), residual=residual)
 
-    # -- fused stage groups (llama.py composes the primitives when a backend lacks them).
+    # -- fused stage groups (stages.py composes the primitives).
     # Small M runs one row kernel per group (cuda/linear_rows.cu); large M runs the
     # primitives. Both spell the arithmetic the same way, so the bits never depend on which.
     def fuses(self, x: Any, group: str) -> bool:
@@ -220,7 +202,7 @@ class CupyBackend:
         """RMSNorm -> QKV -> RoPE -> K/V into the pool; returns Q [T, H*hd]. ``combine``
         (parts, pscale, x_out: the decode stack) goes to the row kernel's prologue."""
         if not combine and not self.fuses(x, "attn_in"):
-            return llama.compose_attn_in(self, x, layer, meta)
+            return stages.attn_in(self, x, layer, meta)
         cfg = self.cfg
         q = self._new((meta.num_rows, cfg.q_dim))
         rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, self._cos, self._sin,
@@ -236,7 +218,7 @@ class CupyBackend:
             y = self._new((x.shape[0], wd.shape[0] // 2))
             return cc.linear_chunks(self.rmsnorm(x, f"l{layer}.ffn_norm"), wd, y, epi=cc.EPI_SWIGLU)
         if not self.fuses(x, "mlp_in"):
-            return llama.compose_mlp_in(self, x, layer)
+            return stages.mlp_in(self, x, layer)
         out = self._new((x.shape[0], wd.shape[0] // 2))
         return cf.linear_rows(x, wd, out, norm=self._norms[f"l{layer}.ffn_norm"],
                               eps=self.cfg.rms_eps, epi=cf.EPI_SWIGLU)
@@ -248,7 +230,7 @@ class CupyBackend:
         if x.shape[0] >= ck.HEAD_TILED_FROM and wd.shape[0] >= ck.HEAD_WIDE:
             return ck.linear(self.rmsnorm(x, norm), wd, out, tiled=True)
         if not self.fuses(x, "norm_linear"):
-            return self.linear(self.rmsnorm(x, norm), weight)
+            return stages.norm_linear(self, x, norm, weight)
         per_sm = cf.HEAD_CTAS_PER_SM if x.shape[0] == 1 else cf.CTAS_PER_SM
         return cf.linear_rows(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps,
                               ctas_per_sm=per_sm)

@@ -37,7 +37,7 @@ import numpy as np
 
 from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
-from crucible.engine.batch import PackedBatch
+from crucible.step.batch import PackedBatch
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 MAX_PAIRS = 32  # (bucket, capacity) keys, two graphs each
@@ -88,9 +88,9 @@ class Captured:
         return self.logits
 
 
-def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any,
+def capture_forward(forward: Callable[[Any], Any], stream: Any, meta_dev: Any, meta: Any,
                     tail: Callable[[Any, bool], None] | None = None) -> Captured:
-    """Capture one forward over ``meta`` (views into ``meta_dev``) as a CUDA graph, then
+    """Capture ``forward(meta)`` (``meta``: views into ``meta_dev``) as a CUDA graph, then
     ``tail(logits, warm_up)`` (the decode graphs' argmax) when given.
 
     Every array the forward allocates comes from a private memory pool that lives as long
@@ -106,18 +106,16 @@ def capture_forward(be: Any, stream: Any, meta_dev: Any, meta: Any,
     waits for the warm-up before capturing, so no replay can overtake it."""
     import cupy as cp
 
-    from crucible.model.llama import forward_meta
-
     pool = cp.cuda.MemoryPool()
     stream.wait_event(cp.cuda.Stream.null.record())
     with cp.cuda.using_allocator(pool.malloc), stream:
-        logits = forward_meta(be.cfg, be, meta)  # warm-up: compiles, and sizes the pool
+        logits = forward(meta)  # warm-up: compiles, and sizes the pool
         if tail is not None:
             tail(logits, True)
         stream.synchronize()
         stream.begin_capture()
         try:
-            logits = forward_meta(be.cfg, be, meta)
+            logits = forward(meta)
             if tail is not None:
                 tail(logits, False)
         finally:
@@ -133,12 +131,11 @@ def is_decode_step(batch: PackedBatch) -> bool:
 
 
 class DecodeGraphs:
-    def __init__(self, backend: Any, table_width: int, scratch_page: int) -> None:
+    def __init__(self, vocab_size: int, table_width: int, scratch_page: int) -> None:
         import cupy as cp
 
         from crucible.backend.cupy_greedy import GreedyLauncher
 
-        self.be = backend
         self.width = table_width  # pages of one full context: the widest table a graph holds
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)  # captures
@@ -154,7 +151,7 @@ class DecodeGraphs:
         self._warm_ids = cp.zeros(BUCKETS[-1], dtype=cp.int32)  # the warm-up argmax's target
         self.argmax = GreedyLauncher()
         # Sized once for the largest bucket: a capture must not reallocate its scratch.
-        self.argmax.reserve(BUCKETS[-1], backend.cfg.vocab_size)
+        self.argmax.reserve(BUCKETS[-1], vocab_size)
         self.ring = PinnedRing()
 
     def clear(self) -> None:
@@ -219,7 +216,8 @@ class DecodeGraphs:
                         v[5].reshape(bucket, w), v[6], bucket, 1, capacity, True,
                         feed=v[7], fed=self.fed[1 - twin])
 
-    def _capture(self, bucket: int, capacity: int, twin: int) -> Captured:
+    def _capture(self, bucket: int, capacity: int, twin: int,
+                 forward: Callable[[Any], Any]) -> Captured:
         import cupy as cp
 
         meta_dev = cp.asarray(self.host_meta(None, bucket, self.table_width(capacity)))
@@ -227,12 +225,13 @@ class DecodeGraphs:
         def argmax(logits: Any, warm_up: bool) -> None:
             self.argmax.launch(logits, None, bucket, self._warm_ids if warm_up else self.fed[twin])
 
-        cap = capture_forward(self.be, self.stream, meta_dev,
+        cap = capture_forward(forward, self.stream, meta_dev,
                               self._views(meta_dev, bucket, capacity, twin), tail=argmax)
         self.num_captures += 1
         return cap
 
-    def run(self, batch: PackedBatch, capacity: int, feed: np.ndarray | None = None) -> Any:
+    def run(self, batch: PackedBatch, capacity: int, forward: Callable[[Any], Any],
+            feed: np.ndarray | None = None) -> Any:
         b = batch.num_rows
         bucket = next(x for x in BUCKETS if x >= b)
         key = (bucket, capacity)
@@ -240,7 +239,8 @@ class DecodeGraphs:
         if pair is None:
             # Both twins at once: which one a later step needs depends on the parity of every
             # step before it, and a twin captured on demand costs a step the whole capture.
-            pair = (self._capture(bucket, capacity, 0), self._capture(bucket, capacity, 1))
+            pair = (self._capture(bucket, capacity, 0, forward),
+                    self._capture(bucket, capacity, 1, forward))
             self.graphs[key] = pair
             if len(self.graphs) > MAX_PAIRS:
                 self.graphs.popitem(last=False)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.engine.batch import PackedBatch
+from crucible.step.batch import PackedBatch
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,14 @@ so replay == eager bit for bit by construction (``gpu-graph-check`` checks it).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from crucible.backend.cupy_graphs import Captured, capture_forward
 from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
-from crucible.engine.batch import PackedBatch
+from crucible.step.batch import PackedBatch
 
 MAX_GRAPHS = 64
 MAX_LENGTH = 2048
@@ -38,10 +38,9 @@ def is_singleton_prefill(batch: PackedBatch) -> bool:
 
 
 class PrefillGraphs:
-    def __init__(self, backend: Any, table_width: int, scratch_page: int) -> None:
+    def __init__(self, table_width: int, scratch_page: int) -> None:
         import cupy as cp
 
-        self.be = backend
         self.width = table_width
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)
@@ -78,7 +77,8 @@ class PrefillGraphs:
         return CupyMeta(length, v[0], v[1], v[2], v[3], v[4].reshape(1, 4),
                         v[5].reshape(1, self.width), v[6], 1 if want else 0, length, capacity)
 
-    def run(self, batch: PackedBatch, capacity: int) -> Any | None:
+    def run(self, batch: PackedBatch, capacity: int,
+            forward: Callable[[Any], Any]) -> Any | None:
         """The step's logits on the device, or None when it must run eagerly."""
         import cupy as cp
 
@@ -90,7 +90,7 @@ class PrefillGraphs:
                 self.num_eager += 1
                 return None
             meta_dev = cp.asarray(self.host_meta(None, length, want))
-            cap = capture_forward(self.be, self.stream, meta_dev,
+            cap = capture_forward(forward, self.stream, meta_dev,
                                   self._views(meta_dev, length, want, capacity))
             self.graphs[key] = cap
             self.num_captures += 1

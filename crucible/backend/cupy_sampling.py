@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.backend.sampling_meta import (LP_WORDS, RowSampling, SampleOutput, greedy_only,
+from crucible.step.rows import (LP_WORDS, RowSampling, SampleOutput, greedy_only,
                                             greedy_rows_in_order, pack_rows)
 from crucible.backend.cupy_greedy import GreedyLauncher
 from crucible.backend.cupy_pinned import PinnedRing, device_buffer

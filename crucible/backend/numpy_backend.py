@@ -22,14 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crucible.backend import cpu_ext, cpu_ops
+from crucible.backend import cpu_ext, cpu_ops, stages
 from crucible.backend.cpu_gemm import PackedWeight, gemm, pack_weight
 from crucible.backend.numpy_attention import paged_attention, paged_attention_compiled
 from crucible.backend.numpy_gemm import gemm_rows
+from crucible.backend.protocol import BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
-from crucible.engine.batch import PackedBatch
-from crucible.model.config import ModelConfig
-from crucible.model.weights import ModelWeights, quantize_int8
+from crucible.step.batch import PackedBatch
 
 # BLAS tile path only. Tile widths are part of the arithmetic order, so they are constants,
 # not per-step choices. On the 2-core CI machine 8 balances single-stream decode (a 1-row
@@ -52,11 +51,12 @@ class NumpyMeta:
 
 class NumpyBackend:
     name = "numpy"
+    device = "cpu"
 
-    def __init__(self) -> None:
-        self.cfg: ModelConfig | None = None
+    def __init__(self, threads: int | None = None) -> None:
+        self.cfg: Geometry | None = None
         self.mode = "f32"
-        self.threads = cpu_ext.cpu_threads()  # a bad CRUCIBLE_CPU_THREADS fails here
+        self.threads = cpu_ext.check_threads(threads)
         self.compiled = cpu_ext.extension() is not None
         if not self.compiled:
             cpu_ext.announce_fallback()
@@ -73,35 +73,17 @@ class NumpyBackend:
         """'avx2', 'scalar' (compiled) or 'blas-tiles': what the forward runs on."""
         return cpu_ext.kernel_name(self.scalar) if self.compiled else "blas-tiles"
 
-    def load_weights(self, cfg: ModelConfig, weights: ModelWeights, mode: str) -> None:
-        if mode not in ("f32", "int8"):
-            raise ValueError(f"weights mode must be 'f32' or 'int8', got {mode!r}")
-        self.cfg, self.mode = cfg, mode
-        self.embedding = np.ascontiguousarray(weights.embed, dtype=np.float32)
+    def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
+        cfg = self.cfg = geometry
+        self.mode = weights.mode
+        self.embedding = weights.embedding
         self._cos, self._sin = rope_table(cfg.max_context, cfg.head_dim, cfg.rope_theta)
-
-        def put(name: str, w: np.ndarray) -> None:
+        for name, lw in weights.linears.items():
             if self.compiled:
-                if mode == "int8":
-                    qw = quantize_int8(w)
-                    self._packed[name] = pack_weight(qw.q, qw.scale)
-                else:
-                    self._packed[name] = pack_weight(np.ascontiguousarray(w, dtype=np.float32))
-            elif mode == "int8":
-                qw = quantize_int8(w)
-                self._linear[name] = (qw.q.astype(np.float32), qw.scale)
-            else:
-                self._linear[name] = (np.ascontiguousarray(w, dtype=np.float32), None)
-
-        for i, lw in enumerate(weights.layers):
-            put(f"l{i}.qkv", np.concatenate([lw.wq, lw.wk, lw.wv]))
-            put(f"l{i}.o", lw.wo)
-            put(f"l{i}.gate_up", np.concatenate([lw.w_gate, lw.w_up]))
-            put(f"l{i}.down", lw.w_down)
-            self._norms[f"l{i}.attn_norm"] = lw.attn_norm.astype(np.float32)
-            self._norms[f"l{i}.ffn_norm"] = lw.ffn_norm.astype(np.float32)
-        put("lm_head", weights.head)
-        self._norms["final_norm"] = weights.final_norm.astype(np.float32)
+                self._packed[name] = pack_weight(lw.w, lw.scale)
+            else:  # BLAS tiles run f32: int8 codes are held as f32, scaled after the GEMM
+                self._linear[name] = (np.ascontiguousarray(lw.w, dtype=np.float32), lw.scale)
+        self._norms = dict(weights.norms)
         # BLAS path: calibrate every GEMM shape now, so the first request does not pay.
         for name, (w, _) in self._linear.items():
             gemm_rows(w, np.zeros((1, w.shape[1]), dtype=np.float32),
@@ -112,6 +94,27 @@ class NumpyBackend:
         shape = (num_pages, cfg.n_layers, 16, cfg.kv_dim)
         self.k_pool = np.zeros(shape, dtype=np.float32)
         self.v_pool = np.zeros(shape, dtype=np.float32)
+
+    def device_sampler(self) -> None:
+        return None  # the engine samples the host logits itself
+
+    def run_step(self, batch: PackedBatch, forward: Forward,
+                 feed: np.ndarray | None = None) -> np.ndarray:
+        if feed is not None:
+            raise ValueError("the numpy backend runs no fed (pipelined) steps")
+        return forward(self.prepare(batch))
+
+    def fed_ids(self, rows: int) -> None:
+        return None
+
+    def sampled_ids(self, rows: int) -> None:
+        return None
+
+    def ids_copied(self, event: object) -> None:
+        pass
+
+    def decode_stack(self, meta: NumpyMeta) -> None:
+        return None
 
     def prepare(self, batch: PackedBatch) -> NumpyMeta:
         slots = batch.slot_mapping()
@@ -175,6 +178,18 @@ class NumpyBackend:
         f = gate_up.shape[1] // 2
         g, u = gate_up[:, :f], gate_up[:, f:]
         return (g / (np.float32(1.0) + np.exp(-g))) * u
+
+    def fuses(self, x: np.ndarray, group: str) -> bool:
+        return False
+
+    def attn_in(self, x: np.ndarray, layer: int, meta: NumpyMeta) -> np.ndarray:
+        return stages.attn_in(self, x, layer, meta)
+
+    def mlp_in(self, x: np.ndarray, layer: int) -> np.ndarray:
+        return stages.mlp_in(self, x, layer)
+
+    def norm_linear(self, x: np.ndarray, norm: str, weight: str) -> np.ndarray:
+        return stages.norm_linear(self, x, norm, weight)
 
     def gather_rows(self, x: np.ndarray, meta: NumpyMeta) -> np.ndarray:
         return x[meta.final_rows]

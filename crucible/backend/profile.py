@@ -1,11 +1,12 @@
 """Per-stage time of the forward, summed over layers (``--profile``).
 
-``ProfiledBackend(backend)`` stands in for a backend in ``llama.forward``; each backend call
+``ProfiledBackend(backend)`` stands in for a backend under the runner; each backend call
 is bracketed by two timestamps. On the GPU they are CUDA events, and a spin kernel queued
 first holds the GPU while the host queues the whole forward, so the events time the
 kernels back to back, not the host's launch overhead (which the graph path removes
-anyway). On the numpy backend every call is synchronous and the wall clock does. It has no
-``run_step``, so a ModelRunner using it runs eagerly. Stage names follow the forward:
+anyway). On the numpy backend every call is synchronous and the wall clock does. Its
+``run_step`` always runs the forward eagerly, one timed operation at a time: no graphs, no
+pipelined decode, no decode stack (whose kernels span stages). Stage names follow the forward:
 embed, norm, qkv, rope_kv_store, attention, o (+residual), gate_up, swiglu, down (+residual),
 final, and sampling (the device sampler's launch, or the host sampler's calls). Where the backend fuses a stage group into one kernel (small batches on the GPU),
 the group is one stage: norm+qkv+rope_kv_store, norm+gate_up+swiglu.
@@ -18,7 +19,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from crucible.model import llama
+from crucible.backend import stages
+from crucible.backend.protocol import Backend, BackendWeights, Forward, Geometry
+from crucible.step.rows import ReadySample
 
 _SPIN = r"""
 extern "C" __global__ void spin(long long cycles) {
@@ -38,19 +41,44 @@ def _spin_kernel() -> Any:
 
 
 class ProfiledBackend:
-    run_step = None  # no fast path: the runner calls llama.forward, one timed op at a time
-    fed_ids = None  # nor pipelined decode: every step's stages are timed in turn
-    sampled_ids = None  # nor a decode graph's argmax: the sampler's launch is timed
-    decode_stack = None  # nor the batch-1 stack, whose kernels span stages
-
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.be = backend
-        self.gpu = backend.name != "numpy"
+        self.name, self.device = backend.name, backend.device
+        self.gpu = backend.device == "cuda"
         self.marks: list[tuple[str, Any, Any]] = []
         self.totals: dict[str, float] = defaultdict(float)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.be, name)
+    def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
+        self.be.load_weights(geometry, weights)
+
+    def allocate_pool(self, num_pages: int) -> None:
+        self.be.allocate_pool(num_pages)
+
+    def device_sampler(self) -> Any:
+        return self.be.device_sampler()
+
+    def run_step(self, batch: Any, forward: Forward, feed: Any = None) -> Any:
+        if feed is not None:
+            raise ValueError("a profiled backend runs no fed (pipelined) steps")
+        return forward(self.prepare(batch))
+
+    def fed_ids(self, rows: int) -> None:
+        return None  # every step's stages are timed in turn: no pipelining
+
+    def sampled_ids(self, rows: int) -> None:
+        return None  # no graph ran an argmax: the sampler's launch is timed
+
+    def ids_copied(self, event: Any) -> None:
+        pass
+
+    def decode_stack(self, meta: Any) -> None:
+        return None
+
+    def to_host(self, x: Any) -> Any:
+        return self.be.to_host(x)
+
+    def fuses(self, x: Any, group: str) -> bool:
+        return self.be.fuses(x, group)
 
     def _timed(self, stage: str, fn: Any, *args: Any) -> Any:
         if not self.gpu:
@@ -105,23 +133,22 @@ class ProfiledBackend:
     # Fused stage groups: timed as one stage where the backend fuses them for this batch,
     # else composed here from the timed primitives (so prefill keeps its breakdown).
     def _fuses(self, x: Any, group: str) -> bool:
-        fuses = getattr(self.be, "fuses", None)
-        return fuses is not None and fuses(x, group)
+        return self.be.fuses(x, group)
 
     def attn_in(self, x: Any, layer: int, meta: Any) -> Any:
         if self._fuses(x, "attn_in"):
             return self._timed("norm+qkv+rope_kv_store", self.be.attn_in, x, layer, meta)
-        return llama.compose_attn_in(self, x, layer, meta)
+        return stages.attn_in(self, x, layer, meta)
 
     def mlp_in(self, x: Any, layer: int) -> Any:
         if self._fuses(x, "mlp_in"):
             return self._timed("norm+gate_up+swiglu", self.be.mlp_in, x, layer)
-        return llama.compose_mlp_in(self, x, layer)
+        return stages.mlp_in(self, x, layer)
 
     def norm_linear(self, x: Any, norm: str, weight: str) -> Any:
         if self._fuses(x, "norm_linear"):
             return self._timed("final", self.be.norm_linear, x, norm, weight)
-        return self.linear(self.rmsnorm(x, norm), weight)
+        return stages.norm_linear(self, x, norm, weight)
 
     def gather_rows(self, x: Any, meta: Any) -> Any:
         return self._timed("final", self.be.gather_rows, x, meta)
@@ -140,15 +167,18 @@ class ProfiledBackend:
 
 
 class ProfiledSampler:
-    """Times a device sampler's launches as the "sampling" stage of a ProfiledBackend."""
-
-    sample_async = None  # the runner then calls sample(), which is timed
+    """Times a device sampler's launches as the "sampling" stage of a ProfiledBackend; each
+    call waits for its ids, so the stage covers the kernel."""
 
     def __init__(self, sampler: Any, profiled: ProfiledBackend) -> None:
         self.inner, self.pb = sampler, profiled
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
     def sample(self, logits: Any, rows: Any) -> Any:
         return self.pb.timed("sampling", self.inner.sample, logits, rows)
+
+    def sample_async(self, logits: Any, rows: Any, tokens_out: Any = None,
+                     ready: bool = False) -> ReadySample:
+        return ReadySample(self.sample(logits, rows))
+
+    def rows_to_host(self, logits: Any, rows: Any) -> Any:
+        return self.inner.rows_to_host(logits, rows)

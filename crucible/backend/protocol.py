@@ -1,62 +1,127 @@
-"""The small set of operations the transformer is written against.
+"""The backend contract: every operation the model forward and the runner call.
 
-``crucible.model.llama`` calls only these; the numpy backend is the oracle and the CuPy
-backend binds our CUDA kernels. Arrays are backend-native (numpy or cupy); the model never
-looks inside them. Shapes are given as [rows, features] for packed activations.
+``crucible.model.llama`` is written once against these operations; the numpy backend is the
+oracle and the CuPy backend binds our CUDA kernels. Every backend implements every method:
+a capability a backend lacks is an explicit answer (``decode_stack`` returns None,
+``fed_ids`` returns None, ``device_sampler`` returns None), never a missing attribute.
+Arrays are backend-native (numpy or cupy); activations are packed rows [T, features].
 
-Contract every backend keeps (DESIGN section 5): each output element is computed in an
-order that does not depend on how many rows are in the batch, where a row sits, how a prompt
-was chunked or which physical pages hold its history.
+Numerics (DESIGN.md section 5): each output element is computed in an order that does not
+depend on how many rows are in the step, where a row sits, how a prompt was chunked or
+which physical pages hold its history. A fused stage group gives the bits of its
+composition (``stages.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from crucible.engine.batch import PackedBatch
-from crucible.model.config import ModelConfig
-from crucible.model.weights import ModelWeights
+from crucible.step.batch import PackedBatch
+from crucible.step.rows import RowSampler
 
 Array = Any
 StepMeta = Any
+Forward = Callable[[StepMeta], Array]  # step metadata -> logits of the final rows
+
+
+class Geometry(Protocol):
+    """What a backend reads of the model's shape (``ModelConfig`` provides it)."""
+
+    vocab_size: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    max_context: int
+    rope_theta: float
+    rms_eps: float
+
+    @property
+    def q_dim(self) -> int: ...
+
+    @property
+    def kv_dim(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class LinearWeight:
+    """One linear layer [out, in]: f32 weights (``scale`` None) or int8 codes and their f32
+    per-output-channel scales."""
+
+    w: np.ndarray
+    scale: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class BackendWeights:
+    """The tensors a backend uploads, by the names the forward uses: linears ``l{i}.qkv``,
+    ``l{i}.o``, ``l{i}.gate_up``, ``l{i}.down``, ``lm_head``; norms ``l{i}.attn_norm``,
+    ``l{i}.ffn_norm``, ``final_norm``."""
+
+    mode: str  # "f32" | "int8"
+    embedding: np.ndarray  # [V, D] f32
+    linears: dict[str, LinearWeight]
+    norms: dict[str, np.ndarray]
 
 
 class Backend(Protocol):
-    name: str
+    name: str  # "numpy" | "cupy" (a wrapper reports the backend it wraps)
+    device: str  # "cpu" | "cuda"
 
     # --- set-up (once) ---
-    def load_weights(self, cfg: ModelConfig, weights: ModelWeights, mode: str) -> None: ...
+    def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None: ...
     def allocate_pool(self, num_pages: int) -> None: ...
+    def device_sampler(self) -> RowSampler | None:
+        """A sampler that works on this backend's logits where they are, or None (the
+        engine then samples on the host)."""
 
-    # --- per step ---
+    # --- one step ---
+    def run_step(self, batch: PackedBatch, forward: Forward,
+                 feed: np.ndarray | None = None) -> Array:
+        """Logits [R, vocab] of the final rows, on the backend (valid until the next step).
+        ``forward`` is the model's forward over step metadata; a backend may replay a
+        captured graph of it instead. ``feed`` (pipelined decode): per row, the index of the
+        previous step's sampled id that is its input token (-1: the batch's own)."""
+
+    def fed_ids(self, rows: int) -> Array | None:
+        """Where the latest step's sampled ids live on the device so that a fed step can
+        read them, or None when no fed step can follow (no pipelining here)."""
+
+    def sampled_ids(self, rows: int) -> Array | None:
+        """The latest step's greedy ids when its graph already ran the argmax, else None."""
+
+    def ids_copied(self, event: Any) -> None:
+        """The latest step's ids are being copied to the host until ``event``."""
+
+    # --- the forward's operations ---
     def prepare(self, batch: PackedBatch) -> StepMeta:
         """Upload the step's metadata in one go (positions, descriptors, tables, slots)."""
 
-    def embed(self, meta: StepMeta) -> Array:  # [T, D]
-        ...
+    def decode_stack(self, meta: StepMeta) -> Array | None:
+        """The whole layer stack in the backend's own kernels, or None for this step."""
 
-    def rmsnorm(self, x: Array, weight: str) -> Array:  # weight: a named norm vector
-        ...
-
-    def linear(self, x: Array, weight: str) -> Array:  # [T, in] -> [T, out]
-        ...
-
+    def embed(self, meta: StepMeta) -> Array: ...  # [T, D]
+    def rmsnorm(self, x: Array, weight: str) -> Array: ...
+    def linear(self, x: Array, weight: str) -> Array: ...  # [T, in] -> [T, out]
     def linear_add(self, x: Array, weight: str, residual: Array) -> Array:
         """residual + linear(x, weight), rounded exactly as the two steps would be."""
 
     def rope_and_store(self, qkv: Array, layer: int, meta: StepMeta) -> Array:
-        """Rotate Q and K by absolute position, scatter K/V into the pool; return Q [T, H*hd]."""
+        """Rotate Q and K by absolute position, scatter K/V into the pool; return Q."""
 
-    def attention(self, q: Array, layer: int, meta: StepMeta) -> Array:  # [T, H*hd]
-        ...
+    def attention(self, q: Array, layer: int, meta: StepMeta) -> Array: ...  # [T, H*hd]
+    def swiglu(self, gate_up: Array) -> Array: ...  # [T, 2F] -> [T, F]
+    # Stage groups (stages.py composes them from the operations above).
+    def fuses(self, x: Array, group: str) -> bool:
+        """Whether ``group`` (attn_in, mlp_in, norm_linear) runs as one kernel for x."""
 
-    def swiglu(self, gate_up: Array) -> Array:  # [T, 2F] -> [T, F]
-        ...
-
-    def gather_rows(self, x: Array, meta: StepMeta) -> Array:  # the final rows
-        ...
-
-    def to_host(self, x: Array) -> np.ndarray:
-        ...
+    def attn_in(self, x: Array, layer: int, meta: StepMeta) -> Array: ...
+    def mlp_in(self, x: Array, layer: int) -> Array: ...
+    def norm_linear(self, x: Array, norm: str, weight: str) -> Array: ...
+    def gather_rows(self, x: Array, meta: StepMeta) -> Array: ...  # the final rows
+    def to_host(self, x: Array) -> np.ndarray: ...

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 
+from crucible.backend.options import BackendOptions
+from crucible.backend.protocol import Backend
 from crucible.errors import BackendUnavailableError, ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
-
-
-def env_flag(name: str) -> bool:
-    """A 0/1 switch from the environment (default on); anything else is a clear error."""
-    value = os.environ.get(name, "1").strip()
-    if value not in ("0", "1"):
-        raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 def gpu_available() -> bool:
@@ -52,12 +45,12 @@ def resolve_device(device: str) -> str:
     return "cuda"
 
 
-def make_backend(device: str, attention: str | None = None):
+def make_backend(device: str, options: BackendOptions | None = None) -> Backend:
+    options = options or BackendOptions()
     if resolve_device(device) == "cuda":
         from crucible.backend.cupy_backend import CupyBackend
-        from crucible.kernels.variants import parse_variant
 
-        return CupyBackend(variant=parse_variant(attention) if attention else None)
+        return CupyBackend(options)
     from crucible.backend.numpy_backend import NumpyBackend
 
-    return NumpyBackend()
+    return NumpyBackend(threads=options.cpu_threads)

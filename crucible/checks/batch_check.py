@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from crucible.engine.batch import SegmentSpec, build_packed_batch
-from crucible.model.runner import ModelRunner
+from crucible.step.batch import SegmentSpec, build_packed_batch
+from crucible.engine.runner import ModelRunner
 
 BATCH_SIZES = (1, 2, 3, 5, 8, 15, 16, 17, 24, 31, 32, 33, 47, 48, 49, 63, 64)
 

@@ -27,10 +27,10 @@ import time
 
 import numpy as np
 
-from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.checks.chunks_check import check_chunks, check_chunks_linear
 from crucible.checks.stack_check import check_stack
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
 GEOMS = {"g4-12/3": dict(n_heads=12, n_kv_heads=3, head_dim=64, hidden_size=192, ffn_size=256),
@@ -77,7 +77,7 @@ def check_fused(t: Tally, name: str, geom: dict, rng: np.random.Generator) -> No
     the same stages as separate kernels, bitwise, including what lands in the pool."""
     import cupy as cp
 
-    from crucible.model import llama
+    from crucible.backend import stages
 
     model = tiny_random_model(seed=7, **geom)
     cfg = model.config
@@ -96,11 +96,11 @@ def check_fused(t: Tally, name: str, geom: dict, rng: np.random.Generator) -> No
         q_fused = be.attn_in(x, layer, meta)
         kf, vf = be.k_pool.copy(), be.v_pool.copy()
         be.k_pool[...], be.v_pool[...] = k0, v0
-        q_sep = llama.compose_attn_in(be, x, layer, meta)
+        q_sep = stages.attn_in(be, x, layer, meta)
         same = (bool(cp.array_equal(q_fused, q_sep)) and bool(cp.array_equal(kf, be.k_pool))
                 and bool(cp.array_equal(vf, be.v_pool)))
         t.check(same and not bool(cp.array_equal(kf, k0)), f"{name} fused attn_in M={m}")
-        t.check(bool(cp.array_equal(be.mlp_in(x, layer), llama.compose_mlp_in(be, x, layer))),
+        t.check(bool(cp.array_equal(be.mlp_in(x, layer), stages.mlp_in(be, x, layer))),
                 f"{name} fused mlp_in M={m}")
         sep = be.linear(be.rmsnorm(x, "final_norm"), "lm_head")
         t.check(bool(cp.array_equal(be.norm_linear(x, "final_norm", "lm_head"), sep)),
@@ -147,12 +147,7 @@ def check_model(t: Tally, name: str, geom: dict, rng: np.random.Generator, varia
             start += c
         t.check(np.array_equal(np.concatenate(got), alone), f"{name} chunks {chunks[:5]}")
     if variant:
-        from crucible.backend.cupy_backend import CupyBackend
-
-        online = ModelRunner(model, num_pages=96, device="cuda")
-        online.backend = CupyBackend(variant=variant)
-        online.backend.load_weights(model.config, model.weights, model.weights_mode)
-        online.backend.allocate_pool(96)
+        online = ModelRunner(model, num_pages=96, device="cuda", attention=variant)
         diff = _alone(online, needle, [90, 91, 92, 93, 94])
         t.check(not np.array_equal(diff, alone), f"{name} {variant} must differ from exact")
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from crucible.engine.batch import SegmentSpec, build_packed_batch
-from crucible.model.runner import ModelRunner
+from crucible.step.batch import SegmentSpec, build_packed_batch
+from crucible.engine.runner import ModelRunner
 
 
 def heldout_text() -> str:
@@ -53,7 +53,7 @@ def evaluate(runner: ModelRunner, tokens: list[int], ctx: int, shuffle: bool,
 
 
 def main(argv: list[str]) -> int:
-    from crucible.kernels.variants import variant_from_env
+    from crucible.engine.settings import Settings
     from crucible.model.loader import load_model
 
     p = argparse.ArgumentParser(prog="llm-engine gpu-eval")
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
         tokens = tokens[: args.tokens + 1]
     pages = -(-args.ctx // 16) * 4
     runs: dict[str, Any] = {}
-    selected = variant_from_env().name
+    selected = Settings.from_env().attention
     plan = [("selected", selected, False)]
     if args.paged:
         plan.append(("shuffled pages", selected, True))

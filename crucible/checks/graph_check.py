@@ -27,10 +27,10 @@ import time
 
 import numpy as np
 
-from crucible.engine.batch import SegmentSpec, build_packed_batch
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.checks.batch_check import Counts, Req, add_common, load, pages_for, report, run_step
 from crucible.checks.pipeline_check import check_pipeline
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 
 GRAPH_SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 32, 33, 47, 48, 49, 63, 64,
                17, 1)

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from crucible.engine.batch import PackedBatch, SegmentSpec, build_packed_batch
+from crucible.step.batch import PackedBatch, SegmentSpec, build_packed_batch
 
 
 def valid_batch() -> PackedBatch:

@@ -29,7 +29,7 @@ from typing import Any
 from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import SchedulerConfig
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 
 Outcome = tuple[list[int], list[dict], Any, Any]  # tokens, logprobs, prompt logprobs, reason
 KINDS = [dict(temperature=0.0), dict(temperature=0.8, top_k=5), dict(temperature=0.8, top_k=40),
@@ -128,7 +128,7 @@ def check_malformed(report: Report, vocab: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from crucible.kernels.variants import variant_from_env
+    from crucible.engine.settings import Settings
 
     p = argparse.ArgumentParser(prog="llm-engine gpu-packed-prefill-check")
     p.add_argument("--model", default=None, help="model to check (default: a tiny random "
@@ -139,7 +139,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--fuzz", type=int, default=24, help="random workloads")
     p.add_argument("--seed", type=int, default=20260908)
     args = p.parse_args(argv)
-    selected = variant_from_env().name
+    selected = Settings.from_env().attention
     if args.model:
         from crucible.model.loader import load_model
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
-from crucible.model.runner import ModelRunner
+from crucible.engine.runner import ModelRunner
 
 
 def _params(i: int, stop: tuple[int, ...], greedy: bool = False) -> SamplingParams:

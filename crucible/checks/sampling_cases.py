@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crucible.backend.sampling_meta import RowSampling, row_sampling
+from crucible.step.rows import RowSampling, row_sampling
 from crucible.engine.rng import uniform
 from crucible.engine.sampling import SampleResult, SamplingParams, sample_row, top_candidates
 

@@ -261,7 +261,7 @@ def main(argv: list[str]) -> int:
         return 2
 
     def make_runner(device_sampling: bool) -> Any:
-        from crucible.model.runner import ModelRunner
+        from crucible.engine.runner import ModelRunner
         from crucible.model.tiny import tiny_random_model
 
         # The CUDA attention needs head_dim 64: the default model's 9/3/64 geometry.

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from crucible.engine.batch import SegmentSpec, build_packed_batch
-from crucible.model.runner import ModelRunner
+from crucible.step.batch import SegmentSpec, build_packed_batch
+from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 
 # The default model's shapes, fewer layers (bench/common.py's SMOLLM2 holds all of them).

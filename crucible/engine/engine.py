@@ -7,7 +7,7 @@ accumulates and the async engine streams.
 
 Sampling runs where the logits are. When the runner has a device sampler (``runner.sampler``,
 the CuPy backend's), each sampling row goes down as a ``RowSampling`` (params plus distinct
-history ids, see crucible/backend/sampling_meta.py) and only token ids and requested top-N
+history ids, see crucible/step/rows.py) and only token ids and requested top-N
 logprobs come back; rows that feed prompt logprobs are the only logits fetched to the host.
 Otherwise the host sampler (crucible/engine/sampling.py) runs on the returned logits. Both
 run the same pipeline on the same (seed, n) draw, so deltas, stop handling and stats do not
@@ -22,8 +22,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from crucible.backend.sampling_meta import RowSampling, SampleOutput
-from crucible.engine.batch import build_packed_batch
+from crucible.step.rows import RowSampling, SampleOutput
+from crucible.step.batch import build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import Launched, plan_chained
 from crucible.engine.request import Request, RequestStatus
@@ -33,8 +33,8 @@ from crucible.engine.scheduler import ScheduledSlice, Scheduler, SchedulerConfig
 from crucible.engine.step_rows import Draw, device_updates, host_updates, sampling_rows
 from crucible.engine.validate import validate_packed_batch
 from crucible.errors import RequestError
-from crucible.model.runner import PendingStep
-from crucible.records import quick_init
+from crucible.engine.runner import ModelRunner
+from crucible.step.quick_init import quick_init
 
 Logprobs = dict[int, float]
 
@@ -54,7 +54,7 @@ class RequestDelta:
 
 
 class LLMEngine:
-    def __init__(self, runner: Any, tokenizer: Any = None,
+    def __init__(self, runner: ModelRunner, tokenizer: Any = None,
                  config: SchedulerConfig | None = None, *, seed: int = 0) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -63,7 +63,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.allocator)
         self.max_context = runner.config.max_context
         self.vocab_size = runner.config.vocab_size
-        self.eos_ids: tuple[int, ...] = tuple(getattr(tokenizer, "stop_token_ids", ()) or ())
+        self.eos_ids: tuple[int, ...] = tuple(tokenizer.stop_token_ids) if tokenizer else ()
         self.requests: dict[str, Request] = {}  # unfinished requests only
         self._seed_base = seed
         self._counter = itertools.count()  # arrivals: request ids and derived seeds
@@ -150,22 +150,19 @@ class LLMEngine:
                               max_pages_per_table=pages_for(self.max_context))
         self.num_steps += 1
         self.num_rows += batch.num_rows
-        if getattr(self.runner, "sampler", None) is None:
+        if self.runner.sampler is None:
             updates = host_updates(self.runner, slices, batch, self.vocab_size)
             return Launched(tuple(slices), None, updates, 0)
         host_rows: list[int] = []
         if rows is None:
             rows, host_rows = sampling_rows(slices, self.vocab_size)
-        launch = getattr(self.runner, "launch_sample", None)
-        if launch is None:  # a runner without pipelining: the step completes here
-            done = PendingStep(None, *self.runner.forward_sample(batch, rows, host_rows))
-            return Launched(tuple(slices), done, None, len(rows))
-        return Launched(tuple(slices), launch(batch, rows, host_rows, feed), None, len(rows))
+        pending = self.runner.launch_sample(batch, rows, host_rows, feed)
+        return Launched(tuple(slices), pending, None, len(rows))
 
     def _chain(self, cur: Launched) -> Launched | None:
         nxt = plan_chained(cur, self.scheduler.running, bool(self.scheduler.waiting),
                            self.allocator, self.max_context,
-                           getattr(self.runner, "chain_rows", 0))
+                           self.runner.chain_rows)
         if nxt is None:
             return None
         self.num_chained += 1

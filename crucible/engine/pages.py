@@ -17,7 +17,7 @@ freed pages are appended at the tail.
 
 from __future__ import annotations
 
-from crucible.engine.batch import PAGE_SIZE
+from crucible.step.batch import PAGE_SIZE
 
 
 def pages_for(num_positions: int) -> int:

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend.sampling_meta import RowSampling, plain_row_sampling
-from crucible.engine.batch import SegmentSpec
+from crucible.step.rows import RowSampling, plain_row_sampling
+from crucible.step.batch import SegmentSpec
 from crucible.engine.request import RequestStatus
 from crucible.engine.scheduler import ScheduledSlice
 

@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from crucible.records import quick_init
+from crucible.step.quick_init import quick_init
 from crucible.engine.rng import uniform
 from crucible.errors import RequestError
 

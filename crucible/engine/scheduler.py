@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from crucible.engine.batch import SegmentSpec
+from crucible.step.batch import SegmentSpec
 from crucible.engine.pages import PageAllocator, pages_for, PAGE_SIZE
 from crucible.engine.request import Request, RequestStatus
 from crucible.errors import ConfigError, QueueFullError
-from crucible.records import quick_init
+from crucible.step.quick_init import quick_init
 
 
 @dataclass(frozen=True)

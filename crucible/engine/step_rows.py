@@ -11,8 +11,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from crucible.backend.sampling_meta import RowSampling, plain_row_sampling, row_sampling
-from crucible.engine.batch import PackedBatch
+from crucible.step.rows import RowSampling, plain_row_sampling, row_sampling
+from crucible.step.batch import PackedBatch
 from crucible.engine.request import Request
 from crucible.engine.sampling import SampleResult, sample_row
 from crucible.engine.scheduler import ScheduledSlice

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from crucible.engine.batch import PAGE_SHIFT, PAGE_SIZE, PackedBatch
+from crucible.step.batch import PAGE_SHIFT, PAGE_SIZE, PackedBatch
 from crucible.errors import BatchValidationError
 
 _INT32_MAX = 2**31 - 1

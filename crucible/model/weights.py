@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from crucible.backend.protocol import BackendWeights, LinearWeight
+
 
 @dataclass(frozen=True)
 class LayerWeights:
@@ -77,3 +79,33 @@ def permute_llama_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     rows, cols = w.shape
     hd = rows // n_heads
     return w.reshape(n_heads, 2, hd // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+WEIGHT_MODES = ("int8", "f32")
+
+
+def backend_weights(weights: ModelWeights, mode: str) -> BackendWeights:
+    """The tensors under the names the forward uses (llama.py), each linear in ``mode``:
+    Q, K and V fused into one [q + 2 kv, D] layer, gate and up into one [2F, D]."""
+    if mode not in WEIGHT_MODES:
+        raise ValueError(f"weights mode must be 'f32' or 'int8', got {mode!r}")
+
+    def lin(w: np.ndarray) -> LinearWeight:
+        if mode == "int8":
+            qw = quantize_int8(w)
+            return LinearWeight(qw.q, qw.scale)
+        return LinearWeight(np.ascontiguousarray(w, dtype=np.float32))
+
+    linears: dict[str, LinearWeight] = {}
+    norms: dict[str, np.ndarray] = {}
+    for i, lw in enumerate(weights.layers):
+        linears[f"l{i}.qkv"] = lin(np.concatenate([lw.wq, lw.wk, lw.wv]))
+        linears[f"l{i}.o"] = lin(lw.wo)
+        linears[f"l{i}.gate_up"] = lin(np.concatenate([lw.w_gate, lw.w_up]))
+        linears[f"l{i}.down"] = lin(lw.w_down)
+        norms[f"l{i}.attn_norm"] = lw.attn_norm.astype(np.float32)
+        norms[f"l{i}.ffn_norm"] = lw.ffn_norm.astype(np.float32)
+    linears["lm_head"] = lin(weights.head)
+    norms["final_norm"] = weights.final_norm.astype(np.float32)
+    return BackendWeights(mode, np.ascontiguousarray(weights.embed, dtype=np.float32),
+                          linears, norms)

@@ -1,7 +1,7 @@
 """``llm-engine serve``: parse flags, start the HTTP server, load the model, serve forever.
 
 ``--model tiny-random`` (hidden from --help) serves the tiny random model of
-crucible.model.tiny: no download, fast on CPU, for tests and the load generator.
+crucible/model/tiny.py: no download, fast on CPU, for tests and the load generator.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import asyncio
 import logging
 import signal
 
-from crucible.engine.scheduler import SchedulerConfig
+from crucible.engine.factory import build_engine
+from crucible.engine.settings import Settings
 from crucible.errors import CrucibleError
 from crucible.model.fetch import DEFAULT_MODEL
-from crucible.server.launch import EngineSpec, build_engine, start_server, stop_server
+from crucible.server.launch import start_server, stop_server
 from crucible.server.state import ServerConfig, ServerState
 
 log = logging.getLogger("crucible.server")
@@ -44,7 +45,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--token-budget", type=_positive, default=1024, help="rows per step")
     p.add_argument("--chunk-cap", type=_positive, default=None,
                    help="longest prefill slice per step (default: off)")
-    p.add_argument("--num-pages", type=_positive, default=1024, help="pages in the KV pool")
+    p.add_argument("--num-pages", type=_positive, default=None,
+                   help="pages of 16 positions in the KV pool (default: two full contexts; "
+                        "on CUDA at least 1024)")
+    p.add_argument("--max-running", type=_positive, default=256,
+                   help="admitted requests holding pages at once")
     p.add_argument("--seed", type=int, default=0, help="base seed for unseeded requests")
     p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
     p.add_argument("--log-level", default="info")
@@ -52,14 +57,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    sched = SchedulerConfig(token_budget=args.token_budget, chunk_cap=args.chunk_cap,
-                            max_queue=args.max_queue)
-    spec = EngineSpec(model=args.model, device=args.device, weights=args.weights,
-                      num_pages=args.num_pages, scheduler=sched, seed=args.seed)
+    settings = Settings.from_env(device=args.device, weights=args.weights,
+                                 num_pages=args.num_pages, token_budget=args.token_budget,
+                                 chunk_cap=args.chunk_cap, max_queue=args.max_queue,
+                                 max_running=args.max_running, seed=args.seed)
     state = ServerState(ServerConfig(model_name=args.served_model_name or args.model,
                                      api_key=args.api_key, max_queue=args.max_queue))
     runner, port, load = await start_server(state, args.host, args.port,
-                                            lambda: build_engine(spec))
+                                            lambda: build_engine(args.model, settings))
     log.info("listening on http://%s:%d (loading %s on %s, %s weights)", args.host, port,
              args.model, args.device, args.weights)
     stop = asyncio.Event()

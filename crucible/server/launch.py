@@ -1,4 +1,4 @@
-"""Building the engine for a server, and running a server (foreground or in a thread).
+"""Running a server (foreground or in a thread) around an engine built by engine/factory.py.
 
 The HTTP listener starts before the model loads, so /health can answer 503 ("loading")
 while weights are read; the model then loads in an executor thread and the engine loop
@@ -11,66 +11,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict
 from typing import Any, Callable
 
 from aiohttp import web
 
 from crucible.engine.engine import LLMEngine
-from crucible.engine.scheduler import SchedulerConfig
+from crucible.engine.factory import EngineInfo
 from crucible.errors import CrucibleError
 from crucible.server.app import build_app
 from crucible.server.engine_loop import EngineLoop
 from crucible.server.state import ServerConfig, ServerState
 
 log = logging.getLogger("crucible.server")
-TINY_MODEL = "tiny-random"  # hidden test model: crucible.model.tiny, context 2048
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    model: str = "smollm2-135m-instruct"
-    device: str = "auto"
-    weights: str = "int8"
-    num_pages: int = 1024
-    scheduler: SchedulerConfig = SchedulerConfig()
-    seed: int = 0
-
-
-def build_engine(spec: EngineSpec, loaded: Any = None) -> tuple[LLMEngine, dict]:
-    """``loaded``: an already loaded model (a LoadedModel) to serve instead of ``spec.model``."""
-    from crucible.model.runner import ModelRunner
-
-    if loaded is not None:
-        model = loaded
-    elif spec.model == TINY_MODEL:
-        from crucible.model.tiny import tiny_random_model
-
-        model = tiny_random_model(seed=0, weights=spec.weights, max_context=2048)
-    else:
-        from crucible.model.loader import load_model
-
-        model = load_model(spec.model, spec.weights)
-    runner = ModelRunner(model, num_pages=spec.num_pages, device=spec.device)
-    engine = LLMEngine(runner, model.tokenizer, spec.scheduler, seed=spec.seed)
-    cfg = spec.scheduler
-    info = {"model": model.name, "device": runner.device, "backend": runner.backend.name,
-            "weights": model.weights_mode, "context": model.config.max_context,
-            "pages": spec.num_pages, "token_budget": cfg.token_budget,
-            "chunk_cap": cfg.chunk_cap, "max_queue": cfg.max_queue,
-            "attention": _attention_name(runner)}
-    return engine, info
-
-
-def _attention_name(runner: Any) -> str:
-    variant = getattr(runner.backend, "variant", None)  # the CuPy backend's selection
-    if variant is None:
-        return "numpy reference order"
-    return str(getattr(variant, "name", variant))
 
 
 async def start_server(state: ServerState, host: str, port: int,
-                       make_engine: Callable[[], tuple[LLMEngine, dict]]
+                       make_engine: Callable[[], tuple[LLMEngine, EngineInfo]]
                        ) -> tuple[web.AppRunner, int, asyncio.Task]:
     """Listen now; load the engine in the background. Returns (runner, port, load task)."""
     # handler_cancellation: a client that disconnects cancels its handler, whose finally
@@ -84,7 +41,7 @@ async def start_server(state: ServerState, host: str, port: int,
 
     async def load() -> None:
         try:
-            engine, info = await loop.run_in_executor(None, make_engine)
+            engine, built = await loop.run_in_executor(None, make_engine)
         except Exception as exc:
             if isinstance(exc, CrucibleError):  # a user-facing problem: the message says it
                 log.error("model load failed: %s", exc)
@@ -94,6 +51,7 @@ async def start_server(state: ServerState, host: str, port: int,
             return
         engine_loop = EngineLoop(engine)
         engine_loop.start(loop)
+        info = asdict(built)
         state.attach(engine_loop, info)
         log.info("ready: %s", ", ".join(f"{k}={v}" for k, v in info.items()))
 
@@ -109,7 +67,7 @@ async def stop_server(state: ServerState, runner: web.AppRunner) -> None:
 class ServerThread:
     """A real server on 127.0.0.1:<ephemeral> in a background thread (tests, benchmarks)."""
 
-    def __init__(self, make_engine: Callable[[], tuple[LLMEngine, dict]],
+    def __init__(self, make_engine: Callable[[], tuple[LLMEngine, EngineInfo]],
                  config: ServerConfig | None = None, host: str = "127.0.0.1") -> None:
         self.state = ServerState(config or ServerConfig())
         self._make_engine = make_engine

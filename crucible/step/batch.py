@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from crucible.records import quick_init
+from crucible.step.quick_init import quick_init
 
 PAGE_SIZE = 16
 PAGE_SHIFT = 4

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
 
-from crucible.records import quick_init
+from crucible.step.quick_init import quick_init
 
 ROW_WORDS = 16
 ENTRY_WORDS = 2  # int64 words per entry (four int32)
@@ -277,10 +277,36 @@ class SampleOutput:
     logprobs: tuple[Logprobs | None, ...]  # top-N (rank order) plus the sampled token
 
 
+class PendingSample(Protocol):
+    """A queued sampling call. ``event`` is the device event its ids arrive by (None: the
+    result is already on the host)."""
+
+    event: Any
+
+    def result(self) -> SampleOutput: ...
+
+
+@dataclass(frozen=True)
+class ReadySample:
+    """A sampling call that finished where it was made (a host-side sampler)."""
+
+    out: SampleOutput
+    event: Any = None
+
+    def result(self) -> SampleOutput:
+        return self.out
+
+
 class RowSampler(Protocol):
-    """What ``ModelRunner.forward_sample`` needs: sample rows of a logits array that stays
-    where the backend made it, and fetch a few raw rows to the host (prompt logprobs)."""
+    """What the runner needs of a sampler that works on logits where the backend made them:
+    queue the sampling of rows (``sample_async``; ``sample`` waits for it) and fetch a few raw
+    rows to the host (prompt logprobs)."""
 
     def sample(self, logits: Any, rows: Sequence[RowSampling]) -> SampleOutput: ...
+
+    def sample_async(self, logits: Any, rows: Sequence[RowSampling], tokens_out: Any = None,
+                     ready: bool = False) -> PendingSample:
+        """``tokens_out``: where the ids go on the device (for a fed next step); ``ready``:
+        it already holds them (a decode graph's argmax), only the copy back is queued."""
 
     def rows_to_host(self, logits: Any, rows: Sequence[int]) -> np.ndarray: ...

@@ -1,0 +1,17 @@
+"""What a backend is built with: plain values, decided once by the settings at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from crucible.kernels.variants import DEFAULT_VARIANT
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    attention: str = DEFAULT_VARIANT  # attention variant name (kernels/variants.py); CuPy
+    decode_graphs: bool = True  # decode steps replay CUDA graphs
+    prefill_graphs: bool = True  # singleton prefills replay CUDA graphs
+    pdl: bool = True  # programmatic dependent launch inside decode graphs
+    decode_stack: bool = True  # batch-1 decode as three kernels per layer (same bits)
+    cpu_threads: int | None = None  # the CPU kernels' threads (None: the available cores)

@@ -1,0 +1,67 @@
+"""One way to build an engine, shared by the CLI, the Python API and the server, so the
+same settings give the same engine (pool size, scheduler limits, backend) everywhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from crucible.backend.select import make_backend, resolve_device
+from crucible.engine.engine import LLMEngine
+from crucible.engine.runner import ModelRunner
+from crucible.engine.settings import Settings
+from crucible.errors import ConfigError
+from crucible.model.loader import LoadedModel, load_model
+
+TINY_MODEL = "tiny-random"  # the hidden test model (model/tiny.py): no download, context 2048
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What was built, for start-up lines, ``/health`` and the server's metrics."""
+
+    model: str
+    device: str
+    backend: str
+    weights: str
+    context: int
+    pages: int
+    token_budget: int
+    chunk_cap: int | None
+    max_queue: int
+    max_running: int
+    attention: str
+
+
+def load(model: str | LoadedModel, settings: Settings) -> LoadedModel:
+    """A model by name, path or the tiny test model, in the settings' weight mode."""
+    if isinstance(model, LoadedModel):
+        if model.weights_mode != settings.weights:
+            raise ConfigError(f"weights={settings.weights!r} but the given model was loaded "
+                              f"as {model.weights_mode!r}")
+        return model
+    if model == TINY_MODEL:
+        from crucible.model.tiny import tiny_random_model
+
+        return tiny_random_model(seed=0, weights=settings.weights, max_context=2048)
+    return load_model(model, settings.weights, settings.cache_dir)
+
+
+def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngine, EngineInfo]:
+    """The device is resolved and the backend built before the model loads, so a bad device
+    fails in milliseconds, not after a load of several seconds."""
+    device = resolve_device(settings.device)
+    backend = make_backend(device, settings.backend_options())
+    loaded = load(model, settings)
+    pages = settings.pool_pages(device, loaded.config.max_context)
+    runner = ModelRunner(loaded, num_pages=pages, device=device, settings=settings,
+                         backend=backend)
+    engine = LLMEngine(runner, loaded.tokenizer, settings.scheduler_config(),
+                       seed=settings.seed)
+    cfg = engine.config
+    info = EngineInfo(model=loaded.name, device=runner.device, backend=backend.name,
+                      weights=loaded.weights_mode, context=loaded.config.max_context,
+                      pages=pages, token_budget=cfg.token_budget, chunk_cap=cfg.chunk_cap,
+                      max_queue=cfg.max_queue, max_running=cfg.max_running,
+                      attention=settings.attention if device == "cuda"
+                      else "numpy reference order")
+    return engine, info

@@ -1,0 +1,150 @@
+"""Settings: every start-up choice in one frozen object, read once and passed down.
+
+Entry points (the CLI, ``LLM(...)``, the server, the gpu-* checks) build it from their flags
+or arguments and the environment (``Settings.from_env``); nothing below them reads an
+environment variable. Every value is checked here, so a bad one is one clear error at
+start-up that names the variable or argument, before a model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from crucible.backend.cpu_ext import MAX_THREADS
+from crucible.backend.options import BackendOptions
+from crucible.engine.pages import pages_for
+from crucible.engine.scheduler import SchedulerConfig
+from crucible.errors import ConfigError
+from crucible.kernels.variants import DEFAULT_VARIANT, parse_variant
+
+DEVICES = ("auto", "cpu", "cuda")
+WEIGHTS = ("int8", "f32")
+CUDA_MIN_PAGES = 1024  # the CUDA pool's floor: room for many concurrent requests
+
+
+def _switch(name: str, raw: str) -> bool:
+    value = raw.strip()
+    if value not in ("0", "1"):
+        raise ConfigError(f"{name} must be 0 or 1, got {raw!r}")
+    return value == "1"
+
+
+def _threads(name: str, raw: str) -> int | None:
+    value = raw.strip()
+    if not value:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= MAX_THREADS:
+        raise ConfigError(f"{name} must be a whole number from 1 to {MAX_THREADS}, "
+                          f"got {raw!r}")
+    return int(value)
+
+
+def _attention(name: str, raw: str) -> str:
+    return parse_variant(raw).name if raw.strip() else DEFAULT_VARIANT
+
+
+def _path(name: str, raw: str) -> Path | None:
+    return Path(raw).expanduser() if raw.strip() else None
+
+
+# Environment variable -> (field, parser). The README's settings table lists the same.
+ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "CRUCIBLE_PREFILL_ATTN": ("attention", _attention),
+    "CRUCIBLE_DECODE_GRAPHS": ("decode_graphs", _switch),
+    "CRUCIBLE_PREFILL_GRAPHS": ("prefill_graphs", _switch),
+    "CRUCIBLE_PDL": ("pdl", _switch),
+    "CRUCIBLE_DECODE_STACK": ("decode_stack", _switch),
+    "CRUCIBLE_PIPELINE": ("pipeline", _switch),
+    "CRUCIBLE_CPU_THREADS": ("cpu_threads", _threads),
+    "CRUCIBLE_CACHE": ("cache_dir", _path),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str = "auto"  # auto | cpu | cuda
+    weights: str = "int8"  # int8 | f32
+    attention: str = DEFAULT_VARIANT  # the GPU's attention variant (kernels/variants.py)
+    decode_graphs: bool = True
+    prefill_graphs: bool = True
+    pdl: bool = True
+    decode_stack: bool = True
+    pipeline: bool = True
+    cpu_threads: int | None = None  # None: the available cores
+    cache_dir: Path | None = None  # None: ~/.cache/crucible
+    num_pages: int | None = None  # None: default_num_pages()
+    token_budget: int = 1024
+    chunk_cap: int | None = None
+    max_queue: int = 64
+    max_running: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ConfigError(f"device must be one of {', '.join(DEVICES)}; got {self.device!r}")
+        if self.weights not in WEIGHTS:
+            raise ConfigError(f"weights must be 'int8' or 'f32', got {self.weights!r}")
+        object.__setattr__(self, "attention", parse_variant(self.attention).name)
+        for name in ("decode_graphs", "prefill_graphs", "pdl", "decode_stack", "pipeline"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name, low in (("cpu_threads", 1), ("num_pages", 1), ("chunk_cap", 1)):
+            self._check_int(name, low, optional=True)
+        for name, low in (("token_budget", 1), ("max_queue", 1), ("max_running", 1),
+                          ("seed", 0)):
+            self._check_int(name, low)
+        if self.cpu_threads is not None and self.cpu_threads > MAX_THREADS:
+            raise ConfigError(f"cpu_threads must be at most {MAX_THREADS}, got {self.cpu_threads}")
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+
+    def _check_int(self, name: str, low: int, optional: bool = False) -> None:
+        v = getattr(self, name)
+        if v is None and optional:
+            return
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ConfigError(f"{name} must be a whole number >= {low}"
+                              f"{' or None' if optional else ''}, got {v!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **given: Any) -> "Settings":
+        """The environment's CRUCIBLE_* values, then ``given`` (flags or API arguments; a
+        None value means "not given") over them."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for var, (field, parse) in ENV.items():
+            raw = env.get(var)
+            if raw is not None:
+                parsed = parse(var, raw)
+                if parsed is not None:
+                    values[field] = parsed
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise TypeError(f"Settings has no field {unknown[0]!r}")
+        values.update({k: v for k, v in given.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+    def backend_options(self) -> BackendOptions:
+        return BackendOptions(attention=self.attention, decode_graphs=self.decode_graphs,
+                              prefill_graphs=self.prefill_graphs, pdl=self.pdl,
+                              decode_stack=self.decode_stack, cpu_threads=self.cpu_threads)
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(token_budget=self.token_budget, chunk_cap=self.chunk_cap,
+                               max_queue=self.max_queue, max_running=self.max_running)
+
+    def pool_pages(self, device: str, max_context: int) -> int:
+        """``num_pages``, or the default pool for a resolved device: two full contexts on
+        the CPU; on CUDA at least CUDA_MIN_PAGES."""
+        if self.num_pages is not None:
+            return self.num_pages
+        two = 2 * pages_for(max_context)
+        return max(two, CUDA_MIN_PAGES) if device == "cuda" else two

@@ -1,0 +1,122 @@
+"""The one settings object: environment + arguments, parsed strictly, read once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from crucible.backend import cpu_ext
+from crucible.backend.numpy_backend import NumpyBackend
+from crucible.engine.settings import ENV, Settings
+from crucible.errors import ConfigError
+
+SWITCHES = ("CRUCIBLE_DECODE_GRAPHS", "CRUCIBLE_PREFILL_GRAPHS", "CRUCIBLE_PDL",
+            "CRUCIBLE_DECODE_STACK", "CRUCIBLE_PIPELINE")
+
+
+def test_defaults_without_environment() -> None:
+    s = Settings.from_env({})
+    assert s == Settings()
+    assert s.attention == "exact-q4-k64" and s.weights == "int8" and s.device == "auto"
+    assert s.decode_graphs and s.prefill_graphs and s.pdl and s.decode_stack and s.pipeline
+    assert s.cpu_threads is None and s.cache_dir is None and s.num_pages is None
+    assert (s.token_budget, s.chunk_cap, s.max_queue, s.max_running) == (1024, None, 64, 256)
+
+
+def test_attention_variable_and_alias() -> None:
+    assert Settings.from_env({"CRUCIBLE_PREFILL_ATTN": "  "}).attention == "exact-q4-k64"
+    assert Settings.from_env({"CRUCIBLE_PREFILL_ATTN": "exact"}).attention == "exact-q4-k64"
+    got = Settings.from_env({"CRUCIBLE_PREFILL_ATTN": "online-q2-k32"}).attention
+    assert got == "online-q2-k32"
+    with pytest.raises(ConfigError, match="unknown CRUCIBLE_PREFILL_ATTN value 'fastest'"):
+        Settings.from_env({"CRUCIBLE_PREFILL_ATTN": "fastest"})
+
+
+@pytest.mark.parametrize("var", SWITCHES)
+def test_switches(var: str) -> None:
+    field = ENV[var][0]
+    assert getattr(Settings.from_env({}), field) is True  # default on
+    assert getattr(Settings.from_env({var: "0"}), field) is False
+    assert getattr(Settings.from_env({var: " 1 "}), field) is True
+    for bad in ("off", "yes", "", "2"):
+        with pytest.raises(ConfigError, match=f"{var} must be 0 or 1"):
+            Settings.from_env({var: bad})
+
+
+@pytest.mark.parametrize("raw,want", [("1", 1), ("3", 3), (" 2 ", 2), ("256", 256), ("", None)])
+def test_threads_setting(raw: str, want: int | None) -> None:
+    assert Settings.from_env({"CRUCIBLE_CPU_THREADS": raw}).cpu_threads == want
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "two", "2.5", "257", "1e3"])
+def test_bad_threads_setting_is_a_startup_error(raw: str) -> None:
+    with pytest.raises(ConfigError, match="CRUCIBLE_CPU_THREADS must be a whole number"):
+        Settings.from_env({"CRUCIBLE_CPU_THREADS": raw})
+
+
+def test_threads_default_is_the_available_cores() -> None:
+    want = min(cpu_ext.default_threads(), cpu_ext.MAX_THREADS)
+    assert want >= 1
+    assert NumpyBackend(threads=Settings().cpu_threads).threads == want
+    assert NumpyBackend(threads=3).threads == 3
+    for bad in (0, 257, True, 2.0):
+        with pytest.raises(ConfigError, match="cpu threads must be a whole number"):
+            NumpyBackend(threads=bad)
+
+
+def test_cache_dir(tmp_path: Path) -> None:
+    assert Settings.from_env({"CRUCIBLE_CACHE": str(tmp_path)}).cache_dir == tmp_path
+    assert Settings.from_env({"CRUCIBLE_CACHE": ""}).cache_dir is None
+
+
+def test_arguments_override_the_environment() -> None:
+    env = {"CRUCIBLE_PIPELINE": "0", "CRUCIBLE_PREFILL_ATTN": "reference"}
+    s = Settings.from_env(env, pipeline=True, num_pages=None, token_budget=7)
+    assert s.pipeline is True and s.attention == "reference" and s.token_budget == 7
+    assert s.num_pages is None  # None means "not given"
+    with pytest.raises(TypeError, match="no field 'pages'"):
+        Settings.from_env({}, pages=3)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(device="gpu"), "device must be one of auto, cpu, cuda"),
+    (dict(weights="fp16"), "weights must be 'int8' or 'f32'"),
+    (dict(attention="flash"), "unknown CRUCIBLE_PREFILL_ATTN value 'flash'"),
+    (dict(num_pages=0), "num_pages must be a whole number >= 1"),
+    (dict(token_budget=0), "token_budget must be a whole number >= 1"),
+    (dict(chunk_cap=-1), "chunk_cap must be a whole number >= 1"),
+    (dict(max_queue=1.5), "max_queue must be a whole number"),
+    (dict(max_running=True), "max_running must be a whole number"),
+    (dict(seed=-1), "seed must be a whole number >= 0"),
+    (dict(pdl=1), "pdl must be True or False"),
+    (dict(cpu_threads=999), "cpu_threads must be at most 256"),
+])
+def test_bad_arguments_name_the_problem(kw: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Settings(**kw)
+
+
+def test_one_pool_default_for_every_entry_point() -> None:
+    s = Settings()
+    assert s.pool_pages("cpu", 2048) == 2 * 128
+    assert s.pool_pages("cuda", 2048) == 1024
+    assert s.pool_pages("cuda", 8192 * 16) == 2 * 8192
+    assert s.replace(num_pages=77).pool_pages("cuda", 2048) == 77
+
+
+def test_backend_options_carry_the_settings() -> None:
+    s = Settings(attention="online-q1-k16", pdl=False, decode_stack=False,
+                 decode_graphs=False, prefill_graphs=True, cpu_threads=2)
+    o = s.backend_options()
+    assert (o.attention, o.pdl, o.decode_stack, o.decode_graphs, o.prefill_graphs,
+            o.cpu_threads) == ("online-q1-k16", False, False, False, True, 2)
+    assert s.scheduler_config().token_budget == 1024
+
+
+def test_nothing_below_the_entry_points_reads_the_environment() -> None:
+    """Settings are read once: only engine/settings.py names os.environ in the product."""
+    root = Path(__file__).resolve().parent.parent / "crucible"
+    readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                     if "os.environ" in p.read_text() or "getenv(" in p.read_text())
+    assert readers == ["engine/settings.py"], readers
