@@ -12,6 +12,7 @@ import pytest
 from crucible.errors import RequestError
 from crucible.model.chat_template import ChatTemplate, TemplateRejected
 from crucible.model.tokenizer import Tokenizer
+from crucible.model.tiny_tokenizer import tiny_tokenizer
 
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},
@@ -25,7 +26,7 @@ CHATML = ("<|im_start|>system\nYou are terse.<|im_end|>\n"
 
 @pytest.fixture(scope="module")
 def tiny() -> Tokenizer:
-    return Tokenizer.tiny_for_tests()
+    return tiny_tokenizer()
 
 
 def test_chatml_fallback(tiny: Tokenizer) -> None:

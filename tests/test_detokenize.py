@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 
 from crucible.model.detokenize import IncrementalDetokenizer
 from crucible.model.tokenizer import Tokenizer
+from crucible.model.tiny_tokenizer import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tiny() -> Tokenizer:
-    return Tokenizer.tiny_for_tests()
+    return tiny_tokenizer()
 
 
 def feed(detok: IncrementalDetokenizer, ids: list[int]) -> list[str]:

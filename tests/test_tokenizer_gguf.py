@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from crucible.model.fetch import resolve_model_path
 from crucible.model.tokenizer import Tokenizer
+from crucible.model.tokenizer_load import load_gguf_tokenizer
 
 pytestmark = pytest.mark.model
 
@@ -123,7 +124,7 @@ def meta(reader: gguf.GGUFReader) -> dict:
 
 @pytest.fixture(scope="module")
 def tok(reader: gguf.GGUFReader) -> Tokenizer:
-    return Tokenizer.from_gguf(resolve_model_path("smollm2-135m-instruct"), reader=reader)
+    return load_gguf_tokenizer(resolve_model_path("smollm2-135m-instruct"), reader=reader)
 
 
 @pytest.fixture(scope="module")

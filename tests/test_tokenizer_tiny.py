@@ -16,13 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crucible.errors import ConfigError, ModelLoadError, RequestError
-from crucible.model.tiny_tokenizer import TINY_MERGES, TINY_SPECIALS, tiny_vocab
+from crucible.model.tiny_tokenizer import TINY_MERGES, TINY_SPECIALS, tiny_tokenizer, tiny_vocab
 from crucible.model.tokenizer import Tokenizer
+from crucible.model.tokenizer_load import load_gguf_tokenizer, load_hf_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tiny() -> Tokenizer:
-    return Tokenizer.tiny_for_tests()
+    return tiny_tokenizer()
 
 
 # (text, ids, why). Merge ranks: Ġt=0 he=1 Ġthe=2 in=3 Ġa=4 er=5 on=6 ĠĠ=7 ĠĠĠĠ=8 ing=9
@@ -128,7 +129,7 @@ def test_hf_dir_matches_tiny(tiny: Tokenizer, tmp_path: Path) -> None:
     cfg = {"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"},
            "chat_template": "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
                             "{% endfor %}{{ eos_token }}"}
-    tok = Tokenizer.from_hf_dir(_write_hf_dir(tmp_path, cfg))
+    tok = load_hf_tokenizer(_write_hf_dir(tmp_path, cfg))
     assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_id) == (272, 270, 271)
     assert tok.add_bos is False  # no flag and the post-processor adds nothing
     for text in SAMPLES:
@@ -136,21 +137,21 @@ def test_hf_dir_matches_tiny(tiny: Tokenizer, tmp_path: Path) -> None:
     assert tok.has_chat_template
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "[user]x<|im_end|>"
     (tmp_path / "generation_config.json").write_text('{"eos_token_id": [271, 65]}')
-    assert Tokenizer.from_hf_dir(tmp_path).stop_token_ids == (65, 269, 271)
+    assert load_hf_tokenizer(tmp_path).stop_token_ids == (65, 269, 271)
 
 
 def test_hf_dir_errors(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="tokenizer.json"):
-        Tokenizer.from_hf_dir(tmp_path)
+        load_hf_tokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match="tokenizer.json"):
-        Tokenizer.from_hf_dir(tmp_path)
+        load_hf_tokenizer(tmp_path)
     _write_hf_dir(tmp_path, {"eos_token": "<|nope|>"})
     with pytest.raises(ModelLoadError, match="nope"):
-        Tokenizer.from_hf_dir(tmp_path)
+        load_hf_tokenizer(tmp_path)
     _write_hf_dir(tmp_path, {"chat_template": "{% for %}"})
     with pytest.raises(ModelLoadError, match="chat template"):
-        Tokenizer.from_hf_dir(tmp_path)
+        load_hf_tokenizer(tmp_path)
 
 
 def _write_gguf(path: Path, skip: str = "", **override: object) -> Path:
@@ -176,7 +177,7 @@ def _write_gguf(path: Path, skip: str = "", **override: object) -> Path:
 
 
 def test_from_gguf_metadata(tiny: Tokenizer, tmp_path: Path) -> None:
-    tok = Tokenizer.from_gguf(_write_gguf(tmp_path / "t.gguf"))
+    tok = load_gguf_tokenizer(_write_gguf(tmp_path / "t.gguf"))
     assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_id) == (272, 270, 271)
     assert not tok.has_chat_template  # none stored: ChatML fallback
     for text in SAMPLES:
@@ -195,14 +196,14 @@ def test_from_gguf_metadata(tiny: Tokenizer, tmp_path: Path) -> None:
 def test_from_gguf_errors(tmp_path: Path, kwargs: dict, needle: str) -> None:
     path = _write_gguf(tmp_path / "bad.gguf", **kwargs)
     with pytest.raises(ModelLoadError, match=needle) as info:
-        Tokenizer.from_gguf(path)
+        load_gguf_tokenizer(path)
     assert str(path) in str(info.value)
 
 
 def test_from_gguf_unreadable(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="no such"):
-        Tokenizer.from_gguf(tmp_path / "absent.gguf")
+        load_gguf_tokenizer(tmp_path / "absent.gguf")
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 7)
     with pytest.raises(ModelLoadError, match="junk.gguf"):
-        Tokenizer.from_gguf(junk)
+        load_gguf_tokenizer(junk)

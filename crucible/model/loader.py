@@ -31,7 +31,7 @@ def check_weights_mode(mode: str) -> str:
 def load_model(spec: str, weights: str = "int8", cache: Path | None = None) -> LoadedModel:
     """``spec``: a known model name, a ``.gguf`` path or an HF-format directory; ``cache``:
     where known models are downloaded to (model/fetch.py)."""
-    from crucible.model.tokenizer import Tokenizer
+    from crucible.model.tokenizer_load import load_gguf_tokenizer, load_hf_tokenizer
 
     check_weights_mode(weights)
     path = resolve_model_path(spec, cache)
@@ -39,13 +39,13 @@ def load_model(spec: str, weights: str = "int8", cache: Path | None = None) -> L
         from crucible.model.hf_loader import load_hf_dir
 
         cfg, w, fp = load_hf_dir(path)
-        tok = Tokenizer.from_hf_dir(path)
+        tok = load_hf_tokenizer(path)
     else:
         from crucible.model.gguf_loader import load_gguf, open_gguf
 
         reader = open_gguf(path)  # parsing metadata is slow: read it once for both
         cfg, w, fp = load_gguf(path, reader)
-        tok = Tokenizer.from_gguf(path, reader)
+        tok = load_gguf_tokenizer(path, reader)
     if tok.vocab_size > cfg.vocab_size:
         raise ModelLoadError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model's "
                              f"vocabulary is {cfg.vocab_size}")

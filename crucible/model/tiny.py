@@ -62,14 +62,14 @@ def tiny_weights(cfg: ModelConfig, seed: int = 0) -> ModelWeights:
 
 
 def tiny_random_model(seed: int = 0, weights: str = "f32", **geometry: object) -> LoadedModel:
-    from crucible.model.tokenizer import Tokenizer
+    from crucible.model.tiny_tokenizer import tiny_tokenizer
 
     check_weights_mode(weights)
     cfg = tiny_config(**geometry)
     w = tiny_weights(cfg, seed)
     fp = hashlib.sha256(f"tiny:{seed}:{cfg.to_json()}".encode()).hexdigest()
     return LoadedModel(name=f"tiny-random-{seed}", config=cfg, weights=w,
-                       tokenizer=Tokenizer.tiny_for_tests(), fingerprint=fp, weights_mode=weights)
+                       tokenizer=tiny_tokenizer(), fingerprint=fp, weights_mode=weights)
 
 
 def save_hf_dir(model: LoadedModel, path: Path) -> None:

@@ -14,12 +14,10 @@ which is what SmolLM2's own template produces when a system message is given.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from crucible.model.bpe_build import BYTE_TO_CHAR, TOKEN_CONTROL, TOKEN_NORMAL, build_byte_level_bpe
+from crucible.model.tokenizer import Tokenizer
 
-if TYPE_CHECKING:  # tokenizer.py imports this module lazily; avoid a cycle at import time
-    from crucible.model.tokenizer import Tokenizer
 
 # (left, right) in byte-level spelling; 'Ġ' is the space byte, 'Ċ' the newline byte.
 TINY_MERGES: tuple[tuple[str, str], ...] = (
@@ -59,7 +57,6 @@ def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
 
 def tiny_tokenizer() -> Tokenizer:
     """A fresh tiny Tokenizer (cheap: a few milliseconds)."""
-    from crucible.model.tokenizer import Tokenizer
 
     tokens, merges, types = tiny_vocab()
     backend = build_byte_level_bpe(tokens, merges, types, pre="smollm")

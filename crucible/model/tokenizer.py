@@ -12,7 +12,6 @@ tokenizer of the tests. Invariants:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -54,29 +53,6 @@ class Tokenizer:
             chat_template if chat_template is not None else CHATML_TEMPLATE,
             bos_token=self._token_str(bos_token_id), eos_token=self._token_str(eos_token_id))
         self._bytes: list[bytes] | None = None  # built on first streaming use
-
-    # -- construction ---------------------------------------------------------------------
-
-    @classmethod
-    def from_gguf(cls, path: str | Path, reader: Any = None) -> Tokenizer:
-        """Build from a GGUF's ``tokenizer.*`` metadata (pass an open GGUFReader to reuse it)."""
-        from crucible.model.tokenizer_load import load_gguf_tokenizer
-
-        return load_gguf_tokenizer(Path(path), reader)
-
-    @classmethod
-    def from_hf_dir(cls, path: str | Path) -> Tokenizer:
-        """Build from an HF directory: tokenizer.json (+ tokenizer_config.json if present)."""
-        from crucible.model.tokenizer_load import load_hf_tokenizer
-
-        return load_hf_tokenizer(Path(path))
-
-    @classmethod
-    def tiny_for_tests(cls) -> Tokenizer:
-        """A small byte-level BPE tokenizer with ChatML specials; ids in tiny_tokenizer.py."""
-        from crucible.model.tiny_tokenizer import tiny_tokenizer
-
-        return tiny_tokenizer()
 
     # -- ids and text ---------------------------------------------------------------------
 
