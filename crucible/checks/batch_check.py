@@ -1,7 +1,7 @@
 """``gpu-batch`` and ``gpu-paged``: a request's logits must not depend on its company or its pages.
 
-DESIGN.md section 5 promises that every output element is computed in a canonical order,
-whatever the batch holds and wherever the K/V pages live. These commands check the promise
+The numerics contract (docs/numerics.md) promises that every output element is computed in a
+canonical order, whatever the batch holds and wherever the K/V pages live. These commands check the promise
 on whole forwards (prefill then decode steps), comparing f32 logits *bitwise*:
 
   gpu-batch  a needle request (prefill, then ``--steps`` decode steps) run alone == the same

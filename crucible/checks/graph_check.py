@@ -14,7 +14,8 @@ gpu-graph-check   decode steps replayed from CUDA graphs (padded up to a bucket)
                   and an all-greedy pipelined engine (its ids from the decode graphs'
                   argmax) against an engine without graphs (ids from the sampler's kernel).
 gpu-decode-prefill  teacher forcing: the logits of decode step t equal the prefill logits of
-                  prompt + generated[:t], bitwise (DESIGN.md 5.3). Checked against one
+                  prompt + generated[:t], bitwise (the canonical order,
+                  docs/numerics.md). Checked against one
                   prefill per request with every row wanted, and against a packed step of
                   prefills truncated at random t.
 """

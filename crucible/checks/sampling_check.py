@@ -34,8 +34,8 @@ import numpy as np
 
 from crucible.engine.rng import random_bits, uniform
 from crucible.checks.batch_check import Counts
-from crucible.checks.sampling_cases import (KINDS, Case, boundary_margin, case, chi_square_p,
-                                         make_logits, matrix_cases)
+from crucible.checks.sampling_cases import (KINDS, Case, boundary_margin, case, make_logits,
+                                         matrix_cases)
 
 
 @dataclass

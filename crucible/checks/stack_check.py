@@ -1,4 +1,4 @@
-"""The batch-1 decode stack (crucible/backend/cupy_decode_stack.py) against the five-kernel
+"""The batch-1 decode stack (crucible/kernels/decode_stack.py) against the five-kernel
 layers, bitwise; part of ``gpu-engine-check``.
 
   stages    each stack kernel == the stages it replaces, on one decode row:
@@ -109,8 +109,6 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
 
 def _steps(runner: ModelRunner, pages: list, stack: bool, graphs: bool) -> tuple[list, Any]:
     """Greedy decode from position 301 over the tile edges; logits per step and the pools."""
-    import cupy as cp
-
     be = runner.backend
     be.set_decode_stack(stack)
     saved = be.graphs

@@ -1,4 +1,4 @@
-"""``llm-engine gpu-validate``: every issue-5 exactness check in one run, with a summary table.
+"""``llm-engine gpu-validate``: every exactness check in one run, with a summary table.
 
 It runs, in this order, each in-process with its own exit status:
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from crucible.step.rows import RowSampling, SampleOutput
+from crucible.step.rows import RowSampling
 from crucible.step.batch import build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import Launched, plan_chained

@@ -8,7 +8,7 @@ Invariants:
   every workload).
 
 The free queue is an *intrusive* doubly linked list over page ids (two int lists, ``prev``
-and ``next``), not a deque: the prefix cache (DESIGN section 7) will keep full pages of
+and ``next``), not a deque: the prefix cache (planned; docs/engine.md) will keep full pages of
 finished requests in this same queue, unreferenced and evictable in LRU order, and a
 prefix hit must pull such a page out of the *middle* of the queue in O(1)
 (``FreePageQueue.remove``). Allocation pops the least recently freed page from the head;

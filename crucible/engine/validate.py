@@ -20,7 +20,7 @@ from crucible.errors import BatchValidationError
 _INT32_MAX = 2**31 - 1
 _VECTOR_FROM = 16  # segments; below this the Python walk is the faster check
 # At or below these sizes (a decode step of a few requests) one plain-Python pass accepts a
-# good batch in ~15 us; the numpy checks below cost ~20 calls whatever the size.
+# good batch more cheaply than the ~20 numpy calls the checks below cost whatever the size.
 _SMALL_ROWS, _SMALL_SEGS = 64, 8
 
 

@@ -2,7 +2,7 @@
 
 The HF (safetensors) and GGUF names, the per-layer fields of ``LayerWeights`` and their
 shapes are spelled here once; the loaders, the writers (``tiny.save_hf_dir``,
-``gguf_writer``) and the HF peer benchmark all read these tables, so a format's names
+tests/gguf_writer.py) and the HF peer benchmark all read these tables, so a format's names
 cannot drift between the code that reads it and the code that writes it.
 
 GGUF stores Q and K rows in llama.cpp's interleaved RoPE order; ``QK_HEADS`` names the two

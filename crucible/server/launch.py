@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Callable
 
 from aiohttp import web
 
