@@ -49,9 +49,3 @@ def oracle_rows(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, layer: in
             result[out_i, h * HEAD_DIM:(h + 1) * HEAD_DIM] = (
                 weights @ values[:, cols] / weights.sum())
     return result
-
-
-def within(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> bool:
-    """True when |actual - expected| <= atol + rtol*|expected| everywhere (NaN fails)."""
-    err = np.abs(actual.astype(np.float64) - expected)
-    return bool(np.all(err <= atol + rtol * np.abs(expected)))

@@ -71,11 +71,6 @@ class ScheduledSlice:
 @dataclass(frozen=True)
 class StepPlan:
     slices: tuple[ScheduledSlice, ...]
-    preempted: tuple[str, ...]  # request ids preempted while planning this step
-
-    @property
-    def num_rows(self) -> int:
-        return sum(s.length for s in self.slices)
 
 
 class Scheduler:
@@ -85,10 +80,6 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is preempted first
         self.num_preemptions = 0
-
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
 
     def check_room(self) -> None:
         """Refuse at once (QueueFullError, HTTP 429) when the waiting queue is full."""
@@ -136,17 +127,14 @@ class Scheduler:
         return min(n, budget, cap) if cap is not None else min(n, budget)
 
     def schedule(self) -> StepPlan:
-        preempted: list[str] = []
         while True:
-            slices = self._plan_once(preempted)
+            slices = self._plan_once()
             if slices or not self.running:
-                return StepPlan(tuple(slices), tuple(preempted))
+                return StepPlan(tuple(slices))
             # Every running request is a prefill blocked on pages: make room.
-            victim = self.running[-1]
-            self._preempt(victim)
-            preempted.append(victim.request_id)
+            self._preempt(self.running[-1])
 
-    def _plan_once(self, preempted: list[str]) -> list[ScheduledSlice]:
+    def _plan_once(self) -> list[ScheduledSlice]:
         budget = self.config.token_budget
         slices: list[ScheduledSlice] = []
         alloc = self.allocator
@@ -160,7 +148,6 @@ class Scheduler:
             while not req.page_table.grow(alloc, req.num_computed_tokens + 1):
                 victim = self.running[-1]
                 self._preempt(victim)
-                preempted.append(victim.request_id)
                 if victim is req:
                     break
             if req.status is RequestStatus.RUNNING:

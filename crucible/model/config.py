@@ -32,11 +32,6 @@ class ModelConfig:
     def q_dim(self) -> int:
         return self.n_heads * self.head_dim
 
-    @property
-    def group_size(self) -> int:
-        """Query heads per KV head (G)."""
-        return self.n_heads // self.n_kv_heads
-
     def validate(self, source: str) -> None:
         """Reject geometries the runtime cannot run, naming the file and the field."""
         positive = ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads",

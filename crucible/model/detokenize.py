@@ -12,7 +12,6 @@ complete character at once and holds an incomplete tail until the next token (or
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable
 from typing import Protocol
 
 
@@ -25,11 +24,11 @@ class TokenBytes(Protocol):
 
 
 class IncrementalDetokenizer:
-    """Feed ids one at a time (or in runs); get back the text they complete.
+    """Feed ids one at a time; get back the text they complete.
 
     ``skip_special_tokens`` defaults to True because a stream shown to a user should not
     carry control tokens such as ``<|im_end|>``; pass False to see them verbatim.
-    The concatenation of every ``add``/``add_many`` result and ``flush()`` equals
+    The concatenation of every ``add`` result and ``flush()`` equals
     ``tokenizer.decode(all_ids, skip_special_tokens)`` for byte-level vocabularies.
     """
 
@@ -51,9 +50,6 @@ class IncrementalDetokenizer:
         text = self._decoder.decode(data, final=False)
         self._pending = len(self._decoder.getstate()[0])
         return text
-
-    def add_many(self, token_ids: Iterable[int]) -> str:
-        return "".join(self.add(t) for t in token_ids)
 
     @property
     def has_pending(self) -> bool:
