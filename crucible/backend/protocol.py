@@ -27,8 +27,10 @@ StepMeta = Any
 Forward = Callable[[StepMeta], Array]  # step metadata -> logits of the final rows
 
 
-class Geometry(Protocol):
-    """What a backend reads of the model's shape (``ModelConfig`` provides it)."""
+@dataclass(frozen=True)
+class Geometry:
+    """A Llama-style decoder's shape: what a backend reads of the model (the model's
+    ``ModelConfig`` extends it with the checks of a checkpoint's metadata)."""
 
     vocab_size: int
     hidden_size: int
@@ -42,10 +44,12 @@ class Geometry(Protocol):
     rms_eps: float
 
     @property
-    def q_dim(self) -> int: ...
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
 
     @property
-    def kv_dim(self) -> int: ...
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
 
 
 @dataclass(frozen=True)

@@ -1,36 +1,20 @@
-"""Model geometry: one frozen dataclass shared by loaders, backends and the scheduler."""
+"""The model's configuration: its geometry (the backend contract's ``Geometry``) plus the
+checks of a checkpoint's metadata."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 import json
 
+from crucible.backend.protocol import Geometry
 from crucible.errors import ModelLoadError
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Geometry):
     """A Llama-style decoder. Every field comes from the checkpoint's metadata."""
 
-    vocab_size: int
-    hidden_size: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    ffn_size: int
-    max_context: int
-    rope_theta: float
-    rms_eps: float
     tie_embeddings: bool = True
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
 
     def validate(self, source: str) -> None:
         """Reject geometries the runtime cannot run, naming the file and the field."""
