@@ -26,7 +26,7 @@ import numpy as np
 
 from common import stat, write_json
 
-from crucible.backend import cupy_launch
+from crucible.kernels import launch as pdl_launch
 from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.model.loader import load_model
 from crucible.engine.runner import ModelRunner
@@ -36,7 +36,7 @@ from crucible.engine.runner import ModelRunner
 # before step t's ids are read, its input ids fed on the device: crucible/engine/pipeline.py)
 MODES = ("eager", "graph", "graph_pdl", "graph_pdl_pipe")
 # Batch 1 also runs pipelined with the decode stack off (five kernels per layer instead of
-# three: crucible/backend/cupy_decode_stack.py), the stack's baseline in the same round.
+# three: crucible/kernels/decode_stack.py), the stack's baseline in the same round.
 B1_MODES = MODES + ("graph_pdl_pipe_layers",)
 
 
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{k} {v:.3f}" for k, v in sorted(ms.items(), key=lambda kv: -kv[1])), file=sys.stderr)
     out = {"command": "python3 bench/gpu_generate.py " + " ".join(argv or sys.argv[1:]),
            "weights": args.weights, "rounds": args.rounds, "decode_steps": args.steps,
-           "pdl": cupy_launch.status(),
+           "pdl": pdl_launch.status(),
            "results": {k: stat(v) for k, v in res.items()},
            "profile_ms": profiles}
     write_json(args.json, out)

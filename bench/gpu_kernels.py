@@ -5,7 +5,7 @@
 Each kernel is launched ``reps`` times inside one CUDA graph and the graph is replayed; the
 time per launch is (replay time) / reps, which includes the graph's per-node cost, exactly
 as a decode step pays it. An empty kernel gives that per-node floor. Each kernel is timed
-twice: launched plainly, and with programmatic dependent launch (PDL, cupy_launch.py), where
+twice: launched plainly, and with programmatic dependent launch (PDL, crucible/kernels/launch.py), where
 each launch's prologue overlaps the previous launch. Shapes are the default
 model's (SmolLM2-135M: hidden 576, 9/3 heads of 64, FFN 1536, vocab 49152) with random int8
 weights, at batch 1 and 64 and a 192-token history. Figures: min and median over rounds.
@@ -27,13 +27,12 @@ import numpy as np
 
 from common import SMOLLM2, stat, write_json
 
-from crucible.backend import cupy_chunks as cc
-from crucible.backend import cupy_fused as cf
-from crucible.backend import cupy_kernels as ck
-from crucible.backend import cupy_launch
 from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.checks.attention_bench import capture_repeated, replay_us
 from crucible.engine.runner import ModelRunner
+from crucible.kernels import linear as ck
+from crucible.kernels import linear_chunks as cc
+from crucible.kernels import linear_rows as cf
 from crucible.model.tiny import tiny_random_model
 
 LAYERS = dict(SMOLLM2, n_layers=2)  # kernels are timed one at a time: two layers suffice
@@ -70,14 +69,14 @@ def kernels(be: Any, meta: Any, m: int) -> dict[str, Callable[[], Any]]:
 
 
 def stack_kernels(be: Any, meta: Any, x: Any, q: Any, act: Any) -> dict[str, Callable[[], Any]]:
-    """The batch-1 decode stack's kernels (cupy_decode_stack.py) and one layer of each kind,
+    """The batch-1 decode stack's kernels (kernels/decode_stack.py) and one layer of each kind,
     its three kernels against the five it replaces (launched back to back in the graph)."""
-    from crucible.backend import cupy_decode_stack as ds
+    from crucible.kernels import decode_stack as ds
 
     cfg, d = be.cfg, be.cfg.hidden_size
-    wo, gu, down = (be._linear[f"l0.{w}"] for w in ("o", "gate_up", "down"))
-    out, o_parts = be._new(q.shape), be._new((cfg.n_heads, 1, d))
-    h, r, y, d_parts = be._new((1, d)), be._new((1, d)), be._new((1, d)), be._new((24, 1, d))
+    wo, gu, down = (be.weight(f"l0.{w}") for w in ("o", "gate_up", "down"))
+    out, o_parts = be.new(q.shape), be.new((cfg.n_heads, 1, d))
+    h, r, y, d_parts = be.new((1, d)), be.new((1, d)), be.new((1, d)), be.new((24, 1, d))
     d_parts[...] = 0
 
     def qkv() -> None:
@@ -85,11 +84,11 @@ def stack_kernels(be: Any, meta: Any, x: Any, q: Any, act: Any) -> dict[str, Cal
 
     def attn_o() -> None:
         ds.attention_o(q, be.k_pool, be.v_pool, 0, meta, wo, out, o_parts, cfg.n_heads,
-                       cfg.n_kv_heads)
+                       cfg.n_kv_heads, pdl=be.options.pdl)
 
     def mlp() -> None:
-        ds.decode_mlp(x, o_parts, wo.scale, h, be._norms["l0.ffn_norm"], cfg.rms_eps, gu, down,
-                      d_parts)
+        ds.decode_mlp(x, o_parts, wo.scale, h, be.norm("l0.ffn_norm"), cfg.rms_eps, gu, down,
+                      d_parts, pdl=be.options.pdl)
 
     def five() -> None:
         be.attn_in(x, 0, meta)
@@ -101,21 +100,21 @@ def stack_kernels(be: Any, meta: Any, x: Any, q: Any, act: Any) -> dict[str, Cal
     return {"stack: norm+qkv+rope_kv_store + 24-partial combine": qkv,
             "stack: attention + O partials": attn_o,
             "stack: decode_mlp (9-partial combine, gate/up, down partials)": mlp,
-            "stack: combine_rows (24 partials)": lambda: ds.combine_rows(h, d_parts, down.scale, y),
+            "stack: combine_rows (24 partials)": lambda: ds.combine_rows(
+                h, d_parts, down.scale, y, pdl=be.options.pdl),
             "layer: five kernels": five,
             "layer: stack, three kernels": lambda: (qkv(), attn_o(), mlp())}
 
 
 def rows_vs_chunks(be: Any, reps: int, rounds: int) -> dict[str, dict]:
-    """The decode GEMMs on the row kernels (cupy_fused) vs the chunk kernel (cupy_chunks) at
-    both tile widths, PDL on, around cupy_chunks.CHUNKS_FROM: gate/up (norm + SwiGLU: the
+    """The decode GEMMs on the row kernels (linear_rows) vs the chunk kernel (linear_chunks) at
+    both tile widths, PDL on, around linear_chunks.CHUNKS_FROM: gate/up (norm + SwiGLU: the
     fused row kernel vs rmsnorm_rows + chunks), down and O (+ residual)."""
     import cupy as cp
 
     cfg, out = be.cfg, {}
-    cupy_launch.set_enabled(True)
-    gate_up, down, o = (be._linear[f"l0.{w}"] for w in ("gate_up", "down", "o"))
-    norm = be._norms["l0.ffn_norm"]
+    gate_up, down, o = (be.weight(f"l0.{w}") for w in ("gate_up", "down", "o"))
+    norm = be.norm("l0.ffn_norm")
     for m in (8, 16, 32, 64):
         rng = np.random.default_rng(m)
         x = cp.asarray(rng.standard_normal((m, cfg.hidden_size)), dtype=cp.float32)
@@ -123,15 +122,17 @@ def rows_vs_chunks(be: Any, reps: int, rounds: int) -> dict[str, dict]:
         y_act, y = cp.empty_like(act), cp.empty_like(x)
         cases = {
             "gate_up rows (norm fused)": lambda: cf.linear_rows(
-                x, gate_up, y_act, norm=norm, eps=cfg.rms_eps, epi=cf.EPI_SWIGLU),
-            "down rows": lambda: cf.linear_rows(act, down, y, residual=x),
-            "o rows": lambda: cf.linear_rows(x, o, y, residual=x),
+                x, gate_up, y_act, norm=norm, eps=cfg.rms_eps, epi=cf.EPI_SWIGLU, pdl=True),
+            "down rows": lambda: cf.linear_rows(act, down, y, residual=x, pdl=True),
+            "o rows": lambda: cf.linear_rows(x, o, y, residual=x, pdl=True),
         }
         for nt in cc.NT_CHOICES:
             cases[f"gate_up norm + chunks nt{nt}"] = lambda nt=nt: cc.linear_chunks(
-                be.rmsnorm(x, "l0.ffn_norm"), gate_up, y_act, epi=cc.EPI_SWIGLU, nt=nt)
-            cases[f"down chunks nt{nt}"] = lambda nt=nt: cc.linear_chunks(act, down, y, x, nt=nt)
-            cases[f"o chunks nt{nt}"] = lambda nt=nt: cc.linear_chunks(x, o, y, x, nt=nt)
+                be.rmsnorm(x, "l0.ffn_norm"), gate_up, y_act, epi=cc.EPI_SWIGLU, nt=nt, pdl=True)
+            cases[f"down chunks nt{nt}"] = lambda nt=nt: cc.linear_chunks(act, down, y, x, nt=nt,
+                                                                           pdl=True)
+            cases[f"o chunks nt{nt}"] = lambda nt=nt: cc.linear_chunks(x, o, y, x, nt=nt,
+                                                                        pdl=True)
         for name, fn in cases.items():
             us = time_graph(fn, reps, rounds)
             out[f"b{m} {name} [pdl]"] = stat(us)
@@ -163,22 +164,23 @@ def main(argv: list[str] | None = None) -> int:
         cases = kernels(be, meta, m)
         for name, fn in cases.items():
             for pdl in (False, True):  # the same graph captured with and without PDL
-                cupy_launch.set_enabled(pdl)
+                be.set_pdl(pdl)
                 us = time_graph(fn, args.reps, args.rounds)
                 tag = f"b{m} {name}" + (" [pdl]" if pdl else "")
                 res[tag] = stat(us)
                 print(f"{tag:48s} {min(us):8.2f} us  (median {np.median(us):.2f})",
                       file=sys.stderr, flush=True)
     # The LM head (final norm + 49152 x 576) on the row kernels vs norm + the tiled kernel,
-    # around the switch-over (cupy_kernels.HEAD_TILED_FROM).
+    # around the switch-over (linear.HEAD_TILED_FROM), with PDL (the loop above ends on it).
     for m in (8, 16, 32, 64):
         x = cp.asarray(np.random.default_rng(m).standard_normal((m, be.cfg.hidden_size)),
                        dtype=cp.float32)
-        head, norm = be._linear["lm_head"], be._norms["final_norm"]
+        head, norm = be.weight("lm_head"), be.norm("final_norm")
         logits = cp.empty((m, be.cfg.vocab_size), cp.float32)
-        cases = {"rows": lambda: cf.linear_rows(x, head, logits, norm=norm, eps=be.cfg.rms_eps),
+        cases = {"rows": lambda: cf.linear_rows(x, head, logits, norm=norm, eps=be.cfg.rms_eps,
+                                                pdl=True),
                  "norm + tiled": lambda: ck.linear(be.rmsnorm(x, "final_norm"), head, logits,
-                                                   tiled=True)}
+                                                   tiled=True, pdl=True)}
         for name, fn in cases.items():
             us = time_graph(fn, args.reps, args.rounds)
             res[f"b{m} lm_head {name}"] = stat(us)

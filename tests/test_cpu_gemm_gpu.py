@@ -1,6 +1,6 @@
 """The CPU GEMM and the GPU GEMM give identical bits for identical inputs (needs CuPy + GPU).
 
-Both compute cuda/linear.cu's canonical order, so ``cupy_kernels.linear`` (whichever GPU
+Both compute cuda/linear.cu's canonical order, so ``kernels.linear.linear`` (whichever GPU
 kernel it picks for M) and the compiled CPU GEMM must agree bit for bit, f32 and int8, with
 and without the fused residual. Where the checkout has no built extension (a PYTHONPATH
 run), it is compiled into a temporary folder first.
@@ -38,7 +38,8 @@ def _bits(a: np.ndarray) -> np.ndarray:
 def test_cpu_and_gpu_gemm_bits_agree(ext: ModuleType, m: int, k: int, weights: str) -> None:
     import cupy as cp
 
-    from crucible.backend import cupy_kernels as ck
+    from crucible.kernels import linear as ck
+    from crucible.kernels.device_weight import upload_weight
 
     rng = np.random.default_rng(m * 10_000 + k)
     for n in (960, 100):
@@ -50,7 +51,7 @@ def test_cpu_and_gpu_gemm_bits_agree(ext: ModuleType, m: int, k: int, weights: s
         else:
             w, scale = rng.standard_normal((n, k)).astype(np.float32), None
         packed = pack_weight(w, scale)
-        dev = ck.upload_weight(w, scale)
+        dev = upload_weight(w, scale)
         for r in (None, res):
             cpu = np.empty((m, n), dtype=np.float32)
             ext.gemm(x, packed.panels, packed.scale, r, cpu, m, n, k, 2, True)

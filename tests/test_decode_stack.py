@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from crucible.backend import cupy_decode_stack as ds
+from crucible.kernels import decode_stack as ds
 from crucible.backend.numpy_backend import NumpyBackend
 from crucible.backend.profile import ProfiledBackend
 from crucible.step.batch import SegmentSpec, build_packed_batch
@@ -99,13 +99,13 @@ def test_attention_o_launches_what_paged_attention_launches_plus_o(
     (kernels/attention.decode_args is the one spelling), and the same checks first."""
     from types import SimpleNamespace
 
-    from crucible.backend import cupy_launch
-    from crucible.backend.cupy_kernels import DeviceWeight
     from crucible.kernels import attention
+    from crucible.kernels.device_weight import DeviceWeight
 
     launches: list[tuple] = []
 
-    def record(fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+    def record(fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0,
+               pdl: bool = False) -> None:
         launches.append((fn, tuple(grid)[:2], args))
 
     for mod in (attention, ds):
@@ -113,7 +113,7 @@ def test_attention_o_launches_what_paged_attention_launches_plus_o(
         monkeypatch.setattr(mod, "ensure_dynamic_smem", lambda fn, n: None)
     monkeypatch.setattr(attention, "smem_optin_limit", lambda: 227 * 1024)
     monkeypatch.setattr(attention, "sm_count", lambda: 132)
-    monkeypatch.setattr(cupy_launch, "launch", record)
+    monkeypatch.setattr(attention, "launch", record)
     monkeypatch.setattr(ds, "launch", record)
     f32 = np.float32
     q, out = np.zeros((1, 576), f32), np.zeros((1, 576), f32)
@@ -142,7 +142,7 @@ def test_python_limits_match_the_kernels() -> None:
     or a launch bound)."""
     import re
 
-    from crucible.backend import cupy_fused as cf
+    from crucible.kernels import linear_rows as cf
     from crucible.kernels.source import read_cuda_source
 
     parts = re.search(r"#define CRU_MAX_PARTS (\d+)", read_cuda_source("rows_chunk.cuh"))
@@ -159,7 +159,7 @@ def test_qkv_gather_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
     import types
 
-    from crucible.backend import cupy_fused as cf
+    from crucible.kernels import linear_rows as cf
     from test_linear_chunks import dev, weight
 
     fake = types.ModuleType("cupy")
@@ -169,7 +169,7 @@ def test_qkv_gather_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cf, "fused_kernel", lambda name: name)
     monkeypatch.setattr(cf, "ensure_dynamic_smem", lambda fn, n: None)
     monkeypatch.setattr(cf, "sm_count", lambda: 132)
-    monkeypatch.setattr(cf, "launch", lambda fn, grid, block, args, shared_mem=0:
+    monkeypatch.setattr(cf, "launch", lambda fn, grid, block, args, shared_mem=0, pdl=False:
                         launches.append((fn, args)))
     table, wd = dev((100, 576)), weight(960, 576)
     ids, feed, fed = dev((1,), np.int32), dev((1,), np.int32), dev((64,), np.int32)

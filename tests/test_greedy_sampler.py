@@ -1,4 +1,4 @@
-"""The multi-CTA greedy sampler (cuda/sampling_greedy.cu, crucible/backend/cupy_greedy.py).
+"""The multi-CTA greedy sampler (cuda/sampling_greedy.cu, crucible/kernels/sampling_greedy.py).
 
 On the CPU: greedy_only, the kernel's constants against sampling_meta, its 32-bit key against
 sampling_block.cuh's okey, and a numpy model of its slicing (every element seen exactly once
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crucible.backend.cupy_greedy import SLICE, THREADS, greedy_only, slices_for
+from crucible.kernels.sampling_greedy import SLICE, THREADS, greedy_only, slices_for
 from crucible.step.rows import (MASK, REP, ROW_WORDS, RowSampling,
                                             plain_row_sampling, row_sampling)
 from crucible.engine.sampling import SamplingParams
@@ -176,7 +176,7 @@ def test_nvcc_sm90_no_spills(tmp_path: Path) -> None:
 # ---- GPU ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def gpu():
-    from crucible.backend.cupy_greedy import GreedyLauncher
+    from crucible.kernels.sampling_greedy import GreedyLauncher
     from crucible.backend.cupy_sampling import CupySampler
 
     return GreedyLauncher(), CupySampler(split_greedy=False)  # the one-block path as reference
@@ -275,7 +275,7 @@ def test_gpu_without_metadata_reads_row_i() -> None:
     """meta = None (a decode step: row i samples logits row i) == the same rows spelled out."""
     import cupy as cp
 
-    from crucible.backend.cupy_greedy import GreedyLauncher
+    from crucible.kernels.sampling_greedy import GreedyLauncher
     from crucible.step.rows import pack_rows
 
     x = planted(49152, 5, np.random.default_rng(3))

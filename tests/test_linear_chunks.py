@@ -1,4 +1,4 @@
-"""The chunk-parallel decode GEMM (cuda/linear_chunks.cu, crucible/backend/cupy_chunks.py),
+"""The chunk-parallel decode GEMM (cuda/linear_chunks.cu, crucible/kernels/linear_chunks.py),
 checked without a GPU: routing thresholds, tile policy, argument errors, the launch plan,
 the scratch cache, an nvcc build with no spills, and the finisher's order against an exact
 model (with a negative control). On the GPU: tests/test_gpu_engine.py, gpu-engine-check."""
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from crucible.backend import cupy_chunks as cc
-from crucible.backend.cupy_kernels import DeviceWeight
+from crucible.kernels import linear_chunks as cc
+from crucible.kernels.device_weight import DeviceWeight
 from crucible.checks.chunks_check import finish_partials
 from crucible.kernels.source import cuda_source_dir
 from tests.cpu_reference import canonical_gemm, fma_f32
@@ -105,7 +105,7 @@ def test_launch_plan(fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(cc, "chunks_kernel", lambda name: name)
     monkeypatch.setattr(cc, "scratch", lambda floats, tiles: calls.append((floats, tiles))
                         or scratch)
-    monkeypatch.setattr(cc, "launch", lambda fn, grid, block, args, shared_mem=0:
+    monkeypatch.setattr(cc, "launch", lambda fn, grid, block, args, shared_mem=0, pdl=False:
                         calls.append((fn, grid, block, args)))
     wd = weight(3072, 576)
     y = dev((40, 1536))
@@ -206,9 +206,10 @@ def test_finisher_order_and_negative_control() -> None:
 def test_routing(fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     """ck.linear (O and down, via linear_add) and mlp_in take the chunk kernel exactly where
     use_chunks says so (and not for ``tiled`` or a misaligned array); else as before."""
-    from crucible.backend import cupy_fused as cf
-    from crucible.backend import cupy_kernels as ck
     from crucible.backend.cupy_backend import CupyBackend
+    from crucible.backend.options import BackendOptions
+    from crucible.kernels import linear as ck
+    from crucible.kernels import linear_rows as cf
 
     seen: list[tuple] = []
     monkeypatch.setattr(cc, "linear_chunks", lambda x, wd, out, residual=None, epi=0, **kw:
@@ -229,7 +230,8 @@ def test_routing(fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -
     be._linear = {"l0.gate_up": weight(3072, 576)}
     be._norms = {"l0.ffn_norm": dev((576,))}
     be.cfg = SimpleNamespace(rms_eps=1e-5)
-    be._new = lambda shape: dev(shape)
+    be.options = BackendOptions()
+    be.new = lambda shape: dev(shape)
     be.rmsnorm = lambda x, name: seen.append(("norm", name)) or x
     assert be.mlp_in(dev((33, 576)), 0).shape == (33, 1536)
     be.mlp_in(dev((8, 576)), 0)

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (crucible/backend/cupy_launch.py), checked on the CPU with a
+"""Programmatic dependent launch (crucible/kernels/launch.py), checked on the CPU with a
 stand-in cupy and a stand-in driver entry point: which launches use it, and the exact C
 structures and argument values they hand to cuLaunchKernelEx. Whether the GPU keeps the
 bits is gpu-graph-check's job (graph replays == eager steps, bitwise)."""
@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from crucible.backend import cupy_launch
+from crucible.kernels import launch as launcher
 
 
 class _Data:
@@ -45,7 +45,7 @@ def _fake_driver(monkeypatch: pytest.MonkeyPatch, rc: int = 0) -> list[dict]:
     seen: list[dict] = []
 
     def ex(cfg_ref, func, params, extra) -> int:  # noqa: ANN001 (ctypes values)
-        cfg = ctypes.cast(cfg_ref, ctypes.POINTER(cupy_launch._Config)).contents
+        cfg = ctypes.cast(cfg_ref, ctypes.POINTER(launcher._Config)).contents
         attr = cfg.attrs[0]
         vals = [params[0], params[1], params[2], params[3]]
         seen.append({
@@ -58,7 +58,7 @@ def _fake_driver(monkeypatch: pytest.MonkeyPatch, rc: int = 0) -> list[dict]:
                      ctypes.cast(vals[3], ctypes.POINTER(ctypes.c_uint64)).contents.value)})
         return rc
 
-    monkeypatch.setattr(cupy_launch, "_driver", lambda: ex)
+    monkeypatch.setattr(launcher, "_driver", lambda: ex)
     return seen
 
 
@@ -69,16 +69,15 @@ def test_default_stream_launches_plainly(monkeypatch: pytest.MonkeyPatch) -> Non
     _fake_cupy(monkeypatch, stream_ptr=0)
     seen = _fake_driver(monkeypatch)
     k = _Kernel()
-    cupy_launch.launch(k, (3, 2), (32, 9), ARGS, shared_mem=64)
+    launcher.launch(k, (3, 2), (32, 9), ARGS, shared_mem=64, pdl=True)
     assert k.calls == [((3, 2), (32, 9), ARGS, 64)] and seen == []
 
 
 def test_graph_stream_launch_carries_the_pdl_attribute(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_cupy(monkeypatch, stream_ptr=0xABC)
     seen = _fake_driver(monkeypatch)
-    monkeypatch.setitem(cupy_launch._state, "enabled", True)
     k = _Kernel()
-    cupy_launch.launch(k, (3, 2), (32, 9), ARGS, shared_mem=64)
+    launcher.launch(k, (3, 2), (32, 9), ARGS, shared_mem=64, pdl=True)
     assert k.calls == []
     assert seen == [{"grid": [3, 2, 1], "block": [32, 9, 1], "smem": 64, "stream": 0xABC,
                      "num_attrs": 1, "attr_id": 6, "attr_value": 1, "func": 0xF00D,
@@ -86,38 +85,43 @@ def test_graph_stream_launch_carries_the_pdl_attribute(monkeypatch: pytest.Monke
 
 
 def test_disabled_or_unavailable_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pdl=False (the default too) never calls the driver, even on a graph's stream; pdl=True
+    without cuLaunchKernelEx launches plainly."""
     _fake_cupy(monkeypatch, stream_ptr=0xABC)
     seen = _fake_driver(monkeypatch)
-    monkeypatch.setitem(cupy_launch._state, "enabled", False)
     k = _Kernel()
-    cupy_launch.launch(k, (1,), (256,), ARGS)
-    monkeypatch.setitem(cupy_launch._state, "enabled", True)
-    monkeypatch.setattr(cupy_launch, "_driver", lambda: None)
-    cupy_launch.launch(k, (1,), (256,), ARGS)
-    assert len(k.calls) == 2 and seen == []
+    launcher.launch(k, (1,), (256,), ARGS, pdl=False)
+    launcher.launch(k, (1,), (256,), ARGS)
+    monkeypatch.setattr(launcher, "_driver", lambda: None)
+    launcher.launch(k, (1,), (256,), ARGS, pdl=True)
+    assert len(k.calls) == 3 and seen == []
+
+
+def test_status_reports_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "_driver", lambda: None)
+    assert launcher.status()["available"] is False and "enabled" not in launcher.status()
 
 
 def test_driver_error_is_clear(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_cupy(monkeypatch, stream_ptr=0xABC)
     _fake_driver(monkeypatch, rc=1)
-    monkeypatch.setitem(cupy_launch._state, "enabled", True)
     with pytest.raises(RuntimeError, match="CUresult 1.*CRUCIBLE_PDL=0"):
-        cupy_launch.launch(_Kernel(), (1,), (32,), ARGS)
+        launcher.launch(_Kernel(), (1,), (32,), ARGS, pdl=True)
 
 
 def test_unsupported_argument_is_refused() -> None:
     with pytest.raises(TypeError, match="unsupported kernel argument float"):
-        cupy_launch._param(1.5)
-    assert cupy_launch._param(np.int64(-3)).value == -3
+        launcher._param(1.5)
+    assert launcher._param(np.int64(-3)).value == -3
 
 
 def test_struct_layout_matches_cuda_h() -> None:
     # CUlaunchAttribute: 4-byte id, 4 bytes of padding, 64-byte value union.
-    assert ctypes.sizeof(cupy_launch._Attr) == 72
-    assert cupy_launch._Attr.value.offset == 8
+    assert ctypes.sizeof(launcher._Attr) == 72
+    assert launcher._Attr.value.offset == 8
     # CUlaunchConfig: seven uints, then the stream, attrs pointer and count (8-aligned).
-    assert cupy_launch._Config.stream.offset == 32
-    assert cupy_launch._Config.attrs.offset == 40
-    assert cupy_launch._Config.num_attrs.offset == 48
+    assert launcher._Config.stream.offset == 32
+    assert launcher._Config.attrs.offset == 40
+    assert launcher._Config.num_attrs.offset == 48
 
 

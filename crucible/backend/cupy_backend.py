@@ -4,23 +4,29 @@ Every stage is one of our kernels, in a canonical order that does not depend on 
 (see cuda/linear.cu for the GEMM order, cuda/model_ops.cu for the row kernels and
 cuda/attention.cu for attention). No cuBLAS, no CuPy generic reductions on this path.
 Step metadata goes up in one bulk copy; only the final rows' logits come back. Weights
-live on the device in both layouts (cupy_kernels.DeviceWeight), f32 or int8 plus scales.
+live on the device in both layouts (kernels/device_weight.DeviceWeight), f32 or int8 plus
+scales. The kernels' bindings are crucible/kernels (one wrapper per .cu); every launch that
+can use programmatic dependent launch gets ``pdl=self.options.pdl``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
-from crucible.backend import cupy_chunks as cc
-from crucible.backend import cupy_fused as cf
-from crucible.backend import cupy_kernels as ck
-from crucible.backend import cupy_launch, stages
+from crucible.backend import stages
 from crucible.backend.cupy_meta import CupyMeta, device_meta
 from crucible.backend.options import BackendOptions
 from crucible.backend.protocol import BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
+from crucible.kernels import decode_stack as ds
+from crucible.kernels import linear as ck
+from crucible.kernels import linear_chunks as cc
+from crucible.kernels import linear_rows as cf
+from crucible.kernels.device_weight import DeviceWeight, upload_weight
+from crucible.kernels.model_ops import flat_launch, rows_launch
 from crucible.kernels.variants import Variant, parse_variant
 from crucible.step.batch import PackedBatch
 
@@ -38,12 +44,11 @@ class CupyBackend:
     def __init__(self, options: BackendOptions | None = None) -> None:
         self.options = options or BackendOptions()
         self.variant: Variant = parse_variant(self.options.attention)
-        cupy_launch.set_enabled(self.options.pdl)
-        self.use_stack = self.options.decode_stack  # cupy_decode_stack.py
+        self.use_stack = self.options.decode_stack  # kernels/decode_stack.py
         self.cfg: Geometry | None = None
         self.graphs = None  # DecodeGraphs once the pool exists (decode_graphs off: None)
         self.prefill_graphs = None  # PrefillGraphs likewise
-        self._linear: dict[str, ck.DeviceWeight] = {}
+        self._linear: dict[str, DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
@@ -54,8 +59,16 @@ class CupyBackend:
         cos, sin = rope_table(cfg.max_context, cfg.head_dim, cfg.rope_theta)
         self._cos, self._sin = cp.asarray(cos), cp.asarray(sin)
         for name, lw in weights.linears.items():
-            self._linear[name] = ck.upload_weight(lw.w, lw.scale)
+            self._linear[name] = upload_weight(lw.w, lw.scale)
         self._norms = {name: cp.asarray(v) for name, v in weights.norms.items()}
+
+    def weight(self, name: str) -> DeviceWeight:
+        """The linear weight ``name`` (``l{i}.qkv``, ``lm_head``...) as uploaded."""
+        return self._linear[name]
+
+    def norm(self, name: str) -> Any:
+        """The RMSNorm weight ``name`` (``l{i}.ffn_norm``, ``final_norm``...) on the device."""
+        return self._norms[name]
 
     def allocate_pool(self, num_pages: int) -> None:
         from crucible.backend.cupy_graphs import DecodeGraphs
@@ -87,10 +100,10 @@ class CupyBackend:
         self.variant = new
 
     def set_pdl(self, on: bool) -> None:
-        """Programmatic dependent launch in decode graphs on or off (cupy_launch.py): waits
+        """Programmatic dependent launch in decode graphs on or off (kernels/launch.py): waits
         for queued work and drops every graph, since a graph bakes in how it launches."""
         self._drop_graphs()
-        cupy_launch.set_enabled(on)
+        self.options = dataclasses.replace(self.options, pdl=bool(on))
 
     def set_decode_stack(self, on: bool) -> None:
         """The batch-1 decode stack on or off (same bits either way); drops every graph."""
@@ -99,17 +112,43 @@ class CupyBackend:
 
     def decode_stack(self, meta: CupyMeta) -> Any:
         """The embedding and every layer of a batch-1 decode step in three kernels per layer
-        (cupy_decode_stack.py); None when the step is not its shape (the forward then
+        (kernels/decode_stack.py); None when the step is not its shape (the forward then
         embeds and runs the layers)."""
-        from crucible.backend import cupy_decode_stack as ds
-
         decode = meta.max_chunk == 1 and meta.segments.shape[0] == meta.num_rows
         wbytes = 1 if self.mode == "int8" else 4
         if not (self.use_stack and decode and ds.fits(self.cfg, meta.num_rows,
                                                       meta.score_capacity, self.variant,
                                                       wbytes)):
             return None
-        return ds.run_layers(self, meta)
+        return self._stack_layers(meta)
+
+    def _stack_layers(self, meta: CupyMeta) -> Any:
+        """Every layer of a decode step as the stack; returns the residual after the last.
+        The first QKV reads its row of the embedding itself (a ``Gather``): no embedding
+        kernel."""
+        cfg, new, pdl = self.cfg, self.new, self.options.pdl
+        t, d = meta.num_rows, cfg.hidden_size
+        first = cf.Gather(self.embedding, meta.token_ids, meta.feed, meta.fed)
+        h, parts, pscale = None, None, None  # the residual stream is h + parts
+        for i in range(cfg.n_layers):
+            r = new((t, d))
+            if parts is None:  # the first layer: the embedding is the residual
+                q = self.attn_in(first, i, meta, x_out=r)
+            else:
+                q = self.attn_in(h, i, meta, parts=parts, pscale=pscale, x_out=r)
+            wo = self._linear[f"l{i}.o"]
+            o_parts = new((cfg.n_heads, t, d))
+            ds.attention_o(q, self.k_pool, self.v_pool, i, meta, wo, new((t, cfg.q_dim)),
+                           o_parts, cfg.n_heads, cfg.n_kv_heads, pdl=pdl)
+            gu, down = self._linear[f"l{i}.gate_up"], self._linear[f"l{i}.down"]
+            h = new((t, d))
+            parts = new((gu.shape[0] // 128, t, d))
+            ds.decode_mlp(r, o_parts, wo.scale, h, self._norms[f"l{i}.ffn_norm"], cfg.rms_eps,
+                          gu, down, parts, pdl=pdl)
+            pscale = down.scale
+        out = new((t, d))
+        ds.combine_rows(h, parts, pscale, out, pdl=pdl)
+        return out
 
     def fed_ids(self, rows: int) -> Any:
         """Where a step's sampler should write its ``rows`` ids so that the next decode step
@@ -157,7 +196,8 @@ class CupyBackend:
                 return out
         return forward(self.prepare(batch))
 
-    def _new(self, shape: tuple[int, ...]) -> Any:
+    def new(self, shape: tuple[int, ...]) -> Any:
+        """An uninitialised f32 device array (the stages' outputs)."""
         return _cp().empty(shape, dtype=np.float32)
 
     def prepare(self, batch: PackedBatch) -> CupyMeta:
@@ -165,29 +205,30 @@ class CupyBackend:
 
     def embed(self, meta: CupyMeta) -> Any:
         d = self.cfg.hidden_size
-        y = self._new((meta.num_rows, d))
+        y = self.new((meta.num_rows, d))
         if meta.feed is not None:
-            ck.rows_launch("embed_fed", meta.num_rows, (self.embedding, meta.token_ids,
-                                                         meta.feed, meta.fed, y, np.int32(d)))
+            rows_launch("embed_fed", meta.num_rows, (self.embedding, meta.token_ids,
+                                                      meta.feed, meta.fed, y, np.int32(d)))
         else:
-            ck.rows_launch("embed_rows", meta.num_rows, (self.embedding, meta.token_ids, y,
-                                                          np.int32(d)))
+            rows_launch("embed_rows", meta.num_rows, (self.embedding, meta.token_ids, y,
+                                                       np.int32(d)))
         return y
 
     def rmsnorm(self, x: Any, weight: str) -> Any:
-        y = self._new(x.shape)
-        ck.rows_launch("rmsnorm_rows", x.shape[0], (x, self._norms[weight], y,
-                                                     np.int32(x.shape[1]),
-                                                     np.float32(self.cfg.rms_eps)))
+        y = self.new(x.shape)
+        rows_launch("rmsnorm_rows", x.shape[0], (x, self._norms[weight], y,
+                                                  np.int32(x.shape[1]),
+                                                  np.float32(self.cfg.rms_eps)))
         return y
 
     def linear(self, x: Any, weight: str) -> Any:
         wd = self._linear[weight]
-        return ck.linear(x, wd, self._new((x.shape[0], wd.shape[0])))
+        return ck.linear(x, wd, self.new((x.shape[0], wd.shape[0])), pdl=self.options.pdl)
 
     def linear_add(self, x: Any, weight: str, residual: Any) -> Any:
         wd = self._linear[weight]
-        return ck.linear(x, wd, self._new((x.shape[0], wd.shape[0])), residual=residual)
+        return ck.linear(x, wd, self.new((x.shape[0], wd.shape[0])), residual=residual,
+                         pdl=self.options.pdl)
 
     # -- fused stage groups (stages.py composes the primitives).
     # Small M runs one row kernel per group (cuda/linear_rows.cu); large M runs the
@@ -204,70 +245,71 @@ class CupyBackend:
         if not combine and not self.fuses(x, "attn_in"):
             return stages.attn_in(self, x, layer, meta)
         cfg = self.cfg
-        q = self._new((meta.num_rows, cfg.q_dim))
+        q = self.new((meta.num_rows, cfg.q_dim))
         rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, self._cos, self._sin,
                             self.k_pool, self.v_pool, layer, cfg.n_heads, cfg.n_kv_heads)
         return cf.linear_rows(x, self._linear[f"l{layer}.qkv"], q,
                               norm=self._norms[f"l{layer}.attn_norm"], eps=cfg.rms_eps,
-                              epi=cf.EPI_ROPE, rope=rope, **combine)
+                              epi=cf.EPI_ROPE, rope=rope, pdl=self.options.pdl, **combine)
 
     def mlp_in(self, x: Any, layer: int) -> Any:
         """RMSNorm -> gate/up -> SwiGLU; returns [T, F] (decode sizes: norm, then chunks)."""
         wd = self._linear[f"l{layer}.gate_up"]
         if cc.use_chunks(x.shape[0], wd.shape[0], x.shape[1], cc.EPI_SWIGLU):
-            y = self._new((x.shape[0], wd.shape[0] // 2))
-            return cc.linear_chunks(self.rmsnorm(x, f"l{layer}.ffn_norm"), wd, y, epi=cc.EPI_SWIGLU)
+            y = self.new((x.shape[0], wd.shape[0] // 2))
+            return cc.linear_chunks(self.rmsnorm(x, f"l{layer}.ffn_norm"), wd, y,
+                                    epi=cc.EPI_SWIGLU, pdl=self.options.pdl)
         if not self.fuses(x, "mlp_in"):
             return stages.mlp_in(self, x, layer)
-        out = self._new((x.shape[0], wd.shape[0] // 2))
+        out = self.new((x.shape[0], wd.shape[0] // 2))
         return cf.linear_rows(x, wd, out, norm=self._norms[f"l{layer}.ffn_norm"],
-                              eps=self.cfg.rms_eps, epi=cf.EPI_SWIGLU)
+                              eps=self.cfg.rms_eps, epi=cf.EPI_SWIGLU, pdl=self.options.pdl)
 
     def norm_linear(self, x: Any, norm: str, weight: str) -> Any:
         """RMSNorm then a linear layer (the final norm and the LM head)."""
         wd = self._linear[weight]
-        out = self._new((x.shape[0], wd.shape[0]))
+        out = self.new((x.shape[0], wd.shape[0]))
         if x.shape[0] >= ck.HEAD_TILED_FROM and wd.shape[0] >= ck.HEAD_WIDE:
-            return ck.linear(self.rmsnorm(x, norm), wd, out, tiled=True)
+            return ck.linear(self.rmsnorm(x, norm), wd, out, tiled=True, pdl=self.options.pdl)
         if not self.fuses(x, "norm_linear"):
             return stages.norm_linear(self, x, norm, weight)
         per_sm = cf.HEAD_CTAS_PER_SM if x.shape[0] == 1 else cf.CTAS_PER_SM
         return cf.linear_rows(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps,
-                              ctas_per_sm=per_sm)
+                              ctas_per_sm=per_sm, pdl=self.options.pdl)
 
     def rope_and_store(self, qkv: Any, layer: int, meta: CupyMeta) -> Any:
         cfg = self.cfg
-        q = self._new((meta.num_rows, cfg.q_dim))
-        ck.rows_launch("rope_store", meta.num_rows,
-                       (qkv, q, meta.positions, meta.pages, meta.slots, self._cos, self._sin,
-                        self.k_pool, self.v_pool, np.int32(layer), np.int32(cfg.n_layers),
-                        np.int32(cfg.n_heads), np.int32(cfg.n_kv_heads),
-                        np.int32(cfg.head_dim)), threads=128)
+        q = self.new((meta.num_rows, cfg.q_dim))
+        rows_launch("rope_store", meta.num_rows,
+                    (qkv, q, meta.positions, meta.pages, meta.slots, self._cos, self._sin,
+                     self.k_pool, self.v_pool, np.int32(layer), np.int32(cfg.n_layers),
+                     np.int32(cfg.n_heads), np.int32(cfg.n_kv_heads),
+                     np.int32(cfg.head_dim)), threads=128)
         return q
 
     def attention(self, q: Any, layer: int, meta: CupyMeta) -> Any:
         from crucible.kernels.attention import paged_attention
 
         cfg = self.cfg
-        out = self._new(q.shape)
+        out = self.new(q.shape)
         paged_attention(q, self.k_pool, self.v_pool, layer, meta.segments, meta.page_tables,
                         out, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                         max_chunk=meta.max_chunk, score_capacity=meta.score_capacity,
-                        variant=self.variant)
+                        variant=self.variant, pdl=self.options.pdl)
         return out
 
     def swiglu(self, gate_up: Any) -> Any:
         f = gate_up.shape[1] // 2
-        y = self._new((gate_up.shape[0], f))
-        ck.flat_launch("swiglu_rows", y.size, (gate_up, y, np.int32(f), np.int64(y.size)))
+        y = self.new((gate_up.shape[0], f))
+        flat_launch("swiglu_rows", y.size, (gate_up, y, np.int32(f), np.int64(y.size)))
         return y
 
     def gather_rows(self, x: Any, meta: CupyMeta) -> Any:
         if meta.all_final:  # decode: every row is final, in order; a copy would change nothing
             return x
-        y = self._new((meta.num_final, x.shape[1]))
-        ck.rows_launch("gather_rows", meta.num_final, (x, meta.final_rows, y,
-                                                        np.int32(x.shape[1])))
+        y = self.new((meta.num_final, x.shape[1]))
+        rows_launch("gather_rows", meta.num_final, (x, meta.final_rows, y,
+                                                     np.int32(x.shape[1])))
         return y
 
     def to_host(self, x: Any) -> np.ndarray:

@@ -134,7 +134,7 @@ class DecodeGraphs:
     def __init__(self, vocab_size: int, table_width: int, scratch_page: int) -> None:
         import cupy as cp
 
-        from crucible.backend.cupy_greedy import GreedyLauncher
+        from crucible.kernels.sampling_greedy import GreedyLauncher
 
         self.width = table_width  # pages of one full context: the widest table a graph holds
         self.scratch = scratch_page

@@ -34,7 +34,7 @@ import numpy as np
 
 from crucible.step.rows import (LP_WORDS, RowSampling, SampleOutput, greedy_only,
                                             greedy_rows_in_order, pack_rows)
-from crucible.backend.cupy_greedy import GreedyLauncher
+from crucible.kernels.sampling_greedy import GreedyLauncher
 from crucible.backend.cupy_pinned import PinnedRing, device_buffer
 from crucible.kernels.loader import sm_count
 from crucible.kernels.source import compile_module

@@ -46,22 +46,22 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _weights(rng: np.random.Generator, n: int, k: int) -> list[tuple[str, Any]]:
-    from crucible.backend import cupy_kernels as ck
+    from crucible.kernels.device_weight import upload_weight
     from crucible.model.weights import quantize_int8
 
     w = rng.standard_normal((n, k)).astype(np.float32)
     qw = quantize_int8(w)
-    return [("f32", ck.upload_weight(w)), ("int8", ck.upload_weight(qw.q, qw.scale))]
+    return [("f32", upload_weight(w)), ("int8", upload_weight(qw.q, qw.scale))]
 
 
 def _swiglu(gate_up: Any) -> Any:
     import cupy as cp
 
-    from crucible.backend import cupy_kernels as ck
+    from crucible.kernels.model_ops import flat_launch
 
     f = gate_up.shape[1] // 2
     y = cp.empty((gate_up.shape[0], f), cp.float32)
-    ck.flat_launch("swiglu_rows", y.size, (gate_up, y, np.int32(f), np.int64(y.size)))
+    flat_launch("swiglu_rows", y.size, (gate_up, y, np.int32(f), np.int64(y.size)))
     return y
 
 
@@ -69,8 +69,8 @@ def check_chunks_linear(t: Any, rng: np.random.Generator) -> None:
     """linear_chunks == linear_tiled bitwise for M = 1..64 (forced on below CHUNKS_FROM)."""
     import cupy as cp
 
-    from crucible.backend import cupy_chunks as cc
-    from crucible.backend import cupy_kernels as ck
+    from crucible.kernels import linear_chunks as cc
+    from crucible.kernels import linear as ck
 
     for n, k in SHAPES:
         x = cp.asarray(rng.standard_normal((64, k)).astype(np.float32))
@@ -104,9 +104,9 @@ def check_chunks_fused(t: Any, rng: np.random.Generator) -> None:
     """rmsnorm_rows + the chunk kernel's SwiGLU form == the fused row kernel, bitwise."""
     import cupy as cp
 
-    from crucible.backend import cupy_chunks as cc
-    from crucible.backend import cupy_fused as cf
-    from crucible.backend import cupy_kernels as ck
+    from crucible.kernels import linear_chunks as cc
+    from crucible.kernels import linear_rows as cf
+    from crucible.kernels.model_ops import rows_launch
 
     eps = 1e-5
     for n, k in ((3072, 576), (512, 192)):  # SmolLM2's gate/up; the tiny test models'
@@ -117,7 +117,7 @@ def check_chunks_fused(t: Any, rng: np.random.Generator) -> None:
                 fused = cf.linear_rows(x, wd, cp.empty((m, n // 2), cp.float32), norm=norm,
                                        eps=eps, epi=cf.EPI_SWIGLU)
                 xn = cp.empty_like(x)
-                ck.rows_launch("rmsnorm_rows", m, (x, norm, xn, np.int32(k), np.float32(eps)))
+                rows_launch("rmsnorm_rows", m, (x, norm, xn, np.int32(k), np.float32(eps)))
                 for nt in cc.NT_CHOICES:
                     got = cc.linear_chunks(xn, wd, cp.empty((m, n // 2), cp.float32),
                                            epi=cc.EPI_SWIGLU, nt=nt)
@@ -131,7 +131,7 @@ def check_chunks_order(t: Any, rng: np.random.Generator) -> None:
     __fadd_rn and __fmul_rn do, and the data has no denormals."""
     import cupy as cp
 
-    from crucible.backend import cupy_chunks as cc
+    from crucible.kernels import linear_chunks as cc
 
     for n, k, with_res in ((576, 1536, True), (960, 576, False), (70, 112, True)):
         for label, wd in _weights(rng, n, k):
@@ -161,8 +161,8 @@ def check_chunks_graph(t: Any, rng: np.random.Generator) -> None:
     on a stream of its own, replayed 3 times: each replay == the eager run, bitwise."""
     import cupy as cp
 
-    from crucible.backend import cupy_chunks as cc
-    from crucible.backend import cupy_kernels as ck
+    from crucible.kernels import linear_chunks as cc
+    from crucible.kernels.model_ops import rows_launch
 
     d, f = 576, 1536
     sets = [dict(_weights(rng, n, k)) for n, k in ((2 * f, d), (d, f), (d, d))]
@@ -174,11 +174,12 @@ def check_chunks_graph(t: Any, rng: np.random.Generator) -> None:
 
             def layer() -> list[Any]:  # every intermediate kept: the graph writes them all
                 xn = cp.empty_like(x)
-                ck.rows_launch("rmsnorm_rows", m, (x, norm, xn, np.int32(d), np.float32(1e-5)))
+                rows_launch("rmsnorm_rows", m, (x, norm, xn, np.int32(d), np.float32(1e-5)))
                 act = cc.linear_chunks(xn, gate_up, cp.empty((m, f), cp.float32),
-                                       epi=cc.EPI_SWIGLU)
-                h = cc.linear_chunks(act, down, cp.empty((m, d), cp.float32), x)
-                return [cc.linear_chunks(h, o, cp.empty((m, d), cp.float32), h), act, h, xn]
+                                       epi=cc.EPI_SWIGLU, pdl=True)
+                h = cc.linear_chunks(act, down, cp.empty((m, d), cp.float32), x, pdl=True)
+                return [cc.linear_chunks(h, o, cp.empty((m, d), cp.float32), h, pdl=True), act,
+                        h, xn]
 
             want = layer()[0]
             stream = cp.cuda.Stream(non_blocking=True)

@@ -52,15 +52,16 @@ class Tally:
 def check_linear(t: Tally, rng: np.random.Generator) -> None:
     import cupy as cp
 
-    from crucible.backend import cupy_kernels as ck
+    from crucible.kernels import linear as ck
+    from crucible.kernels.device_weight import upload_weight
     from crucible.model.weights import quantize_int8
 
     for n, k in [(960, 576), (576, 1536), (300, 96), (70, 100), (49152, 576)]:
         w = rng.standard_normal((n, k)).astype(np.float32)
         x = rng.standard_normal((300, k)).astype(np.float32)
         qw = quantize_int8(w)
-        for label, wd, ref_w in [("f32", ck.upload_weight(w), w),
-                                 ("int8", ck.upload_weight(qw.q, qw.scale), qw.dequantize())]:
+        for label, wd, ref_w in [("f32", upload_weight(w), w),
+                                 ("int8", upload_weight(qw.q, qw.scale), qw.dequantize())]:
             xd = cp.asarray(x)
             full = cp.asnumpy(ck.linear(xd, wd, cp.empty((300, n), cp.float32)))  # tiled
             for m in (1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 33, 64, 65, 127, 128, 129, 200, 300):

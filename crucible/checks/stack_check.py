@@ -47,8 +47,8 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
                        rng: np.random.Generator) -> None:
     import cupy as cp
 
-    from crucible.backend import cupy_decode_stack as ds
-    from crucible.backend import cupy_fused as cf
+    from crucible.kernels import decode_stack as ds
+    from crucible.kernels import linear_rows as cf
     from crucible.model import llama
 
     runner, pages = _prefilled(geom, weights, rng)
@@ -58,29 +58,29 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
         meta = be.prepare(_decode(5, pos, pages))
         x = cp.asarray(rng.standard_normal((1, d), dtype=np.float32))
         q = be.attn_in(x, layer, meta)
-        wo = be._linear[f"l{layer}.o"]
+        wo = be.weight(f"l{layer}.o")
         att = be.attention(q, layer, meta)
-        out, parts = be._new(att.shape), be._new((cfg.n_heads, 1, d))
+        out, parts = be.new(att.shape), be.new((cfg.n_heads, 1, d))
         ds.attention_o(q, be.k_pool, be.v_pool, layer, meta, wo, out, parts, cfg.n_heads,
                        cfg.n_kv_heads)
         t.check(bool(cp.array_equal(out, att)), f"{name} {weights} attention_o == attention, h={pos}")
-        gu, down = be._linear[f"l{layer}.gate_up"], be._linear[f"l{layer}.down"]
-        norm = be._norms[f"l{layer}.ffn_norm"]
-        h, dparts = be._new((1, d)), be._new((gu.shape[0] // 128, 1, d))
+        gu, down = be.weight(f"l{layer}.gate_up"), be.weight(f"l{layer}.down")
+        norm = be.norm(f"l{layer}.ffn_norm")
+        h, dparts = be.new((1, d)), be.new((gu.shape[0] // 128, 1, d))
         ds.decode_mlp(x, parts, wo.scale, h, norm, cfg.rms_eps, gu, down, dparts)
         ref_h = be.linear_add(att, f"l{layer}.o", x)
         t.check(bool(cp.array_equal(h, ref_h)), f"{name} {weights} decode_mlp h == O + residual, h={pos}")
-        swapped = be._new((1, d))
+        swapped = be.new((1, d))
         ds.decode_mlp(x, cp.ascontiguousarray(parts[::-1]), wo.scale, swapped, norm,
-                      cfg.rms_eps, gu, down, be._new(dparts.shape))
+                      cfg.rms_eps, gu, down, be.new(dparts.shape))
         t.check(not bool(cp.array_equal(swapped, ref_h)),
                 f"{name} {weights} negative control: descending O partials must differ, h={pos}")
-        y = be._new((1, d))
+        y = be.new((1, d))
         ds.combine_rows(h, dparts, down.scale, y)
         ref_y = be.linear_add(llama.mlp_in(be, ref_h, layer), f"l{layer}.down", ref_h)
         t.check(bool(cp.array_equal(y, ref_y)), f"{name} {weights} mlp + combine == down + residual, h={pos}")
         # The QKV form with the combine prologue == the same form fed the combined value.
-        r = be._new((1, d))
+        r = be.new((1, d))
         kv = (be.k_pool.copy(), be.v_pool.copy())
         q2 = be.attn_in(h, layer, meta, parts=dparts, pscale=down.scale, x_out=r)
         kv_stack = (be.k_pool.copy(), be.v_pool.copy())
@@ -96,7 +96,7 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
             g = cf.Gather(be.embedding, meta.token_ids,
                           None if feed is None else cp.asarray(feed, cp.int32),
                           None if fed is None else cp.asarray(fed, cp.int32))
-            r = be._new((1, d))
+            r = be.new((1, d))
             q3 = be.attn_in(g, layer, meta, x_out=r)
             kv_gather = (be.k_pool.copy(), be.v_pool.copy())
             be.k_pool[...], be.v_pool[...] = kv

@@ -1,7 +1,7 @@
 """Paged causal attention on the GPU: the one entry point the engine calls.
 
 ``paged_attention(q, k_pool, v_pool, layer, segments, page_tables, out, *, n_heads,
-n_kv_heads, max_chunk, score_capacity, variant)`` computes, for every packed row, causal
+n_kv_heads, max_chunk, score_capacity, variant, pdl)`` computes, for every packed row, causal
 attention over its own request's history in the page pool and writes ``out``:
 
 - ``q``/``out``: f32 ``[T, n_heads*64]``, C-contiguous; rows packed by segment.
@@ -13,6 +13,7 @@ attention over its own request's history in the page pool and writes ``out``:
   rounded up to 256 (``score_capacity(max_end)``). Both are host integers the caller already
   knows, so no device metadata is read back here; an undersized capacity is a caller bug.
 - ``variant``: a ``Variant`` or name (default ``exact-q4-k64``).
+- ``pdl``: the decode kernel launches with programmatic dependent launch (launch.py).
 
 All arrays are checked (dtype, shape, contiguity) before launch. Returns the ``LaunchPlan``
 that ran, so callers can report hand-overs. Only head_dim 64 is implemented.
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from crucible.kernels.launch import launch
 from crucible.kernels.loader import (
     attention_kernel,
     decode_kernel,
@@ -81,7 +83,7 @@ def validate_arguments(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: A
 def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
                     page_tables: Any, out: Any, *, n_heads: int, n_kv_heads: int,
                     max_chunk: int, score_capacity: int,
-                    variant: Variant | str = DEFAULT_VARIANT) -> LaunchPlan:
+                    variant: Variant | str = DEFAULT_VARIANT, pdl: bool = False) -> LaunchPlan:
     validate_arguments(q, k_pool, v_pool, layer, segments, page_tables, out, n_heads,
                        n_kv_heads, max_chunk, score_capacity)
     requested = parse_variant(variant) if isinstance(variant, str) else variant
@@ -107,9 +109,7 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
         args = (q, k_pool, v_pool, segments, page_tables, i32(stride), out, i32(n_heads),
                 i32(n_kv_heads), i32(n_layers), i32(layer), i32(score_capacity))
     if plan.decode:  # the one attention kernel written for PDL (cuda/pdl.cuh)
-        from crucible.backend.cupy_launch import launch
-
-        launch(kernel, grid, (plan.threads, 1, 1), args, shared_mem=plan.smem_bytes)
+        launch(kernel, grid, (plan.threads, 1, 1), args, shared_mem=plan.smem_bytes, pdl=pdl)
     else:
         kernel(grid, (plan.threads, 1, 1), args, shared_mem=plan.smem_bytes)
     return plan
@@ -119,7 +119,7 @@ def decode_args(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
                 page_tables: Any, out: Any, n_heads: int, n_kv_heads: int,
                 score_capacity: int, o_weight: Any = None, o_parts: Any = None) -> tuple:
     """attn_decode<G, OW>'s arguments. ``o_weight``/``o_parts`` [H, T, N_o]: the decode
-    stack's O partials (crucible/backend/cupy_decode_stack.py); null without them."""
+    stack's O partials (crucible/kernels/decode_stack.py); null without them."""
     i32 = np.int32
     o = ((np.uint64(0), np.uint64(0), i32(0)) if o_parts is None
          else (o_weight, o_parts, i32(o_parts.shape[2])))

@@ -1,4 +1,6 @@
-"""The batch-1 decode stack: every layer in three kernels instead of five.
+"""The batch-1 decode stack's kernels (cuda/decode_stack.cu, and attention_decode.cu's
+attn_decode<1, OW>): every layer in three kernels instead of five. The CuPy backend runs
+them over its layers (CupyBackend.decode_stack); this module binds and checks the launches.
 
 Why: at batch 1 each kernel of a layer is latency-bound (a few microseconds of work each),
 so a kernel boundary costs about as much as the work on either side of it. The O and down
@@ -26,23 +28,24 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend import cupy_fused as cf
-from crucible.backend.cupy_kernels import DeviceWeight, _ctype, _module
-from crucible.backend.cupy_launch import launch
+from crucible.kernels import linear_rows as cf
 from crucible.kernels.attention import decode_args, validate_arguments
+from crucible.kernels.device_weight import DeviceWeight, ctype
+from crucible.kernels.launch import launch
 from crucible.kernels.loader import decode_kernel, ensure_dynamic_smem, smem_optin_limit
+from crucible.kernels.source import cached_module
 from crucible.kernels.variants import decode_smem_bytes, decode_static_bytes
 
 MAX_ROWS = 1  # the stack re-reads every weight once per row: it pays at batch 1 only
 MLP_MAX_K = 576  # decode_mlp's launch bounds: 2 warps per K chunk, 576 threads at most
 
-_NAMES = tuple(f"{k}<{_ctype(d)}>" for k in ("decode_mlp", "combine_rows")
+_NAMES = tuple(f"{k}<{ctype(d)}>" for k in ("decode_mlp", "combine_rows")
                for d in ("float32", "int8"))
 
 
 @functools.cache
 def _kernel(name: str) -> Any:
-    return _module("decode_stack.cu", _NAMES).get_function(name)
+    return cached_module("decode_stack.cu", _NAMES).get_function(name)
 
 
 def _wbytes(wd: DeviceWeight) -> int:
@@ -66,7 +69,7 @@ def fits(cfg: Any, rows: int, capacity: int, variant: Any, wbytes: int) -> bool:
 
 
 def attention_o(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, wo: DeviceWeight,
-                out: Any, o_parts: Any, n_heads: int, n_kv: int) -> None:
+                out: Any, o_parts: Any, n_heads: int, n_kv: int, *, pdl: bool = False) -> None:
     """attn_decode<1, OW>: attention of every row into ``out`` [T, H*64], and O's chunk
     partials into ``o_parts`` [H, T, N_o] (unscaled; the next kernel finishes them). The
     arrays are checked as paged_attention checks them."""
@@ -82,11 +85,12 @@ def attention_o(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, wo: Dev
     ensure_dynamic_smem(fn, smem)
     args = decode_args(q, k_pool, v_pool, layer, meta.segments, meta.page_tables, out,
                        n_heads, n_kv, meta.score_capacity, wo.w, o_parts)
-    launch(fn, (n_heads, t), (256, 1, 1), args, shared_mem=smem)
+    launch(fn, (n_heads, t), (256, 1, 1), args, shared_mem=smem, pdl=pdl)
 
 
 def decode_mlp(r: Any, o_parts: Any, o_scale: Any, h_out: Any, norm: Any, eps: float,
-               gu: DeviceWeight, down: DeviceWeight, down_parts: Any) -> None:
+               gu: DeviceWeight, down: DeviceWeight, down_parts: Any, *,
+               pdl: bool = False) -> None:
     """h = r + O's partials (stored to ``h_out``); RMSNorm -> gate/up -> SwiGLU -> down's
     chunk partials into ``down_parts`` [F/64, T, N_d]."""
     i32 = np.int32
@@ -94,7 +98,7 @@ def decode_mlp(r: Any, o_parts: Any, o_scale: Any, h_out: Any, norm: Any, eps: f
     f, n_d = gu.shape[0] // 2, down.shape[0]
     chunks = -(-k // 64)
     wb = _wbytes(gu)
-    fn = _kernel(f"decode_mlp<{_ctype(str(gu.w.dtype))}>")
+    fn = _kernel(f"decode_mlp<{ctype(str(gu.w.dtype))}>")
     smem = 4 * (2 * k + 2 * chunks * 64 + 64) + n_d * 64 * wb
     ensure_dynamic_smem(fn, smem)
     null = np.uint64(0)
@@ -103,41 +107,14 @@ def decode_mlp(r: Any, o_parts: Any, o_scale: Any, h_out: Any, norm: Any, eps: f
             o_scale if o_scale is not None and n_parts else null,
             h_out, norm, np.float32(eps), gu.w, gu.scale if gu.scale is not None else null,
             down.w, down_parts, i32(t), i32(k), i32(f), i32(n_d))
-    launch(fn, (f // 64, t), (32, 2 * chunks), args, shared_mem=smem)
+    launch(fn, (f // 64, t), (32, 2 * chunks), args, shared_mem=smem, pdl=pdl)
 
 
-def combine_rows(h: Any, parts: Any, scale: Any, out: Any) -> None:
+def combine_rows(h: Any, parts: Any, scale: Any, out: Any, *, pdl: bool = False) -> None:
     """out = h + the down partials, finished as down's residual epilogue."""
     t, k = h.shape
     fn = _kernel(f"combine_rows<{'signed char' if scale is not None else 'float'}>")
     args = (h, parts, np.int32(parts.shape[0]), scale if scale is not None else np.uint64(0),
             out, np.int32(t), np.int32(k))
-    launch(fn, (t,), (256,), args)
+    launch(fn, (t,), (256,), args, pdl=pdl)
 
-
-def run_layers(be: Any, meta: Any) -> Any:
-    """Every layer of a decode step as the stack; returns the residual after the last. The
-    first QKV reads its row of the embedding itself (a ``Gather``): no embedding kernel."""
-    cfg, new = be.cfg, be._new
-    t, d = meta.num_rows, cfg.hidden_size
-    first = cf.Gather(be.embedding, meta.token_ids, meta.feed, meta.fed)
-    h, parts, pscale = None, None, None  # the residual stream is h + parts
-    for i in range(cfg.n_layers):
-        r = new((t, d))
-        if parts is None:  # the first layer: the embedding is the residual
-            q = be.attn_in(first, i, meta, x_out=r)
-        else:
-            q = be.attn_in(h, i, meta, parts=parts, pscale=pscale, x_out=r)
-        wo = be._linear[f"l{i}.o"]
-        o_parts = new((cfg.n_heads, t, d))
-        attention_o(q, be.k_pool, be.v_pool, i, meta, wo, new((t, cfg.q_dim)), o_parts,
-                    cfg.n_heads, cfg.n_kv_heads)
-        gu, down = be._linear[f"l{i}.gate_up"], be._linear[f"l{i}.down"]
-        h = new((t, d))
-        parts = new((gu.shape[0] // 128, t, d))
-        decode_mlp(r, o_parts, wo.scale, h, be._norms[f"l{i}.ffn_norm"], cfg.rms_eps, gu,
-                   down, parts)
-        pscale = down.scale
-    out = new((t, d))
-    combine_rows(h, parts, pscale, out)
-    return out

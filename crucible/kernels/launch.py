@@ -12,8 +12,10 @@ through the driver's cuLaunchKernelEx (ctypes). They are used only on a non-defa
 stream (graph capture runs on the decode graphs' own stream); eager steps on the default
 stream launch as before, where ``griddepcontrol.wait`` returns at once.
 
-``CRUCIBLE_PDL=0`` turns it off (a benchmark A/B, or a driver that refuses it). If the
-driver lacks cuLaunchKernelEx the launches fall back to plain ones; ``status()`` says why.
+Whether to use it is the caller's: ``launch(..., pdl=True)``; the wrappers take ``pdl`` and
+pass it down, and the CuPy backend passes its ``BackendOptions.pdl`` (``CRUCIBLE_PDL=0``
+turns it off: a benchmark A/B, or a driver that refuses it). No module state decides it. If
+the driver lacks cuLaunchKernelEx the launches fall back to plain ones; ``status()`` says why.
 """
 
 from __future__ import annotations
@@ -37,17 +39,12 @@ class _Config(ctypes.Structure):  # CUlaunchConfig
                 ("attrs", ctypes.POINTER(_Attr)), ("num_attrs", ctypes.c_uint)]
 
 
-_state = {"enabled": True, "reason": ""}
-
-
-def set_enabled(on: bool) -> None:
-    """Use PDL for later captures (graphs already captured keep what they baked in)."""
-    _state["enabled"] = bool(on)
+_driver_error = {"reason": ""}  # why cuLaunchKernelEx could not be loaded (``status``)
 
 
 def status() -> dict[str, Any]:
-    return {"enabled": _state["enabled"], "available": _driver() is not None,
-            "reason": _state["reason"]}
+    """Whether the driver offers PDL launches, and if not, why."""
+    return {"available": _driver() is not None, "reason": _driver_error["reason"]}
 
 
 @functools.cache
@@ -56,7 +53,7 @@ def _driver() -> Any:
         lib = ctypes.CDLL("libcuda.so.1")
         fn = lib.cuLaunchKernelEx
     except (OSError, AttributeError) as e:
-        _state["reason"] = f"cuLaunchKernelEx unavailable: {e}"
+        _driver_error["reason"] = f"cuLaunchKernelEx unavailable: {e}"
         return None
     fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
                    ctypes.c_void_p]
@@ -81,12 +78,13 @@ def _param(a: Any) -> ctypes._SimpleCData:
 
 
 def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
-           shared_mem: int = 0) -> None:
-    """``fn(grid, block, args, shared_mem=...)``, as a PDL launch where that applies."""
+           shared_mem: int = 0, *, pdl: bool = False) -> None:
+    """``fn(grid, block, args, shared_mem=...)``, as a PDL launch when ``pdl`` and the
+    current stream is not the default one (and the driver offers it)."""
     import cupy as cp
 
     stream = cp.cuda.get_current_stream()
-    ex = _driver() if _state["enabled"] and stream.ptr != 0 else None
+    ex = _driver() if pdl and stream.ptr != 0 else None
     if ex is None:
         fn(grid, block, args, shared_mem=shared_mem)
         return

@@ -1,7 +1,7 @@
 """The chunk-parallel decode GEMM (cuda/linear_chunks.cu): store (+ residual) and SwiGLU
 epilogues for decode-size M (``CHUNKS_FROM[epilogue]`` to 64 rows).
 
-Why: at 64 rows the row kernels (cupy_fused.py) are GEMM-bound at 3-7 TFLOP/s, because few
+Why: at 64 rows the row kernels (linear_rows.py) are GEMM-bound at 3-7 TFLOP/s, because few
 CTAs each re-read the weights and run long serial K chains. Here CTA (tile, chunk) computes
 one 64-wide K chunk's partials of every row for a tile of columns, so every weight byte is
 read once and chunks x tiles CTAs share the work; the last CTA of a tile adds the partials
@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend.cupy_fused import EPI_STORE, EPI_SWIGLU
-from crucible.backend.cupy_kernels import (KC, DeviceWeight, _check_out, _check_x, _ctype,
-                                           _cupy, _module, _need)
-from crucible.backend.cupy_launch import launch
+from crucible.kernels.device_weight import (EPI_STORE, EPI_SWIGLU, KC, DeviceWeight, check_out,
+                                            check_x, ctype, cupy, need)
+from crucible.kernels.launch import launch
+from crucible.kernels.source import compile_module
 
 # Rows from which the backend routes to this kernel, per epilogue, from the H200 crossover
 # (bench/gpu-kernels-h200.json, PDL): gate/up (norm + SwiGLU) 13.9 vs 18.5 us on the fused
@@ -97,13 +97,13 @@ def aligned(*arrays: Any) -> bool:
 
 
 def kernel_name(wdtype: str, nt: int, mr: int, epi: int) -> str:
-    return f"linear_chunks<{_ctype(wdtype)}, {nt}, {mr}, {epi}>"
+    return f"linear_chunks<{ctype(wdtype)}, {nt}, {mr}, {epi}>"
 
 
 @functools.cache
 def chunks_kernel(name: str) -> Any:
     """One module per form, so a process compiles only the forms its shapes use."""
-    return _module("linear_chunks.cu", (name,)).get_function(name)
+    return compile_module("linear_chunks.cu", (name,)).get_function(name)
 
 
 @dataclass
@@ -119,7 +119,7 @@ _RETIRED: list[Scratch] = []  # outgrown buffers: a captured graph may still lau
 def scratch(floats: int, tiles: int) -> Scratch:
     """The current stream's scratch, grown to at least ``floats`` partials and ``tiles``
     counters (from the default memory pool, never a graph's private pool)."""
-    cp = _cupy()
+    cp = cupy()
     stream = cp.cuda.get_current_stream()
     key = (int(cp.cuda.runtime.getDevice()), int(stream.ptr))
     have = _SCRATCH.get(key)
@@ -141,41 +141,42 @@ def scratch(floats: int, tiles: int) -> Scratch:
 
 def current_scratch() -> Scratch | None:
     """The current stream's scratch, if any (checks read the last launch's partials)."""
-    cp = _cupy()
+    cp = cupy()
     return _SCRATCH.get((int(cp.cuda.runtime.getDevice()),
                          int(cp.cuda.get_current_stream().ptr)))
 
 
 def linear_chunks(x: Any, wd: DeviceWeight, out: Any, residual: Any = None,
-                  epi: int = EPI_STORE, *, nt: int | None = None) -> Any:
+                  epi: int = EPI_STORE, *, nt: int | None = None, pdl: bool = False) -> Any:
     """out = x @ W^T (+ residual), or SwiGLU of the gate/up halves of a [2F, K] weight, on
     the chunk kernel. ``nt`` (32 or 64 columns per tile) overrides ``chunks_nt`` for
     benchmarks; the bits do not depend on it. Every argument is checked first: a wrong
-    array is a ValueError here, never an out-of-bounds read on the device."""
-    cp = _cupy()
-    _need(epi in (EPI_STORE, EPI_SWIGLU), f"linear_chunks: epilogue {epi} is not built "
+    array is a ValueError here, never an out-of-bounds read on the device. ``pdl``: launch
+    with PDL (launch.py)."""
+    cp = cupy()
+    need(epi in (EPI_STORE, EPI_SWIGLU), f"linear_chunks: epilogue {epi} is not built "
           "(store or SwiGLU)")
     n_w, k = wd.shape
-    _check_x(x, k)
+    check_x(x, k)
     m = x.shape[0]
-    _need(m <= CHUNKS_MAX_M, f"linear_chunks: {m} rows, at most {CHUNKS_MAX_M}")
-    _need(0 < k <= 65535 * KC and k % 16 == 0,
+    need(m <= CHUNKS_MAX_M, f"linear_chunks: {m} rows, at most {CHUNKS_MAX_M}")
+    need(0 < k <= 65535 * KC and k % 16 == 0,
           f"linear_chunks: K={k} must be a positive multiple of 16")
     wdt = str(wd.w.dtype)
-    _need(wdt in ("float32", "int8") and wd.w.ndim == 2 and wd.w.flags.c_contiguous,
+    need(wdt in ("float32", "int8") and wd.w.ndim == 2 and wd.w.flags.c_contiguous,
           "linear_chunks: the weight must be contiguous [N, K] f32 or int8")
     if wdt == "int8":
-        _need(wd.scale is not None and tuple(wd.scale.shape) == (n_w,)
+        need(wd.scale is not None and tuple(wd.scale.shape) == (n_w,)
               and wd.scale.dtype == cp.float32, f"linear_chunks: int8 needs f32 scale[{n_w}]")
     if epi == EPI_SWIGLU:
-        _need(n_w % 2 == 0 and residual is None,
+        need(n_w % 2 == 0 and residual is None,
               "linear_chunks: SwiGLU needs a [2F, K] weight and no residual")
-    _check_out(out, (m, n_out(n_w, epi)), "out")
+    check_out(out, (m, n_out(n_w, epi)), "out")
     if residual is not None:
-        _check_out(residual, (m, n_w), "residual")
+        check_out(residual, (m, n_w), "residual")
     nt = chunks_nt(n_w, k, epi) if nt is None else nt
-    _need(nt in NT_CHOICES, f"linear_chunks: {nt} columns per tile is not built {NT_CHOICES}")
-    _need(aligned(x, wd.w, out, residual),
+    need(nt in NT_CHOICES, f"linear_chunks: {nt} columns per tile is not built {NT_CHOICES}")
+    need(aligned(x, wd.w, out, residual),
           "linear_chunks: x, the weight, out and residual must start on 16-byte boundaries")
     if m == 0:
         return out
@@ -185,5 +186,5 @@ def linear_chunks(x: Any, wd: DeviceWeight, out: Any, residual: Any = None,
     args = (x, wd.w, wd.scale if wd.scale is not None else out,
             residual if residual is not None else np.uint64(0), out, s.part, s.counters,
             np.int32(m), np.int32(n_out(n_w, epi)), np.int32(k))
-    launch(fn, (tiles, chunks), (THREADS,), args)
+    launch(fn, (tiles, chunks), (THREADS,), args, pdl=pdl)
     return out

@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend.cupy_kernels import (KC, DeviceWeight, _check_out, _check_x, _ctype,
-                                           _cupy, _module, _need)
-from crucible.backend.cupy_launch import launch
+from crucible.kernels.device_weight import EPI_ROPE  # noqa: F401 (the forms' ids, re-exported)
+from crucible.kernels.device_weight import (EPI_STORE, EPI_SWIGLU, KC, DeviceWeight, check_out,
+                                            check_x, ctype, cupy, need)
+from crucible.kernels.launch import launch
 from crucible.kernels.loader import ensure_dynamic_smem, sm_count
+from crucible.kernels.source import cached_module
 
 # Column-block CTAs per SM before a CTA takes several blocks (N large: the LM head). The
 # one-row LM head is fastest at 2 (12.4 µs against 13.9 at 4 and 15.4 at 6 on the H200).
@@ -34,7 +36,6 @@ ROWS_MAX_K_PAIRED = 768  # one-row SwiGLU and RoPE forms are compiled for <= 12 
 # (prologue, epilogue) pairs the backend uses: plain/residual, norm + plain (LM head),
 # norm + SwiGLU (gate/up), norm + RoPE + K/V store (QKV).
 _ROWS_FORMS = ((0, 0), (1, 0), (1, 1), (1, 2))
-EPI_STORE, EPI_SWIGLU, EPI_ROPE = 0, 1, 2
 
 
 def rows_mt(m: int) -> int:
@@ -45,7 +46,7 @@ def rows_mt(m: int) -> int:
 
 
 def _rows_name(wdtype: str, mt: int, pro: int, epi: int) -> str:
-    return f"linear_rows<{_ctype(wdtype)}, {mt}, {pro}, {epi}>"
+    return f"linear_rows<{ctype(wdtype)}, {mt}, {pro}, {epi}>"
 
 
 _ROWS_NAMES = tuple(_rows_name(d, mt, pro, epi) for d in ("float32", "int8")
@@ -54,7 +55,7 @@ _ROWS_NAMES = tuple(_rows_name(d, mt, pro, epi) for d in ("float32", "int8")
 
 @functools.cache
 def fused_kernel(name: str) -> Any:
-    return _module("linear_rows.cu", _ROWS_NAMES).get_function(name)
+    return cached_module("linear_rows.cu", _ROWS_NAMES).get_function(name)
 
 
 @dataclass(frozen=True)
@@ -107,15 +108,15 @@ class Gather:
 
 def _rows_of(x: Any, k: int) -> int:
     """M of x (an array, or a Gather), checked."""
-    cp = _cupy()
+    cp = cupy()
     if not isinstance(x, Gather):
-        _check_x(x, k)
+        check_x(x, k)
         return x.shape[0]
-    _check_x(x.table, k)
+    check_x(x.table, k)
     m = x.ids.shape[0] if x.ids.ndim == 1 else -1
-    _need(x.ids.dtype == cp.int32 and m >= 0, "linear_rows: gather ids must be int32 [M]")
-    _need((x.feed is None) == (x.fed is None), "linear_rows: gather feed and fed go together")
-    _need(x.feed is None or (x.feed.dtype == cp.int32 and x.feed.shape == (m,)
+    need(x.ids.dtype == cp.int32 and m >= 0, "linear_rows: gather ids must be int32 [M]")
+    need((x.feed is None) == (x.fed is None), "linear_rows: gather feed and fed go together")
+    need(x.feed is None or (x.feed.dtype == cp.int32 and x.feed.shape == (m,)
                              and x.fed.dtype == cp.int32),
           f"linear_rows: gather feed must be int32 [{m}] and fed int32")
     return m
@@ -123,29 +124,29 @@ def _rows_of(x: Any, k: int) -> int:
 
 def _form(what: str, x: Any, wd: DeviceWeight, out: Any, residual: Any, norm: Any, epi: int,
           rope: RopeStore | None) -> _Form:
-    cp = _cupy()
+    cp = cupy()
     n_w, k = wd.shape
     m = _rows_of(x, k)
     rope_args: tuple = (np.uint64(0),) * 7 + (cp.int32(0),) * 4
     if epi == EPI_STORE:
         n_out, blocks, nc = n_w, -(-n_w // 32), 1
-        _check_out(out, (m, n_out), "out")
+        check_out(out, (m, n_out), "out")
         if residual is not None:
-            _check_out(residual, (m, n_out), "residual")
+            check_out(residual, (m, n_out), "residual")
     elif epi == EPI_SWIGLU:
-        _need(n_w % 2 == 0 and residual is None, f"{what}: SwiGLU needs [2F, K], no residual")
+        need(n_w % 2 == 0 and residual is None, f"{what}: SwiGLU needs [2F, K], no residual")
         n_out, blocks, nc = n_w // 2, -(-(n_w // 2) // 32), 2
-        _check_out(out, (m, n_out), "out")
+        check_out(out, (m, n_out), "out")
     else:
-        _need(rope is not None and residual is None, f"{what}: RoPE needs its RopeStore")
+        need(rope is not None and residual is None, f"{what}: RoPE needs its RopeStore")
         heads = rope.n_heads + 2 * rope.n_kv
-        _need(n_w == heads * 64, f"{what}: QKV width {n_w} != {heads} heads x 64")
+        need(n_w == heads * 64, f"{what}: QKV width {n_w} != {heads} heads x 64")
         n_out, blocks, nc = n_w, heads, 2
-        _check_out(out, (m, rope.n_heads * 64), "q_out")
+        check_out(out, (m, rope.n_heads * 64), "q_out")
         rope_args = (rope.positions, rope.pages, rope.slots, rope.cos, rope.sin, rope.k_pool,
                      rope.v_pool, cp.int32(rope.layer), cp.int32(rope.k_pool.shape[1]),
                      cp.int32(rope.n_heads), cp.int32(rope.n_kv))
-    _need(norm is None or norm.shape == (k,), f"{what}: norm weight must be [{k}]")
+    need(norm is None or norm.shape == (k,), f"{what}: norm weight must be [{k}]")
     return _Form(m, k, n_out, blocks, nc, rope_args)
 
 
@@ -160,29 +161,29 @@ def _head_args(x: Any, wd: DeviceWeight, out: Any, norm: Any, eps: float,
 def _combine_args(x: Any, m: int, parts: Any, pscale: Any, x_out: Any, mt: int,
                   epi: int) -> tuple:
     """The combine (or gather) prologue's arguments (nulls when neither is asked), checked."""
-    cp, null = _cupy(), np.uint64(0)
+    cp, null = cupy(), np.uint64(0)
     k = x.table.shape[1] if isinstance(x, Gather) else x.shape[1]
     prologue = parts is not None or isinstance(x, Gather)
     if prologue:
-        _need(mt == 1 and epi != EPI_STORE, "linear_rows: the combine and gather prologues "
+        need(mt == 1 and epi != EPI_STORE, "linear_rows: the combine and gather prologues "
               "are built for one row per CTA, SwiGLU or RoPE")
     if x_out is not None:
-        _need(prologue, "linear_rows: x_out needs parts or a gather")
-        _check_out(x_out, (m, k), "x_out")
+        need(prologue, "linear_rows: x_out needs parts or a gather")
+        check_out(x_out, (m, k), "x_out")
     gather = (null,) * 3
     if isinstance(x, Gather):
-        _need(parts is None, "linear_rows: a gather adds no partials")
+        need(parts is None, "linear_rows: a gather adds no partials")
         gather = (x.ids, x.feed if x.feed is not None else null,
                   x.fed if x.fed is not None else null)
     out_arg = x_out if x_out is not None else null
     if parts is None:
-        _need(pscale is None, "linear_rows: pscale needs parts")
+        need(pscale is None, "linear_rows: pscale needs parts")
         return (null, cp.int32(0), null, out_arg) + gather
-    _need(parts.dtype == np.float32 and parts.ndim == 3 and parts.shape[1:] == (m, k)
+    need(parts.dtype == np.float32 and parts.ndim == 3 and parts.shape[1:] == (m, k)
           and 1 <= parts.shape[0] <= COMBINE_MAX_PARTS and parts.flags.c_contiguous,
           f"linear_rows: parts must be f32 [1..{COMBINE_MAX_PARTS}, {m}, {k}], got "
           f"{parts.dtype} {parts.shape}")
-    _need(pscale is None or pscale.shape == (k,), f"linear_rows: pscale must be [{k}]")
+    need(pscale is None or pscale.shape == (k,), f"linear_rows: pscale must be [{k}]")
     return (parts, cp.int32(parts.shape[0]), pscale if pscale is not None else null,
             out_arg) + gather
 
@@ -190,22 +191,24 @@ def _combine_args(x: Any, m: int, parts: Any, pscale: Any, x_out: Any, mt: int,
 def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
                 norm: Any = None, eps: float = 0.0, epi: int = EPI_STORE,
                 rope: RopeStore | None = None, mt: int | None = None, parts: Any = None,
-                pscale: Any = None, x_out: Any = None, ctas_per_sm: int = CTAS_PER_SM) -> Any:
+                pscale: Any = None, x_out: Any = None, ctas_per_sm: int = CTAS_PER_SM,
+                pdl: bool = False) -> Any:
     """The fused row kernel (cuda/linear_rows.cu): optional RMSNorm of x with ``norm``
     first, then the GEMM, then store (+ residual), SwiGLU, or RoPE + K/V store. ``mt``
     (1, 4 or 8 rows per CTA) overrides ``rows_mt`` for benchmarks; bits do not depend on it.
     ``parts`` [n, M, K] (one row per CTA; the decode stack): x is first x + those chunk
     partials of the previous GEMM, finished with its scales ``pscale``; ``x_out`` gets it.
-    x may be a ``Gather`` (the same forms): its rows come from a table, ``x_out`` gets them."""
-    cp = _cupy()
+    x may be a ``Gather`` (the same forms): its rows come from a table, ``x_out`` gets them.
+    ``pdl``: launch with PDL (launch.py)."""
+    cp = cupy()
     f = _form("linear_rows", x, wd, out, residual, norm, epi, rope)
     m, k = f.m, f.k
-    _need(k <= rows_max_k(m, epi), f"linear_rows: K={k} is above {rows_max_k(m, epi)}, the "
+    need(k <= rows_max_k(m, epi), f"linear_rows: K={k} is above {rows_max_k(m, epi)}, the "
           f"most this form supports for {m} rows")
     if m == 0:
         return out
     mt = rows_mt(m) if mt is None else mt
-    _need(mt in (1, 4, 8), f"linear_rows: {mt} rows per CTA is not built (1, 4 or 8)")
+    need(mt in (1, 4, 8), f"linear_rows: {mt} rows per CTA is not built (1, 4 or 8)")
     combine = _combine_args(x, m, parts, pscale, x_out, mt, epi)
     chunks = -(-k // KC)
     row_groups = -(-m // mt)
@@ -219,7 +222,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     args = _head_args(x_ptr, wd, out, norm, eps, residual) + (
         cp.int32(m), cp.int32(f.n_out), cp.int32(k), cp.int32(groups)) + f.rope_args + combine
     launch(fn, (-(-f.blocks // groups), row_groups), (32, max(chunks, 8)), args,
-           shared_mem=smem)
+           shared_mem=smem, pdl=pdl)
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +33,10 @@ def compile_module(name: str, names: tuple[str, ...] = ()) -> Any:
     extra = {"name_expressions": names} if names else {}
     return cupy.RawModule(code=read_cuda_source(name),
                           options=("-std=c++17", f"-I{cuda_source_dir()}"), **extra)
+
+
+@functools.cache
+def cached_module(name: str, names: tuple[str, ...] = ()) -> Any:
+    """``compile_module``, once per process for each source and set of instantiations (the
+    kernel wrappers' compile cache)."""
+    return compile_module(name, names)

@@ -1,0 +1,69 @@
+"""What every GEMM wrapper (linear.py, linear_rows.py, linear_chunks.py, decode_stack.py)
+shares: a linear weight on the device in both layouts (``DeviceWeight``, ``upload_weight``),
+the argument checks they run before a launch (a wrong array is a clear ValueError on the
+host, never a silent out-of-bounds read on the device), the weight's C type in kernel names,
+the K chunk width and the epilogue ids of the fused kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+KC = 64  # K chunk width of every GEMM's canonical order (cuda/linear.cu)
+EPI_STORE, EPI_SWIGLU, EPI_ROPE = 0, 1, 2  # epilogues of linear_rows.cu and linear_chunks.cu
+
+
+def cupy() -> Any:
+    import cupy
+
+    return cupy
+
+
+def ctype(wdtype: str) -> str:
+    """The C type a weight dtype instantiates the kernels with."""
+    return "float" if wdtype == "float32" else "signed char"
+
+
+def need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class DeviceWeight:
+    """One linear weight on the device, in both layouts: W^T [K, N] for the tiled kernel
+    (neighbouring threads read neighbouring columns) and W [N, K] for the row kernels (one
+    thread reads a column's K chunk as contiguous vectors). f32, or int8 codes + scale[N]."""
+
+    wt: Any
+    w: Any
+    scale: Any | None
+
+    @property
+    def shape(self) -> tuple[int, int]:  # (N, K), as the weight is written
+        return tuple(self.w.shape)
+
+
+def upload_weight(w: np.ndarray, scale: np.ndarray | None = None) -> DeviceWeight:
+    """``w``: [N, K] f32 values, or int8 codes with ``scale`` [N]."""
+    cp = cupy()
+    dt = np.int8 if scale is not None else np.float32
+    w = np.ascontiguousarray(w, dtype=dt)
+    return DeviceWeight(cp.asarray(np.ascontiguousarray(w.T)), cp.asarray(w),
+                        None if scale is None else cp.asarray(scale.astype(np.float32)))
+
+
+def check_x(x: Any, k: int) -> None:
+    cp = cupy()
+    need(x.dtype == cp.float32 and x.ndim == 2 and x.flags.c_contiguous,
+         "linear: x must be contiguous 2-D f32")
+    need(x.shape[1] == k, f"linear: x has K={x.shape[1]}, weight has K={k}")
+
+
+def check_out(out: Any, shape: tuple[int, int], what: str) -> None:
+    cp = cupy()
+    need(out.shape == shape and out.dtype == cp.float32 and out.flags.c_contiguous,
+         f"linear: {what} must be contiguous f32 {shape}")
