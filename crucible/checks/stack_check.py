@@ -49,7 +49,6 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
 
     from crucible.kernels import decode_stack as ds
     from crucible.kernels import linear_rows as cf
-    from crucible.model import llama
 
     runner, pages = _prefilled(geom, weights, rng)
     be, cfg = runner.backend, runner.config
@@ -77,7 +76,7 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
                 f"{name} {weights} negative control: descending O partials must differ, h={pos}")
         y = be.new((1, d))
         ds.combine_rows(h, dparts, down.scale, y)
-        ref_y = be.linear_add(llama.mlp_in(be, ref_h, layer), f"l{layer}.down", ref_h)
+        ref_y = be.linear_add(be.mlp_in(ref_h, layer), f"l{layer}.down", ref_h)
         t.check(bool(cp.array_equal(y, ref_y)), f"{name} {weights} mlp + combine == down + residual, h={pos}")
         # The QKV form with the combine prologue == the same form fed the combined value.
         r = be.new((1, d))

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal
 
 from crucible.errors import ConfigError
 
