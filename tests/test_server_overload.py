@@ -179,26 +179,37 @@ def test_disconnect_mid_stream_returns_every_page(server):
     assert server.engine.num_generated - generated < 500
 
 
-def test_sdk_stream_close_and_non_stream_disconnect_abort(server):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-    stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "go"}], max_tokens=1500,
-        stream=True, extra_body={"ignore_eos": True})
-    generated = server.engine.num_generated
-    for _, _chunk in zip(range(3), stream):
-        pass
-    stream.close()
-    assert wait_idle(server.engine, timeout=5)
-    assert server.engine.num_generated - generated < 500
-    # Non-streaming: the client gives up after 0.3 s; the server must notice and abort.
-    short = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
-                          timeout=0.3)
-    generated = server.engine.num_generated
-    with pytest.raises(openai.APITimeoutError):
-        short.completions.create(model=MODEL, prompt="long", max_tokens=1900,
-                                 extra_body={"ignore_eos": True})
-    assert wait_idle(server.engine, timeout=5)
-    assert server.engine.num_generated - generated < 1000
+def test_sdk_stream_close_and_non_stream_disconnect_abort():
+    # A slowed engine (2 ms a step: 1,900 tokens take at least 3.8 s), so neither request can
+    # reach its own end before the client gives up; the test then sees the abort itself.
+    srv = start(num_pages=256, step_delay=0.002)
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        before = metrics(srv)
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "go"}], max_tokens=1500,
+            stream=True, extra_body={"ignore_eos": True})
+        generated = srv.engine.num_generated
+        for _, _chunk in zip(range(3), stream):
+            pass
+        stream.close()
+        assert wait_idle(srv.engine, timeout=5)
+        assert srv.engine.num_generated - generated < 1500
+        # Non-streaming: the client gives up after 0.3 s; the server must notice and abort.
+        short = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0,
+                              timeout=0.3)
+        generated = srv.engine.num_generated
+        with pytest.raises(openai.APITimeoutError):
+            short.completions.create(model=MODEL, prompt="long", max_tokens=1900,
+                                     extra_body={"ignore_eos": True})
+        assert wait_idle(srv.engine, timeout=5)
+        assert srv.engine.num_generated - generated < 1900
+        after = metrics(srv)
+        key = 'crucible_requests_finished_total{reason="abort"}'
+        assert after[key] == before[key] + 2
+        assert srv.engine.allocator.num_free == srv.engine.allocator.num_pages
+    finally:
+        srv.stop()
 
 
 def test_disconnect_mid_prefill_aborts_before_the_first_token():
