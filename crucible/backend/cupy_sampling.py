@@ -168,7 +168,7 @@ class CupySampler:
         """The kernel alone over checked inputs (``sample`` checks them; timings call this):
         device (tokens [>= r], logprob words [>= r, 43]), valid until the next call.
         ``greedy``: every row is greedy without entries or logprobs (``greedy_only``), so the
-        row-splitting argmax (cuda/sampling_greedy.cu) gives the same ids in a few µs."""
+        row-splitting argmax (cuda/sampling_greedy.cu) gives the same ids, faster."""
         tokens, paths, lp = self._outputs(r)
         if tokens_out is not None:
             tokens = tokens_out

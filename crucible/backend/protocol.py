@@ -6,7 +6,7 @@ a capability a backend lacks is an explicit answer (``decode_stack`` returns Non
 ``fed_ids`` returns None, ``device_sampler`` returns None), never a missing attribute.
 Arrays are backend-native (numpy or cupy); activations are packed rows [T, features].
 
-Numerics (DESIGN.md section 5): each output element is computed in an order that does not
+Numerics (docs/numerics.md): each output element is computed in an order that does not
 depend on how many rows are in the step, where a row sits, how a prompt was chunked or
 which physical pages hold its history. A fused stage group gives the bits of its
 composition (``stages.py``).

@@ -6,7 +6,7 @@ attention over its own request's history in the page pool and writes ``out``:
 
 - ``q``/``out``: f32 ``[T, n_heads*64]``, C-contiguous; rows packed by segment.
 - ``k_pool``/``v_pool``: f32 ``[num_pages, n_layers, 16, n_kv_heads*64]``, C-contiguous;
-  the current slice's K/V must already be stored (DESIGN section 3).
+  the current slice's K/V must already be stored (docs/attention.md).
 - ``segments``: int32 ``[S, 4]`` (packed_start, chunk_len, absolute_start, table_index),
   ascending and tiling ``0..T``; ``page_tables``: int32 ``[S_tables, P]``.
 - ``max_chunk``: longest ``chunk_len``; ``score_capacity``: the longest absolute slice end

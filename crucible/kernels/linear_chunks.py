@@ -31,18 +31,16 @@ from crucible.kernels.device_weight import (EPI_STORE, EPI_SWIGLU, KC, DeviceWei
 from crucible.kernels.launch import launch
 from crucible.kernels.source import compile_module
 
-# Rows from which the backend routes to this kernel, per epilogue, from the H200 crossover
-# (bench/gpu-kernels-h200.json, PDL): gate/up (norm + SwiGLU) 13.9 vs 18.5 us on the fused
-# row kernel at 32 rows, 13.3 vs 9.6 at 16; down 11.7 vs 11.9 at 32, 15.0 vs 18.4 at 64;
-# O 5.9 vs 4.7 at 32, 7.8 vs 9.0 at 64.
+# Rows from which the backend routes to this kernel rather than the row kernels, per
+# epilogue: where the measured crossover lies (docs/gpu-engine.md, bench/gpu-kernels-h200.json).
 CHUNKS_FROM = {EPI_STORE: 48, EPI_SWIGLU: 32}
 CHUNKS_MAX_M = 64  # one CTA holds every row of its chunk (thread tile of up to 4 rows)
 CHUNKS_MAX_SCRATCH = 32 << 20  # bytes of partials a weight may need (not the LM head)
 NT_CHOICES = (32, 64)  # columns per tile (NT in linear_chunks.cu)
 THREADS = 256
 # Tile width policy (chunks_nt): 64-column tiles read x half as often, but below ~2 CTAs per
-# SM of an H200 (132 SMs) they leave SMs idle, and a tile's finisher reads all its partials
-# alone (chunks x 64 rows x 64 columns x 4 B: 147 KB at K = 576, 393 KB at K = 1536).
+# SM they leave SMs idle, and a tile's finisher reads all its partials alone
+# (chunks x 64 rows x 64 columns x 4 B).
 CTA_TARGET = 264
 FINISH_MAX_CHUNKS = 12
 

@@ -2,11 +2,8 @@
 store, on the row kernels (cuda/linear_rows.cu: 1, 4 or 8 rows per CTA, batches up to 128).
 They keep the canonical order of cuda/linear.cu, so the host may pick them or the tiled
 kernel by shape and the bits never change. Wrappers check every array before a launch (a
-clear ValueError, never an out-of-bounds read on the device).
-
-Tried and dropped (2026-11-30): a register-tiled variant (16 rows x 32 columns per CTA, a
-4 x 4 tile of chains per lane) was bit-exact on the H200 but 1.3-1.6x slower than these row
-kernels at 8..64 rows, and 2x slower on the LM head.
+clear ValueError, never an out-of-bounds read on the device). The variants tried and the
+timings behind the constants below: docs/gpu-engine.md.
 """
 
 from __future__ import annotations
@@ -24,8 +21,8 @@ from crucible.kernels.launch import launch
 from crucible.kernels.loader import ensure_dynamic_smem, sm_count
 from crucible.kernels.source import cached_module
 
-# Column-block CTAs per SM before a CTA takes several blocks (N large: the LM head). The
-# one-row LM head is fastest at 2 (12.4 µs against 13.9 at 4 and 15.4 at 6 on the H200).
+# Column-block CTAs per SM before a CTA takes several blocks (N large: the LM head); the
+# one-row LM head is fastest at 2.
 CTAS_PER_SM = 4
 HEAD_CTAS_PER_SM = 2
 COMBINE_MAX_PARTS = 24  # CRU_MAX_PARTS (cuda/rows_chunk.cuh): chunk partials one combine adds
@@ -40,8 +37,7 @@ _ROWS_FORMS = ((0, 0), (1, 0), (1, 1), (1, 2))
 
 def rows_mt(m: int) -> int:
     """Rows per block of the row kernels: never more than needed for tiny M; 4 up to 64
-    rows (twice the CTAs of 8: 8% less time per layer at 64 rows on the H200,
-    bench/gpu-kernels-h200.json), then 8."""
+    rows (twice the CTAs of 8, faster per layer), then 8."""
     return 1 if m == 1 else 4 if m <= 64 else 8
 
 

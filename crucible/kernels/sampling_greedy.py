@@ -1,7 +1,7 @@
 """Greedy rows over many CTAs per row (cuda/sampling_greedy.cu).
 
 ``sample_rows`` (cuda/sampling.cu) gives each row one 512-thread block, so a greedy row of a
-49152-entry vocabulary is one block's sweep (~14 us on an H200). When every row of a step is
+large vocabulary is one block's long sweep. When every row of a step is
 greedy with nothing else asked of it (``greedy_only``), ``GreedyLauncher`` splits each row over
 ``slices_for(V)`` CTAs instead; the token is the same one, bit for bit: the index of the
 largest logit (-0.0 tying with +0.0), the lowest index winning ties.
