@@ -91,3 +91,70 @@ def attention(q: np.ndarray, k_hist: np.ndarray, v_hist: np.ndarray, first: int,
     _ext().attention(q, k_hist, v_hist, out, n, k_hist.shape[0], n_heads, n_kv, head_dim,
                      first, scale, threads, not scalar)
     return out
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(f"paged_attention: {message}")
+
+
+def _check_array(a: np.ndarray, name: str, dtype: type, ndim: int) -> None:
+    _check(isinstance(a, np.ndarray), f"{name} must be a numpy array, got {type(a).__name__}")
+    _check(a.dtype == dtype, f"{name} must be {np.dtype(dtype).name}, got {a.dtype}")
+    _check(a.ndim == ndim, f"{name} must be {ndim}-D, got shape {a.shape}")
+    _check(a.flags.c_contiguous, f"{name} must be C-contiguous")
+
+
+def paged_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, layer: int,
+                    segments: np.ndarray, page_tables: np.ndarray, n_heads: int, n_kv: int,
+                    head_dim: int, *, threads: int = 1, scalar: bool = False) -> np.ndarray:
+    """Causal attention of a whole step's rows q [T, H*hd] at ``layer``, in one call.
+
+    ``segments`` [S, 4] int32 (packed_start, chunk_len, absolute_start, table_index) tile
+    the rows in order; row ``packed_start + i`` sits at ``absolute_start + i`` and sees
+    history positions 0 .. itself, position p at slot ``p & 15`` of pool page
+    ``page_tables[table_index, p >> 4]`` (pools f32 [num_pages, n_layers, 16, KV*hd]). Each
+    (row, head) is computed as ``attention`` computes it over the gathered history: the
+    same bits.
+    """
+    _check_array(q, "q", np.float32, 2)
+    for pool, name in ((k_pool, "k_pool"), (v_pool, "v_pool")):
+        _check_array(pool, name, np.float32, 4)
+    _check_array(segments, "segments", np.int32, 2)
+    _check_array(page_tables, "page_tables", np.int32, 2)
+    _check(n_heads > 0 and n_kv > 0 and n_heads % n_kv == 0,
+           f"n_heads {n_heads} must be a positive multiple of n_kv {n_kv}")
+    _check(head_dim >= 8 and head_dim % 8 == 0, f"head_dim {head_dim} must be a multiple of 8")
+    _check(q.shape[1] == n_heads * head_dim, f"q width {q.shape[1]} != {n_heads}*{head_dim}")
+    kv_dim = n_kv * head_dim
+    _check(k_pool.shape == v_pool.shape, f"k_pool {k_pool.shape} and v_pool {v_pool.shape} differ")
+    num_pages, n_layers = k_pool.shape[:2]
+    _check(num_pages > 0 and k_pool.shape[2:] == (16, kv_dim),
+           f"pool shape {k_pool.shape} must be [pages>0, layers, 16, {kv_dim}]")
+    _check(0 <= layer < n_layers, f"layer {layer} outside 0..{n_layers - 1}")
+    _check(segments.shape[1] == 4, f"segments must be [S, 4], got {segments.shape}")
+    rows = q.shape[0]
+    starts, lens, firsts, tables = segments.T
+    ends = np.cumsum(lens, dtype=np.int64)
+    _check(bool((lens >= 0).all() and (firsts >= 0).all()),
+           "segments need chunk_len >= 0 and absolute_start >= 0")
+    _check(bool((starts == ends - lens).all()) and (ends[-1] if len(ends) else 0) == rows,
+           f"segments (packed_start, chunk_len) must tile rows 0..{rows} in order")
+    n_tables, width = page_tables.shape
+    _check(bool(((tables >= 0) & (tables < n_tables)).all()),
+           f"a segment's table_index is outside 0..{n_tables - 1}")
+    hist = firsts.astype(np.int64) + lens  # exclusive end of each segment's history
+    _check(bool((hist <= 16 * width).all()),
+           f"a segment's history needs more than the tables' {width} pages")
+    if rows == 0:
+        return np.empty_like(q)
+    used = np.arange(width)[None, :] < ((hist + 15) // 16)[:, None]  # [S, P] pages read
+    ids = page_tables[tables][used]
+    _check(bool(((ids >= 0) & (ids < num_pages)).all()),
+           f"a page id read by a segment is outside the pool's 0..{num_pages - 1}")
+    out = np.empty_like(q)
+    scale = float(np.float32(1.0 / np.sqrt(head_dim)))
+    _ext().paged_attention(q, k_pool, v_pool, out, layer, segments, page_tables, rows,
+                           num_pages, n_layers, segments.shape[0], n_tables, width, n_heads,
+                           n_kv, head_dim, scale, threads, not scalar)
+    return out

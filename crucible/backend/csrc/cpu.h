@@ -61,14 +61,22 @@ static inline void cru_gemm_finish(const cru_gemm_args *a, int m, int p, const f
 void cru_gemm_panels_scalar(const cru_gemm_args *a, int p0, int p1);
 void cru_gemm_panels_avx2(const cru_gemm_args *a, int p0, int p1);
 
-/* ---- attention (attention.c) ---- */
+/* ---- attention (attention.c, attention_avx2.c) ---- */
+/* Where a row's history lives. Position p is row k + page(p >> 4) * page_stride +
+ * (p & 15) * KV*hd (and the same in v), page(i) = tab[i] for the row's page table tab, or
+ * i itself where there is none (a gathered, contiguous history: page_stride = 16*KV*hd).
+ * A page holds 16 positions, so the 8 keys j .. j+7 of an 8-aligned j share one page. */
 typedef struct {
-    const float *q;   /* [n, H*hd] rows of one segment */
-    const float *k;   /* [L, KV*hd] history, positions 0 .. L-1 */
-    const float *v;   /* [L, KV*hd] */
+    const float *q;   /* [n, H*hd] query rows */
+    const float *k;   /* page 0 of the history: the pool at the layer, or a gathered copy */
+    const float *v;
     float *out;       /* [n, H*hd] */
-    int n, L, H, KV, hd;
-    int first;        /* absolute position of row 0; row r sees positions 0 .. first + r */
+    int n, H, KV, hd;
+    size_t page_stride;       /* floats from one page to the next */
+    const int32_t *tables;    /* [*, table_len] page tables, or NULL (contiguous) */
+    long table_len;
+    const int32_t *rows;      /* [n, 2]: (absolute position, table index); NULL: see first */
+    int first;        /* rows == NULL: row r sits at first + r */
     float scale;      /* 1/sqrt(hd) as f32 */
     int avx2;
     float *scratch;   /* per part: scratch_len floats (the scores of one head) */
@@ -77,6 +85,22 @@ typedef struct {
 void cru_attn_part(void *ctx, int part, int nparts);
 void cru_attn_task_scalar(const cru_attn_args *a, int row, int kvh, float *buf);
 void cru_attn_task_avx2(const cru_attn_args *a, int row, int kvh, float *buf);
+
+/* The history length of `row` (its own position + 1); *tab = its page table or NULL. */
+static inline int cru_attn_row(const cru_attn_args *a, int row, const int32_t **tab) {
+    if (!a->rows) {
+        *tab = NULL;
+        return a->first + row + 1;
+    }
+    *tab = a->tables + (size_t)a->rows[2 * row + 1] * a->table_len;
+    return a->rows[2 * row] + 1;
+}
+
+/* Page i of a history whose page 0 is `base`. */
+static inline const float *cru_attn_page(const float *base, const int32_t *tab, size_t stride,
+                                         int i) {
+    return base + (size_t)(tab ? tab[i] : i) * stride;
+}
 
 /* ---- row-wise ops (rows.c, rows_avx2.c) ---- */
 typedef struct {

@@ -2,7 +2,7 @@
  *
  * Arrays arrive through the buffer protocol (no numpy headers at build time) and must be
  * C-contiguous with the expected item format; sizes are checked against the shapes given.
- * The Python wrappers (crucible/backend/cpu_kernels.py) check shapes first and give the
+ * The Python wrappers (crucible/backend/cpu_ops.py, cpu_gemm.py) check shapes first and give the
  * friendlier errors; these checks keep a wrong call from touching memory out of bounds.
  * Every kernel releases the GIL while it computes.
  */
@@ -25,7 +25,7 @@ int cru_have_avx2(void) {
 }
 
 typedef struct {
-    Py_buffer views[6];
+    Py_buffer views[8];
     int n;
 } views;
 
@@ -34,7 +34,7 @@ static void release(views *v) {
     v->n = 0;
 }
 
-/* Borrow obj's memory as `count` items of format `fmt` ('f' or 'b'); NULL obj -> NULL. */
+/* Borrow obj's memory as `count` items of format `fmt` ('f', 'i' or 'b'); NULL obj -> NULL. */
 static int view(views *v, PyObject *obj, const char *name, char fmt, Py_ssize_t count,
                 int writable, void **ptr) {
     *ptr = NULL;
@@ -45,10 +45,11 @@ static int view(views *v, PyObject *obj, const char *name, char fmt, Py_ssize_t 
     v->n++;
     const char *f = b->format ? b->format : "B";
     if (*f == '<' || *f == '=' || *f == '@') f++;
-    Py_ssize_t size = fmt == 'f' ? 4 : 1;
+    Py_ssize_t size = fmt == 'b' ? 1 : 4;
     if (f[0] != fmt || f[1] != 0 || b->itemsize != size) {
         PyErr_Format(PyExc_TypeError, "%s: expected %s items, got format '%s'", name,
-                     fmt == 'f' ? "float32" : "int8", b->format ? b->format : "B");
+                     fmt == 'f' ? "float32" : fmt == 'i' ? "int32" : "int8",
+                     b->format ? b->format : "B");
         return -1;
     }
     if (b->len != count * size) {
@@ -146,8 +147,8 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
                      H, KV, hd, first, threads);
         return NULL;
     }
-    cru_attn_args a = {.n = n, .L = L, .H = H, .KV = KV, .hd = hd, .first = first,
-                       .scale = scale, .avx2 = avx2 && cru_have_avx2()};
+    cru_attn_args a = {.n = n, .H = H, .KV = KV, .hd = hd, .first = first, .scale = scale,
+                       .page_stride = (size_t)16 * KV * hd, .avx2 = avx2 && cru_have_avx2()};
     views vw = {.n = 0};
     void *qp, *kp, *vp, *op;
     const Py_ssize_t nq = (Py_ssize_t)n * H * hd, nkv = (Py_ssize_t)L * KV * hd;
@@ -176,6 +177,115 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
     release(&vw);
     Py_RETURN_NONE;
 fail:
+    release(&vw);
+    return NULL;
+}
+
+/* paged_attention(q, k_pool, v_pool, out, layer, segments, page_tables, T, num_pages,
+ *                 n_layers, S, n_tables, P, H, KV, hd, scale, threads, avx2): a whole step.
+ * Pools [num_pages, n_layers, 16, KV*hd]; segments [S, 4] (packed_start, chunk_len,
+ * absolute_start, table_index) tiling rows 0 .. T in order; page_tables [n_tables, P]. */
+static PyObject *py_paged_attention(PyObject *self, PyObject *args) {
+    PyObject *q, *kp_obj, *vp_obj, *out, *seg_obj, *tab_obj;
+    Py_ssize_t num_pages;
+    int layer, T, n_layers, S, n_tables, P, H, KV, hd, threads, avx2;
+    float scale;
+    if (!PyArg_ParseTuple(args, "OOOOiOOiniiiiiiifip:paged_attention", &q, &kp_obj, &vp_obj,
+                          &out, &layer, &seg_obj, &tab_obj, &T, &num_pages, &n_layers, &S,
+                          &n_tables, &P, &H, &KV, &hd, &scale, &threads, &avx2))
+        return NULL;
+    if (T < 0 || num_pages < 1 || n_layers < 1 || layer < 0 || layer >= n_layers || S < 0 ||
+        n_tables < 0 || P < 0 || H < 1 || KV < 1 || H % KV || hd < 8 || hd % 8 ||
+        threads < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "paged_attention: bad sizes T=%d pages=%zd layers=%d layer=%d S=%d "
+                     "tables=%d P=%d H=%d KV=%d hd=%d threads=%d", T, num_pages, n_layers,
+                     layer, S, n_tables, P, H, KV, hd, threads);
+        return NULL;
+    }
+    const size_t kvd = (size_t)KV * hd;
+    cru_attn_args a = {.n = T, .H = H, .KV = KV, .hd = hd, .scale = scale,
+                       .page_stride = (size_t)n_layers * 16 * kvd, .table_len = P,
+                       .avx2 = avx2 && cru_have_avx2()};
+    views vw = {.n = 0};
+    void *qp, *kp, *vp, *op, *sp, *tp;
+    const Py_ssize_t nq = (Py_ssize_t)T * H * hd, npool = num_pages * n_layers * 16 * (Py_ssize_t)kvd;
+    int32_t *rows = NULL;
+    if (view(&vw, q, "paged_attention q", 'f', nq, 0, &qp) ||
+        view(&vw, kp_obj, "paged_attention k_pool", 'f', npool, 0, &kp) ||
+        view(&vw, vp_obj, "paged_attention v_pool", 'f', npool, 0, &vp) ||
+        view(&vw, out, "paged_attention out", 'f', nq, 1, &op) ||
+        view(&vw, seg_obj, "paged_attention segments", 'i', (Py_ssize_t)S * 4, 0, &sp) ||
+        view(&vw, tab_obj, "paged_attention page_tables", 'i', (Py_ssize_t)n_tables * P, 0, &tp))
+        goto fail;
+    if (overlaps(op, nq * 4, qp, nq * 4) || overlaps(op, nq * 4, kp, npool * 4) ||
+        overlaps(op, nq * 4, vp, npool * 4)) {
+        PyErr_SetString(PyExc_ValueError, "paged_attention: out overlaps an input");
+        goto fail;
+    }
+    /* Every row's position and table, checked so that no read leaves the pool. */
+    rows = PyMem_RawMalloc(sizeof(int32_t) * 2 * (T > 0 ? T : 1));
+    if (!rows) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    const int32_t *seg = sp, *tab = tp;
+    long next = 0, longest = 0;
+    for (int i = 0; i < S; i++) {
+        const long start = seg[4 * i], len = seg[4 * i + 1], first = seg[4 * i + 2];
+        const int ti = seg[4 * i + 3];
+        if (start != next || len < 0 || start + len > T || first < 0) {
+            PyErr_Format(PyExc_ValueError, "paged_attention: segment %d (%ld, %ld, %ld) does not "
+                         "tile rows 0 .. %d in order", i, start, len, first, T);
+            goto fail;
+        }
+        const long end = first + len; /* exclusive end of the history */
+        if (ti < 0 || ti >= n_tables || end > 16L * P) {
+            PyErr_Format(PyExc_ValueError, "paged_attention: segment %d: table %d of %d, "
+                         "history %ld of at most %ld", i, ti, n_tables, end, 16L * P);
+            goto fail;
+        }
+        for (long pg = 0; pg < (end + 15) / 16; pg++) {
+            const int32_t id = tab[(size_t)ti * P + pg];
+            if (id < 0 || id >= num_pages) {
+                PyErr_Format(PyExc_ValueError, "paged_attention: segment %d: page %d at table "
+                             "%d column %ld outside the pool's %zd pages", i, id, ti, pg,
+                             num_pages);
+                goto fail;
+            }
+        }
+        for (long r = 0; r < len; r++) {
+            rows[2 * (start + r)] = (int32_t)(first + r);
+            rows[2 * (start + r) + 1] = ti;
+        }
+        next = start + len;
+        longest = end > longest ? end : longest;
+    }
+    if (next != T) {
+        PyErr_Format(PyExc_ValueError, "paged_attention: segments cover %ld of %d rows", next, T);
+        goto fail;
+    }
+    a.q = qp, a.out = op, a.tables = tab, a.rows = rows;
+    a.k = (const float *)kp + (size_t)layer * 16 * kvd;
+    a.v = (const float *)vp + (size_t)layer * 16 * kvd;
+    if (T > 0) {
+        const int parts = cru_parts((long)T * KV, threads);
+        a.scratch_len = (longest + 7) & ~7L;
+        a.scratch = PyMem_RawMalloc(sizeof(float) * a.scratch_len * parts);
+        if (!a.scratch) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        cru_pool_run(cru_attn_part, &a, parts, threads);
+        Py_END_ALLOW_THREADS
+        PyMem_RawFree(a.scratch);
+    }
+    PyMem_RawFree(rows);
+    release(&vw);
+    Py_RETURN_NONE;
+fail:
+    PyMem_RawFree(rows);
     release(&vw);
     return NULL;
 }
@@ -237,6 +347,9 @@ static PyMethodDef methods[] = {
      "gemm(x, packed_w, scale, residual, out, M, N, K, threads, avx2): canonical GEMM"},
     {"attention", py_attention, METH_VARARGS,
      "attention(q, k, v, out, n, L, H, KV, hd, first, scale, threads, avx2): one segment"},
+    {"paged_attention", py_paged_attention, METH_VARARGS,
+     "paged_attention(q, k_pool, v_pool, out, layer, segments, page_tables, T, num_pages, "
+     "n_layers, S, n_tables, P, H, KV, hd, scale, threads, avx2): a whole step, one layer"},
     {"rows", py_rows, METH_VARARGS,
      "rows(op, src, lda, col0, w, cos, sin, out, rows, d, heads, eps, threads, avx2)"},
     {"have_avx2", py_have_avx2, METH_NOARGS, "True when the AVX2+FMA kernels can run here"},
