@@ -24,7 +24,9 @@ Workloads (``--workload``; ``--requests``, ``--seed`` and the four length bounds
 Both mixes are clipped to the model's context: an output is cut to context - 1 tokens,
 then the prompt to context - output (a chat client drops old history first), so every
 request generates exactly its drawn output length. Prompt ids are uniform over the
-vocabulary minus the tokenizer's stop ids. Sampling is vLLM's: temperature 1.0, top-p 1.0
+vocabulary minus the tokenizer's stop ids. ``tiny-random`` is
+``tiny_random_model(seed=0)`` (context ``--tiny-context``, 512); with ``--device cuda`` it
+gets head_dim 64 (TINY_CUDA_GEOMETRY), the only one the CUDA kernels take. Sampling is vLLM's: temperature 1.0, top-p 1.0
 (``--temperature 0`` for greedy).
 
 Measurement (public API only; nothing in the library changes): a warm-up of 8 requests of
@@ -79,6 +81,7 @@ from crucible import LLM, SamplingParams  # noqa: E402
 DEFAULT_MODEL = "smollm2-135m-instruct"  # crucible.model.fetch.DEFAULT_MODEL
 TINY = "tiny-random"
 WARMUP_REQUESTS = 8
+TINY_CUDA_GEOMETRY = dict(hidden_size=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn_size=512)
 # name -> (prompt min, max, output min, max); chat adds the lognormal medians and sigmas.
 MIXES = {"random": (64, 1023, 128, 511), "chat": (20, 2000, 16, 512)}
 CHAT_SHAPE = {"prompt_median": 300, "prompt_sigma": 1.0,
@@ -120,8 +123,10 @@ def make_llm(args: argparse.Namespace) -> LLM:
     if args.model == TINY:
         from crucible.model.tiny import tiny_random_model
 
+        # The CUDA kernels take head_dim 64 only: on --device cuda the tiny model gets it.
+        geometry = TINY_CUDA_GEOMETRY if args.device == "cuda" else {}
         model = tiny_random_model(seed=0, weights=args.weights or "f32",
-                                  max_context=args.tiny_context)
+                                  max_context=args.tiny_context, **geometry)
     return LLM(model, **given)
 
 
