@@ -6,7 +6,7 @@ scheduling-policy sweep, reported as JSON (+ PNG plots).
     python bench/serve.py --url http://127.0.0.1:8000 --model NAME --suite workloads
 
 Without --url each configuration gets its own server process (``python -m
-crucible.server.cli``) on a free loopback port, so the client never shares a GIL with the
+crucible.cli_serve``) on a free loopback port, so the client never shares a GIL with the
 engine. Latencies are client-side; queue peak and pages in use come from /metrics.
 """
 
@@ -66,7 +66,7 @@ class Server:
         opts = {"model": args.model, "device": args.device, "weights": args.weights,
                 "num_pages": args.num_pages, "max_queue": args.max_queue,
                 "token_budget": 1024, "chunk_cap": None, **overrides}
-        cmd = [sys.executable, "-m", "crucible.server.cli", "--port", str(port),
+        cmd = [sys.executable, "-m", "crucible.cli_serve", "--port", str(port),
                "--log-level", "warning"]
         for k, v in opts.items():
             if v is not None:

@@ -16,6 +16,7 @@ from typing import Any, Sequence, Union
 from crucible.engine.async_engine import AsyncLLMEngine
 from crucible.engine.engine import RequestDelta
 from crucible.engine.factory import build_engine
+from crucible.engine.pool_size import parse_bytes
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.settings import Settings
 from crucible.errors import ConfigError, QueueFullError
@@ -44,20 +45,26 @@ class LLM:
                  weights: str | None = None, token_budget: int | None = None,
                  chunk_cap: int | None = None, max_queue: int | None = None,
                  max_running: int | None = None, num_pages: int | None = None,
-                 seed: int | None = None, settings: Settings | None = None) -> None:
+                 kv_cache_memory: int | str | None = None,
+                 gpu_memory_fraction: float | None = None, seed: int | None = None,
+                 settings: Settings | None = None) -> None:
         """``model``: a known name, a .gguf path, an HF directory, or a LoadedModel.
 
         The keyword arguments override ``settings`` (default: the CRUCIBLE_* environment
-        and the built-in defaults; see the README's settings table). ``weights``: "int8"
+        and the built-in defaults; see the README's settings table). ``kv_cache_memory``:
+        bytes or a size such as "40GiB" (CUDA). ``weights``: "int8"
         (the default) or "f32"; a LoadedModel keeps the mode it was loaded with. ``seed`` is
         the base from which requests without their own seed derive one (engine/rng.py):
         fresh LLMs given the same calls sample the same tokens.
         """
         if isinstance(model, LoadedModel) and weights is None:
             weights = model.weights_mode
+        if isinstance(kv_cache_memory, str):
+            kv_cache_memory = parse_bytes(kv_cache_memory)
         given = dict(device=device, weights=weights, token_budget=token_budget,
                      chunk_cap=chunk_cap, max_queue=max_queue, max_running=max_running,
-                     num_pages=num_pages, seed=seed)
+                     num_pages=num_pages, kv_cache_memory=kv_cache_memory,
+                     gpu_memory_fraction=gpu_memory_fraction, seed=seed)
         if settings is None:
             settings = Settings.from_env(**given)
         else:

@@ -17,7 +17,7 @@ from crucible.errors import CrucibleError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "generate": ("crucible.cli_generate", "generate_main", "generate text from a prompt"),
     "chat": ("crucible.cli_generate", "chat_main", "interactive chat in the terminal"),
-    "serve": ("crucible.server.cli", "serve_main", "serve the HTTP APIs"),
+    "serve": ("crucible.cli_serve", "serve_main", "serve the HTTP APIs"),
     "gpu-engine-check": ("crucible.checks.engine_check", "main",
                          "check the CuPy backend against the numpy oracle and itself"),
     "gpu-packed-prefill-check": ("crucible.checks.packed_check", "main",

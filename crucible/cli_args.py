@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from crucible.engine.pool_size import UNITS_HELP, parse_bytes
+from crucible.errors import ConfigError
 from crucible.model.fetch import DEFAULT_MODEL
 
 
@@ -48,6 +50,41 @@ def probability(text: str) -> float:
     return value
 
 
+def byte_size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected a size with a unit ({UNITS_HELP}), e.g. "
+                                         f"40GiB; got {text!r}") from None
+
+
+def fraction(text: str) -> float:
+    value = _float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def add_pool_options(g: argparse._ArgumentGroup) -> None:
+    """The KV pool and scheduler limits (generate, chat and serve share them)."""
+    pool = g.add_mutually_exclusive_group()
+    pool.add_argument("--num-pages", type=positive_int, default=None,
+                      help="KV pages of 16 positions in the pool (default: two full contexts "
+                           "on the CPU; on CUDA 0.9 of the memory free after weights)")
+    pool.add_argument("--kv-cache-memory", type=byte_size, default=None, metavar="SIZE",
+                      help="CUDA: the KV pool's size, e.g. 40GiB or 30GB")
+    pool.add_argument("--gpu-memory-fraction", type=fraction, default=None, metavar="F",
+                      help="CUDA: the fraction of the memory free after weights and step "
+                           "scratch that the KV pool takes (default: 0.9)")
+    g.add_argument("--token-budget", type=positive_int, default=1024,
+                   help="rows per packed step (default: 1024)")
+    g.add_argument("--chunk-cap", type=positive_int, default=None,
+                   help="longest prefill slice of one request per step (default: off)")
+    g.add_argument("--max-running", type=positive_int, default=None,
+                   help="admitted requests holding pages at once (default: half the token "
+                        "budget)")
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=DEFAULT_MODEL,
@@ -56,12 +93,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="auto picks CUDA when the CuPy backend and a GPU are there (default: auto)")
     g.add_argument("--weights", choices=("int8", "f32"), default="int8",
                    help="linear-layer weights: int8 per-channel or f32 (default: int8)")
-    g.add_argument("--num-pages", type=positive_int, default=None,
-                   help="KV pages of 16 positions in the pool (default: enough for 2 full contexts)")
-    g.add_argument("--token-budget", type=positive_int, default=1024,
-                   help="rows per packed step (default: 1024)")
-    g.add_argument("--chunk-cap", type=positive_int, default=None,
-                   help="longest prefill slice of one request per step (default: off)")
+    add_pool_options(g)
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:

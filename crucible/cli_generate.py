@@ -18,9 +18,12 @@ from crucible.kernels.variants import parse_variant, startup_report
 def build_engine(args: argparse.Namespace) -> LLMEngine:
     """The flags over the environment's settings, through the one engine factory."""
     settings = Settings.from_env(device=args.device, weights=args.weights,
-                                 num_pages=args.num_pages, token_budget=args.token_budget,
-                                 chunk_cap=args.chunk_cap)
+                                 num_pages=args.num_pages, kv_cache_memory=args.kv_cache_memory,
+                                 gpu_memory_fraction=args.gpu_memory_fraction,
+                                 token_budget=args.token_budget, chunk_cap=args.chunk_cap,
+                                 max_running=args.max_running)
     engine, info = factory.build_engine(args.model, settings)
+    print(f"crucible: {info.pool}", file=sys.stderr)
     if info.device == "cuda":  # say which attention kernel runs
         print(f"crucible: {startup_report(parse_variant(info.attention))}", file=sys.stderr)
     if not args.profile:

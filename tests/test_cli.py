@@ -118,3 +118,29 @@ def test_chat_session_over_stdin(tmp_path) -> None:
     # the second turn carries the first as history; after /reset the prompt is short again
     lens = [int(line.split()[1]) for line in out.stderr.splitlines() if line.startswith("[prompt")]
     assert lens[1] > lens[0] and lens[2] < lens[1]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--kv-cache-memory", "40"], "expected a size with a unit"),
+    (["--kv-cache-memory=-2GiB"], "expected a size with a unit"),
+    (["--gpu-memory-fraction", "1.5"], "must be in (0, 1]"),
+    (["--num-pages", "8", "--kv-cache-memory", "1GiB"], "not allowed with argument"),
+])
+def test_pool_flags_are_strict(flags: list[str], message: str) -> None:
+    out = run_cli("generate", "--prompt", "hi", "--device", "cpu", *flags)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_generate_reports_the_pool_at_start(tmp_path) -> None:
+    from crucible.model.tiny import save_hf_dir, tiny_random_model
+
+    save_hf_dir(tiny_random_model(seed=0), tmp_path / "tiny")
+    out = run_cli("generate", "--prompt", "the cat", "--max-tokens", "2", "--temperature", "0",
+                  "--device", "cpu", "--model", str(tmp_path / "tiny"))
+    assert out.returncode == 0, out.stderr
+    assert "crucible: KV pool: 64 pages (1,024 positions" in out.stderr
+    assert "two full contexts (CPU default)" in out.stderr
+    out = run_cli("generate", "--prompt", "the cat", "--max-tokens", "2", "--device", "cpu",
+                  "--model", str(tmp_path / "tiny"), "--kv-cache-memory", "1GiB")
+    assert out.returncode == 2 and "on the CPU give num_pages" in out.stderr

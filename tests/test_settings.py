@@ -21,7 +21,8 @@ def test_defaults_without_environment() -> None:
     assert s.attention == "exact-q4-k64" and s.weights == "int8" and s.device == "auto"
     assert s.decode_graphs and s.prefill_graphs and s.pdl and s.decode_stack and s.pipeline
     assert s.cpu_threads is None and s.cache_dir is None and s.num_pages is None
-    assert (s.token_budget, s.chunk_cap, s.max_queue, s.max_running) == (1024, None, 64, 256)
+    assert (s.token_budget, s.chunk_cap, s.max_queue, s.max_running) == (1024, None, 64, None)
+    assert s.kv_cache_memory is None and s.gpu_memory_fraction is None
 
 
 def test_attention_variable_and_alias() -> None:
@@ -97,12 +98,23 @@ def test_bad_arguments_name_the_problem(kw: dict, match: str) -> None:
         Settings(**kw)
 
 
-def test_one_pool_default_for_every_entry_point() -> None:
-    s = Settings()
-    assert s.pool_pages("cpu", 2048) == 2 * 128
-    assert s.pool_pages("cuda", 2048) == 1024
-    assert s.pool_pages("cuda", 8192 * 16) == 2 * 8192
-    assert s.replace(num_pages=77).pool_pages("cuda", 2048) == 77
+def test_max_running_defaults_to_half_the_budget() -> None:
+    assert Settings().running_limit() == 512
+    assert Settings(token_budget=64).scheduler_config().max_running == 32
+    assert Settings(token_budget=1).running_limit() == 1
+    assert Settings(max_running=7).scheduler_config().max_running == 7
+
+
+def test_one_way_to_size_the_pool() -> None:
+    with pytest.raises(ConfigError, match="at most one of num_pages, kv_cache_memory"):
+        Settings(num_pages=8, kv_cache_memory=1 << 30)
+    with pytest.raises(ConfigError, match="kv_cache_memory and gpu_memory_fraction"):
+        Settings(kv_cache_memory=1 << 30, gpu_memory_fraction=0.5)
+    for bad in (0, 1.5, -0.1, True, "0.5"):
+        with pytest.raises(ConfigError, match="gpu_memory_fraction must be a number in"):
+            Settings(gpu_memory_fraction=bad)
+    with pytest.raises(ConfigError, match="kv_cache_memory must be a whole number >= 1"):
+        Settings(kv_cache_memory=0)
 
 
 def test_backend_options_carry_the_settings() -> None:

@@ -87,6 +87,11 @@ class CupyBackend:
         if self.options.prefill_graphs:
             self.prefill_graphs = PrefillGraphs(table_width=width, scratch_page=num_pages)
 
+    def memory_info(self) -> tuple[int, int]:
+        cp = _cp()
+        free, total = cp.cuda.runtime.memGetInfo()
+        return int(free) + int(cp.get_default_memory_pool().free_bytes()), int(total)
+
     def device_sampler(self) -> Any:
         from crucible.backend.cupy_sampling import CupySampler
 

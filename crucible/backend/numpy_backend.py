@@ -24,7 +24,7 @@ import numpy as np
 
 from crucible.backend import cpu_ext, cpu_ops, stages
 from crucible.backend.cpu_gemm import PackedWeight, gemm, pack_weight
-from crucible.backend.numpy_attention import paged_attention, paged_attention_compiled
+from crucible.backend.numpy_attention import paged_attention
 from crucible.backend.numpy_gemm import gemm_rows
 from crucible.backend.protocol import BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
@@ -94,6 +94,9 @@ class NumpyBackend:
         shape = (num_pages, cfg.n_layers, 16, cfg.kv_dim)
         self.k_pool = np.zeros(shape, dtype=np.float32)
         self.v_pool = np.zeros(shape, dtype=np.float32)
+
+    def memory_info(self) -> None:
+        return None  # host memory: the pool is sized by num_pages
 
     def device_sampler(self) -> None:
         return None  # the engine samples the host logits itself
@@ -166,9 +169,10 @@ class NumpyBackend:
     def attention(self, q: np.ndarray, layer: int, meta: NumpyMeta) -> np.ndarray:
         cfg = self.cfg
         if self.compiled and cfg.head_dim % 8 == 0:
-            return paged_attention_compiled(q, self.k_pool, self.v_pool, layer, meta.segments,
-                                            meta.page_tables, cfg.n_kv_heads, cfg.head_dim,
-                                            threads=self.threads, scalar=self.scalar)
+            return cpu_ops.paged_attention(q, self.k_pool, self.v_pool, layer, meta.segments,
+                                           meta.page_tables, cfg.n_heads, cfg.n_kv_heads,
+                                           cfg.head_dim, threads=self.threads,
+                                           scalar=self.scalar)
         return paged_attention(q, self.k_pool, self.v_pool, layer, meta.segments,
                                meta.page_tables, cfg.n_kv_heads, cfg.head_dim)
 

@@ -54,6 +54,9 @@ class ProfiledBackend:
     def allocate_pool(self, num_pages: int) -> None:
         self.be.allocate_pool(num_pages)
 
+    def memory_info(self) -> tuple[int, int] | None:
+        return self.be.memory_info()
+
     def device_sampler(self) -> Any:
         return self.be.device_sampler()
 

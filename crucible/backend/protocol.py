@@ -80,6 +80,10 @@ class Backend(Protocol):
     # --- set-up (once) ---
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None: ...
     def allocate_pool(self, num_pages: int) -> None: ...
+    def memory_info(self) -> tuple[int, int] | None:
+        """(free, total) bytes of device memory, counting what the backend's allocator
+        holds unused as free; None for host memory (the CPU)."""
+
     def device_sampler(self) -> RowSampler | None:
         """A sampler that works on this backend's logits where they are, or None (the
         engine then samples on the host)."""

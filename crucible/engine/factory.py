@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from crucible.backend.select import make_backend, resolve_device
+from crucible.backend.protocol import Backend
 from crucible.engine.engine import LLMEngine
+from crucible.engine.pool_size import PoolSize, pool_size
 from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
 from crucible.errors import ConfigError
@@ -25,6 +27,7 @@ class EngineInfo:
     weights: str
     context: int
     pages: int
+    pool: str  # how the pool was sized, for the start-up report
     token_budget: int
     chunk_cap: int | None
     max_queue: int
@@ -52,7 +55,12 @@ def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngin
     device = resolve_device(settings.device)
     backend = make_backend(device, settings.backend_options())
     loaded = load(model, settings)
-    pages = settings.pool_pages(device, loaded.config.max_context)
+    sized: list[PoolSize] = []
+
+    def pages(be: Backend) -> int:  # once the weights are on the device
+        sized.append(pool_size(settings, loaded.config, device, be.memory_info()))
+        return sized[0].num_pages
+
     runner = ModelRunner(loaded, num_pages=pages, device=device, settings=settings,
                          backend=backend)
     engine = LLMEngine(runner, loaded.tokenizer, settings.scheduler_config(),
@@ -60,7 +68,8 @@ def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngin
     cfg = engine.config
     info = EngineInfo(model=loaded.name, device=runner.device, backend=backend.name,
                       weights=loaded.weights_mode, context=loaded.config.max_context,
-                      pages=pages, token_budget=cfg.token_budget, chunk_cap=cfg.chunk_cap,
+                      pages=runner.num_pages, pool=sized[0].summary,
+                      token_budget=cfg.token_budget, chunk_cap=cfg.chunk_cap,
                       max_queue=cfg.max_queue, max_running=cfg.max_running,
                       attention=settings.attention if device == "cuda"
                       else "numpy reference order")

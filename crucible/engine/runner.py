@@ -9,7 +9,7 @@ that is the scheduler's and the request's.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -27,26 +27,31 @@ from crucible.step.rows import (PendingSample, RowSampler, RowSampling, SampleOu
 
 
 class ModelRunner:
-    def __init__(self, model: LoadedModel, *, num_pages: int, device: str = "cpu",
+    def __init__(self, model: LoadedModel, *, num_pages: int | Callable[[Backend], int],
+                 device: str = "cpu",
                  attention: str | None = None, settings: Settings | None = None,
                  device_sampling: bool = True, backend: Backend | None = None) -> None:
         """``settings``: the start-up settings (default: the built-in defaults, no
         environment); ``attention`` overrides their attention variant. ``backend``: one
         already built (else ``settings`` build it for ``device``). ``device_sampling``:
-        sample on the device where the backend can."""
-        if num_pages <= 0:
-            raise ConfigError(f"num_pages must be positive, got {num_pages}")
+        sample on the device where the backend can. ``num_pages``: the pool's pages, or a
+        function of the backend that decides them once the weights are uploaded (so it can
+        size the pool by the memory left)."""
+        if not callable(num_pages):
+            _check_pages(num_pages)
         settings = settings or Settings()
         if attention is not None:
             settings = settings.replace(attention=attention)
         self.model = model
-        self.num_pages = num_pages
         self.pipeline = settings.pipeline  # queue decode step t+1 before t's ids are read
         self.num_argmax_steps = 0  # steps whose ids a decode graph's argmax gave
         self.backend: Backend = backend or make_backend(device, settings.backend_options())
         self.device = self.backend.device
         self.backend.load_weights(model.config, backend_weights(model.weights,
                                                                 model.weights_mode))
+        if callable(num_pages):
+            num_pages = _check_pages(num_pages(self.backend))
+        self.num_pages = num_pages
         self.backend.allocate_pool(num_pages)
         # None: the engine samples on the host from ``forward``'s logits.
         self.sampler: RowSampler | None = (self.backend.device_sampler() if device_sampling
@@ -112,6 +117,12 @@ class ModelRunner:
         if pending.event is not None:
             be.ids_copied(pending.event)
         return PendingStep(pending, None, host)
+
+
+def _check_pages(num_pages: Any) -> int:
+    if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages <= 0:
+        raise ConfigError(f"num_pages must be a positive whole number, got {num_pages!r}")
+    return num_pages
 
 
 class PendingStep:

@@ -16,14 +16,13 @@ from typing import Any, Callable, Mapping
 
 from crucible.backend.cpu_ext import MAX_THREADS
 from crucible.backend.options import BackendOptions
-from crucible.engine.pages import pages_for
 from crucible.engine.scheduler import SchedulerConfig
 from crucible.errors import ConfigError
 from crucible.kernels.variants import DEFAULT_VARIANT, parse_variant
 
 DEVICES = ("auto", "cpu", "cuda")
 WEIGHTS = ("int8", "f32")
-CUDA_MIN_PAGES = 1024  # the CUDA pool's floor: room for many concurrent requests
+DEFAULT_GPU_MEMORY_FRACTION = 0.9  # of the device memory left after weights and scratch
 
 
 def _switch(name: str, raw: str) -> bool:
@@ -76,11 +75,13 @@ class Settings:
     pipeline: bool = True
     cpu_threads: int | None = None  # None: the available cores
     cache_dir: Path | None = None  # None: ~/.cache/crucible
-    num_pages: int | None = None  # None: default_num_pages()
+    num_pages: int | None = None  # None: sized by kv_cache_memory / gpu_memory_fraction
+    kv_cache_memory: int | None = None  # bytes for the KV pool (CUDA); parse_bytes("40GiB")
+    gpu_memory_fraction: float | None = None  # of free memory after weights and scratch
     token_budget: int = 1024
     chunk_cap: int | None = None
     max_queue: int = 64
-    max_running: int = 256
+    max_running: int | None = None  # None: half the token budget (default_max_running)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -92,11 +93,20 @@ class Settings:
         for name in ("decode_graphs", "prefill_graphs", "pdl", "decode_stack", "pipeline"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        for name, low in (("cpu_threads", 1), ("num_pages", 1), ("chunk_cap", 1)):
+        for name, low in (("cpu_threads", 1), ("num_pages", 1), ("chunk_cap", 1),
+                          ("kv_cache_memory", 1), ("max_running", 1)):
             self._check_int(name, low, optional=True)
-        for name, low in (("token_budget", 1), ("max_queue", 1), ("max_running", 1),
-                          ("seed", 0)):
+        for name, low in (("token_budget", 1), ("max_queue", 1), ("seed", 0)):
             self._check_int(name, low)
+        f = self.gpu_memory_fraction
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
+                              or not 0 < f <= 1):
+            raise ConfigError(f"gpu_memory_fraction must be a number in (0, 1], got {f!r}")
+        given = [n for n in ("num_pages", "kv_cache_memory", "gpu_memory_fraction")
+                 if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ConfigError(f"give at most one of num_pages, kv_cache_memory and "
+                              f"gpu_memory_fraction; got {' and '.join(given)}")
         if self.cpu_threads is not None and self.cpu_threads > MAX_THREADS:
             raise ConfigError(f"cpu_threads must be at most {MAX_THREADS}, got {self.cpu_threads}")
         if self.cache_dir is not None:
@@ -139,12 +149,10 @@ class Settings:
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(token_budget=self.token_budget, chunk_cap=self.chunk_cap,
-                               max_queue=self.max_queue, max_running=self.max_running)
+                               max_queue=self.max_queue, max_running=self.running_limit())
 
-    def pool_pages(self, device: str, max_context: int) -> int:
-        """``num_pages``, or the default pool for a resolved device: two full contexts on
-        the CPU; on CUDA at least CUDA_MIN_PAGES."""
-        if self.num_pages is not None:
-            return self.num_pages
-        two = 2 * pages_for(max_context)
-        return max(two, CUDA_MIN_PAGES) if device == "cuda" else two
+    def running_limit(self) -> int:
+        """``max_running``, or half the token budget: every running decode takes one row of
+        a step, and half the budget stays for prefill slices."""
+        return self.max_running if self.max_running is not None \
+            else max(1, self.token_budget // 2)

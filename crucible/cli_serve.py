@@ -11,6 +11,7 @@ import asyncio
 import logging
 import signal
 
+from crucible.cli_args import add_pool_options
 from crucible.engine.factory import build_engine
 from crucible.engine.settings import Settings
 from crucible.errors import CrucibleError
@@ -42,14 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", default="int8", choices=("int8", "f32"))
     p.add_argument("--max-queue", type=_positive, default=64,
                    help="waiting-queue bound; beyond it requests get 429 at once")
-    p.add_argument("--token-budget", type=_positive, default=1024, help="rows per step")
-    p.add_argument("--chunk-cap", type=_positive, default=None,
-                   help="longest prefill slice per step (default: off)")
-    p.add_argument("--num-pages", type=_positive, default=None,
-                   help="pages of 16 positions in the KV pool (default: two full contexts; "
-                        "on CUDA at least 1024)")
-    p.add_argument("--max-running", type=_positive, default=256,
-                   help="admitted requests holding pages at once")
+    add_pool_options(p.add_argument_group("pool and scheduler"))
     p.add_argument("--seed", type=int, default=0, help="base seed for unseeded requests")
     p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
     p.add_argument("--log-level", default="info")
@@ -58,7 +52,9 @@ def parser() -> argparse.ArgumentParser:
 
 async def _serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env(device=args.device, weights=args.weights,
-                                 num_pages=args.num_pages, token_budget=args.token_budget,
+                                 num_pages=args.num_pages, kv_cache_memory=args.kv_cache_memory,
+                                 gpu_memory_fraction=args.gpu_memory_fraction,
+                                 token_budget=args.token_budget,
                                  chunk_cap=args.chunk_cap, max_queue=args.max_queue,
                                  max_running=args.max_running, seed=args.seed)
     state = ServerState(ServerConfig(model_name=args.served_model_name or args.model,

@@ -1,0 +1,117 @@
+"""How many KV pages the pool gets: from the settings, the model and the device's memory.
+
+One rule for every entry point:
+- ``num_pages`` given: exactly that many;
+- on the CPU otherwise: two full contexts (modest: host memory is shared with everything);
+- on CUDA: ``kv_cache_memory`` bytes, or ``gpu_memory_fraction`` (default 0.9) of the device
+  memory that is free once the weights are uploaded and the step scratch is set aside, but
+  no more than ``max_running`` full contexts (pages beyond that would never be used).
+
+The scratch reserve covers what a step allocates besides the pool: activations of a full
+token budget, the logits of every running row, the captured graphs' private memory, and a
+fixed margin for the CUDA context and kernels. It is an estimate on the safe side; a pool
+that leaves less than the reserve free is refused with a message that says how much fits.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from crucible.backend.protocol import Geometry
+from crucible.engine.pages import pages_for
+from crucible.engine.settings import DEFAULT_GPU_MEMORY_FRACTION, Settings
+from crucible.errors import ConfigError
+from crucible.step.batch import PAGE_SIZE
+
+GiB = 1 << 30
+MARGIN = 2 * GiB  # CUDA context, modules, allocator slack
+GRAPH_COPIES = 4  # captured graphs each keep a forward's working set
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+UNITS_HELP = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d{1,9})?)\s*([A-Za-z]+)\s*$")
+
+
+def parse_bytes(text: str, what: str = "kv_cache_memory") -> int:
+    """'40GiB', '1.5 GB', '512MiB' -> bytes (fractional bytes round down). A unit is
+    required: a bare number, a negative or another unit is an error naming ``what``."""
+    m = _SIZE.match(str(text))
+    unit = m.group(2).upper() if m else ""
+    if not m or unit not in _UNITS:
+        raise ConfigError(f"{what} must be a size with a unit ({UNITS_HELP}), e.g. 40GiB; "
+                          f"got {text!r}")
+    whole, _, frac = m.group(1).partition(".")
+    value = int(whole) * _UNITS[unit] + (int(frac) * _UNITS[unit]) // 10 ** len(frac) \
+        if frac else int(whole) * _UNITS[unit]
+    if value <= 0:
+        raise ConfigError(f"{what} must be more than 0 bytes, got {text!r}")
+    return value
+
+
+def page_bytes(geometry: Geometry) -> int:
+    """K and V of one page across every layer, f32."""
+    return 2 * geometry.n_layers * PAGE_SIZE * geometry.kv_dim * 4
+
+
+def scratch_bytes(geometry: Geometry, settings: Settings) -> int:
+    """What a step may allocate on the device besides the pool (an upper estimate)."""
+    g = geometry
+    per_row = 4 * (6 * g.hidden_size + 3 * g.ffn_size + 3 * g.q_dim + 2 * g.kv_dim)
+    activations = settings.token_budget * per_row * GRAPH_COPIES
+    logits = 2 * settings.running_limit() * g.vocab_size * 4
+    return MARGIN + activations + logits
+
+
+@dataclass(frozen=True)
+class PoolSize:
+    num_pages: int
+    how: str  # one line for the start-up report
+
+    @property
+    def summary(self) -> str:
+        return f"KV pool: {self.num_pages:,} pages ({self.how})"
+
+
+def pool_size(settings: Settings, geometry: Geometry, device: str,
+              memory: tuple[int, int] | None) -> PoolSize:
+    """``memory``: (free, total) device bytes after the weights are uploaded (CUDA), or
+    None (CPU)."""
+    per_page = page_bytes(geometry)
+
+    def report(pages: int, source: str) -> PoolSize:
+        gib = pages * per_page / GiB
+        return PoolSize(pages, f"{pages * PAGE_SIZE:,} positions, {gib:.2f} GiB: {source}")
+
+    if settings.num_pages is not None:
+        return report(settings.num_pages, "num_pages")
+    if device != "cuda" or memory is None:
+        if settings.kv_cache_memory is not None or settings.gpu_memory_fraction is not None:
+            raise ConfigError("kv_cache_memory and gpu_memory_fraction size a CUDA pool; "
+                              "on the CPU give num_pages")
+        return report(2 * pages_for(geometry.max_context), "two full contexts (CPU default)")
+    free, total = memory
+    room = free - scratch_bytes(geometry, settings)
+    if settings.kv_cache_memory is not None:
+        want = settings.kv_cache_memory
+        if want > room:
+            raise ConfigError(f"kv_cache_memory of {want / GiB:.2f} GiB does not fit: "
+                              f"{max(room, 0) / GiB:.2f} GiB are free after the weights and "
+                              f"the step scratch ({total / GiB:.1f} GiB device)")
+        source = f"kv_cache_memory {want / GiB:.2f} GiB"
+    else:
+        fraction = settings.gpu_memory_fraction or DEFAULT_GPU_MEMORY_FRACTION
+        want = int(fraction * room)
+        source = (f"{fraction:g} of the {max(room, 0) / GiB:.1f} GiB free after weights and "
+                  f"scratch")
+    pages = want // per_page
+    if settings.kv_cache_memory is None:
+        # More pages than every admitted request can hold at full context are never used.
+        cap = settings.running_limit() * pages_for(geometry.max_context)
+        if pages > cap:
+            pages, source = cap, f"{source}, capped at max_running full contexts"
+    if pages < pages_for(geometry.max_context):
+        raise ConfigError(f"the KV pool would hold {pages} pages, less than one full context "
+                          f"({pages_for(geometry.max_context)} pages); free device memory or "
+                          f"give num_pages")
+    return report(pages, source)
