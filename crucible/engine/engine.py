@@ -151,7 +151,9 @@ class LLMEngine:
         self.num_steps += 1
         self.num_rows += batch.num_rows
         if self.runner.sampler is None:
-            updates = host_updates(self.runner, slices, batch, self.vocab_size)
+            # --profile times each host draw as a stage: no batched argmax then.
+            updates = host_updates(self.runner, slices, batch, self.vocab_size,
+                                   batch_greedy=self.stage_timer is None)
             return Launched(tuple(slices), None, updates, 0)
         host_rows: list[int] = []
         if rows is None:

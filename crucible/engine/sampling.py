@@ -96,6 +96,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def plain_greedy(self, num_output: int) -> bool:
+        """True when ``sample_row`` is the argmax of the raw logits for the next token: greedy,
+        no penalty, no stop id masked by min_tokens, no logprobs asked for."""
+        return (self.temperature == 0 and self.repetition_penalty == 1.0
+                and not self.presence_penalty and not self.frequency_penalty
+                and num_output >= self.min_tokens and self.logprobs is None)
+
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """f64 log-softmax of one row (the max is subtracted first; sum in numpy's fixed order)."""

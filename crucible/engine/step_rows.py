@@ -23,22 +23,36 @@ Update = tuple[ScheduledSlice, np.ndarray | None, Draw]  # (slice, prompt-logpro
 
 
 def host_updates(runner: Any, slices: Sequence[ScheduledSlice], batch: PackedBatch,
-                 vocab_size: int) -> list[Update]:
-    """Forward on the runner, then one host draw per sampling slice (run at its update)."""
+                 vocab_size: int, batch_greedy: bool = True) -> list[Update]:
+    """Forward on the runner, then one host draw per sampling slice (run at its update).
+    ``batch_greedy``: rows whose draw is a plain argmax (``plain_greedy``) take it from one
+    argmax over all of them, now (the same ids: the first maximum of each row)."""
     logits = runner.forward(batch)
     if logits.shape != (batch.final_rows.shape[0], vocab_size):
         raise RuntimeError(f"runner returned logits of shape {logits.shape}, expected "
                            f"{(batch.final_rows.shape[0], vocab_size)}")
     updates: list[Update] = []
+    greedy_at: list[int] = []  # indices into updates
+    greedy_rows: list[int] = []  # their logits rows
     row = 0
     for sl in slices:
         n = len(sl.prompt_rows)
         draw = None
         if sl.sample:
-            last, req = logits[row + n], sl.request
-            draw = lambda last=last, req=req: sample_host(last, req)  # noqa: E731
+            req = sl.request
+            if batch_greedy and req.params.plain_greedy(req.num_output_tokens):
+                greedy_at.append(len(updates))
+                greedy_rows.append(row + n)
+            else:
+                last = logits[row + n]
+                draw = lambda last=last, req=req: sample_host(last, req)  # noqa: E731
         updates.append((sl, logits[row : row + n] if n else None, draw))
         row += n + sl.sample  # its logits rows: the prompt rows, then the sampled row
+    if greedy_rows:
+        ids = np.argmax(logits[greedy_rows], axis=1).tolist()
+        for i, token in zip(greedy_at, ids):
+            sl, prompt_logits, _ = updates[i]
+            updates[i] = (sl, prompt_logits, (token, None))
     return updates
 
 def sampling_rows(slices: Sequence[ScheduledSlice], vocab_size: int
