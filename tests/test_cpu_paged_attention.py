@@ -135,6 +135,8 @@ def _call(q, pool, segs, tables, layer=1, n_heads=2, n_kv=1, hd=16):
 def test_small_case_runs() -> None:
     q, pool, segs, tables = _small()
     assert _call(q, pool, segs, tables).shape == q.shape
+    unread = np.array([[1, 3], [2, -7]], dtype=np.int32)  # past segment 1's single page
+    assert np.array_equal(_call(q, pool, segs, unread), _call(q, pool, segs, tables))
     empty = np.zeros((0, 4), dtype=np.int32)
     assert _call(q[:0], pool, empty, tables).shape == (0, 32)
 

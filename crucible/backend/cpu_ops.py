@@ -99,10 +99,13 @@ def _check(cond: bool, message: str) -> None:
 
 
 def _check_array(a: np.ndarray, name: str, dtype: type, ndim: int) -> None:
+    if isinstance(a, np.ndarray) and a.dtype == dtype and a.ndim == ndim and \
+            a.flags.c_contiguous:
+        return  # the messages below cost more than the checks: build them only on failure
     _check(isinstance(a, np.ndarray), f"{name} must be a numpy array, got {type(a).__name__}")
     _check(a.dtype == dtype, f"{name} must be {np.dtype(dtype).name}, got {a.dtype}")
     _check(a.ndim == ndim, f"{name} must be {ndim}-D, got shape {a.shape}")
-    _check(a.flags.c_contiguous, f"{name} must be C-contiguous")
+    _check(False, f"{name} must be C-contiguous")
 
 
 def paged_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, layer: int,
@@ -148,10 +151,11 @@ def paged_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, layer
            f"a segment's history needs more than the tables' {width} pages")
     if rows == 0:
         return np.empty_like(q)
-    used = np.arange(width)[None, :] < ((hist + 15) // 16)[:, None]  # [S, P] pages read
-    ids = page_tables[tables][used]
-    _check(bool(((ids >= 0) & (ids < num_pages)).all()),
-           f"a page id read by a segment is outside the pool's 0..{num_pages - 1}")
+    if page_tables.size and not (page_tables.min() >= 0 and page_tables.max() < num_pages):
+        used = np.arange(width)[None, :] < ((hist + 15) // 16)[:, None]  # [S, P] pages read
+        ids = page_tables[tables][used]  # entries past a table's length may hold anything
+        _check(bool(((ids >= 0) & (ids < num_pages)).all()),
+               f"a page id read by a segment is outside the pool's 0..{num_pages - 1}")
     out = np.empty_like(q)
     scale = float(np.float32(1.0 / np.sqrt(head_dim)))
     _ext().paged_attention(q, k_pool, v_pool, out, layer, segments, page_tables, rows,

@@ -15,16 +15,16 @@ K/V of positions ``0 .. end`` are gathered page by page into blocks of 64 positi
 So a distribution's result depends only on its query, its position and its history, not
 on the other rows of the step, the chunking of the prompt, or where the pages live.
 
-With the compiled CPU kernels built, ``paged_attention_compiled`` gathers the same history
-through the page table and hands it to ``cpu_ops.attention`` (its own fixed order,
-csrc/attention.c) instead of the BLAS blocks: same promise, about 15x faster.
+This is the path without the compiled CPU kernels. With them built, the backend calls
+``cpu_ops.paged_attention`` instead: one call per layer for the whole step, each row read
+from the pool through its page table in its own fixed order (csrc/attention.c): same
+promise, different bits, much faster.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from crucible.backend import cpu_ops
 from crucible.backend.numpy_gemm import calibrate_tile, tile_columns
 
 BLOCK = 64
@@ -93,18 +93,3 @@ def paged_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, layer
                                                         v_hist, ends, n_kv, hd)
     return out
 
-
-def paged_attention_compiled(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, layer: int,
-                             segments: np.ndarray, page_tables: np.ndarray, n_kv: int, hd: int,
-                             *, threads: int, scalar: bool = False) -> np.ndarray:
-    """``paged_attention`` on the compiled kernel: one call per segment, whole history."""
-    out = np.empty_like(q)
-    n_heads = q.shape[1] // hd
-    for start, length, abs_start, table_index in segments.tolist():
-        table = page_tables[table_index]
-        k_hist = gather_history(k_pool, layer, table, abs_start + length)
-        v_hist = gather_history(v_pool, layer, table, abs_start + length)
-        out[start : start + length] = cpu_ops.attention(
-            q[start : start + length], k_hist, v_hist, abs_start, n_heads, n_kv, hd,
-            threads=threads, scalar=scalar)
-    return out
