@@ -21,6 +21,7 @@ from crucible.engine.sampling import SamplingParams
 from crucible.engine.settings import Settings
 from crucible.errors import ConfigError, QueueFullError
 from crucible.model.fetch import DEFAULT_MODEL
+from crucible.model.detokenize import decode_all
 from crucible.model.loader import LoadedModel
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]
@@ -108,10 +109,13 @@ class LLM:
         deltas: dict[str, list[RequestDelta]] = {}
         rids: list[str] = []
         next_item = 0
-        while next_item < len(items) or any(r in self.engine.requests for r in rids):
+        live = 0  # added and not finished
+        while next_item < len(items) or live:
             while next_item < len(items):  # the queue is bounded: feed it as it drains
                 try:
-                    rid = self.engine.add_request(items[next_item][1], plist[next_item])
+                    # Text is decoded once at the end (_collect), not step by step.
+                    rid = self.engine.add_request(items[next_item][1], plist[next_item],
+                                                  stream_text=False)
                 except QueueFullError:
                     if not self.engine.has_unfinished():
                         raise
@@ -119,11 +123,13 @@ class LLM:
                 rids.append(rid)
                 deltas[rid] = []
                 next_item += 1
+                live += 1
             for d in self.engine.step():
                 if d.request_id in deltas:
                     deltas[d.request_id].append(d)
-        return [self._collect(rid, prompt, ids, deltas[rid])
-                for rid, (prompt, ids) in zip(rids, items)]
+                    live -= d.finished
+        return [self._collect(rid, prompt, ids, deltas[rid], p)
+                for rid, (prompt, ids), p in zip(rids, items, plist)]
 
     def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]],
              params: SamplingParams | None = None) -> list[RequestOutput]:
@@ -133,13 +139,17 @@ class LLM:
                  for c in convs]
         return self.generate(texts, params)
 
-    @staticmethod
-    def _collect(rid: str, prompt: str | None, ids: list[int],
-                 deltas: list[RequestDelta]) -> RequestOutput:
+    def _collect(self, rid: str, prompt: str | None, ids: list[int],
+                 deltas: list[RequestDelta], params: SamplingParams) -> RequestOutput:
         token_ids = tuple(t for d in deltas for t in d.new_token_ids)
+        reason = deltas[-1].finish_reason if deltas else None
+        if params.stop:  # stop strings: the engine streamed the text
+            text = "".join(d.new_text for d in deltas)
+        else:  # a stop id ends the output and its text is never shown
+            shown = token_ids[:-1] if reason == "stop" else token_ids
+            text = decode_all(self.tokenizer, list(shown))
         lps = [lp for d in deltas if d.new_logprobs is not None for lp in d.new_logprobs]
         has_lp = any(d.new_logprobs is not None for d in deltas)
         plp = next((d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), None)
-        return RequestOutput(rid, prompt, tuple(ids), "".join(d.new_text for d in deltas),
-                             token_ids, deltas[-1].finish_reason if deltas else None,
+        return RequestOutput(rid, prompt, tuple(ids), text, token_ids, reason,
                              tuple(lps) if has_lp else None, plp)

@@ -193,3 +193,26 @@ def test_async_stream_with_stop_string_matches_offline(llm):
     # no delta ever showed text past the stop string, even part of it
     assert "".join(d.new_text for d in deltas) == offline.text == base.text[: base.text.index(stop)]
     assert deltas[-1].finish_reason == "stop"
+
+
+def test_generate_text_equals_the_streamed_text(llm):
+    """LLM.generate decodes each output once at the end; the async engine streams it. The
+    two texts are the same, for a length end, a stop id (its text never shown) and a stop
+    string (streamed, since it needs the text)."""
+    import asyncio
+
+    base = llm.generate(PROMPTS[1], greedy(24, ignore_eos=True))[0]
+    cases = [greedy(24, ignore_eos=True), greedy(24, ignore_eos=True,
+                                                  stop_token_ids=[base.token_ids[6]]),
+             greedy(24, ignore_eos=True, stop=[base.text[4:6] or "x"])]
+    outs = llm.generate([PROMPTS[1]] * 3, cases)
+
+    async def stream(params):
+        eng = llm.async_engine()
+        ids = llm.tokenizer.encode(PROMPTS[1])
+        return "".join([d.new_text async for d in eng.generate(ids, params)])
+
+    for out, params in zip(outs, cases):
+        assert out.text == asyncio.run(stream(params))
+    assert outs[1].finish_reason == "stop" and outs[2].finish_reason == "stop"
+    assert len(outs[1].text) < len(outs[0].text)

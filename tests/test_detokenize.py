@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crucible.model.detokenize import IncrementalDetokenizer
+from crucible.model.detokenize import IncrementalDetokenizer, decode_all
 from crucible.model.tokenizer import Tokenizer
 from crucible.model.tiny_tokenizer import tiny_tokenizer
 
@@ -75,3 +75,21 @@ def test_stream_of_arbitrary_bytes(tiny: Tokenizer, data: bytes) -> None:
     assert streamed == data.decode("utf-8", errors="replace")
     # The one-shot decode agrees with the stream, invalid bytes included.
     assert tiny.decode(list(data)) == streamed
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=300), max_size=60), st.booleans())
+def test_decode_all_equals_streaming(ids: list[int], skip: bool) -> None:
+    """One pass over all ids gives the streamed text: every add, then flush."""
+    tiny = tiny_tokenizer()
+    ids = [i % tiny.vocab_size for i in ids]
+    detok = tiny.detokenizer(skip_special_tokens=skip)
+    streamed = "".join(feed(detok, ids)) + detok.flush()
+    assert decode_all(tiny, ids, skip) == streamed
+
+
+def test_decode_all_negative_control(tiny: Tokenizer) -> None:
+    """Decoding token by token (no carried state) is not the same: a split character breaks."""
+    ids = list("é".encode())
+    assert decode_all(tiny, ids) == "é"
+    assert "".join(bytes([i]).decode("utf-8", errors="replace") for i in ids) != "é"

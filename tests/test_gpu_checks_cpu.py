@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crucible.backend import numpy_attention
+from crucible.backend import cpu_ops, numpy_attention
 from crucible.checks import batch_check, graph_check, validate
 from crucible.checks.batch_check import Counts, bits_equal
 from crucible.engine.runner import ModelRunner
@@ -69,8 +69,13 @@ def test_paged_catches_contiguous_assumption(monkeypatch, capsys) -> None:
         n = -(-length // 16)
         return real(pool, layer, np.arange(table[0], table[0] + n), length)
 
-    real = numpy_attention.gather_history
-    monkeypatch.setattr(numpy_attention, "gather_history", contiguous_only)
+    def contiguous_tables(q, k_pool, v_pool, layer, segments, page_tables, *args, **kwargs):
+        tables = page_tables[:, :1] + np.arange(page_tables.shape[1], dtype=np.int32)
+        return real_compiled(q, k_pool, v_pool, layer, segments, tables, *args, **kwargs)
+
+    real, real_compiled = numpy_attention.gather_history, cpu_ops.paged_attention
+    monkeypatch.setattr(numpy_attention, "gather_history", contiguous_only)  # BLAS-tile path
+    monkeypatch.setattr(cpu_ops, "paged_attention", contiguous_tables)  # compiled path
     assert batch_check.paged_main(PAGED) == 1
     out = capsys.readouterr().out
     assert "FAIL interleaved" in out and "FAIL contiguous" not in out

@@ -96,7 +96,10 @@ class LLMEngine:
                                f"{self.allocator.num_pages}; lower max_tokens or the prompt")
 
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, *, stream_text: bool = True) -> str:
+        """``stream_text=False``: the caller reads only token ids (it may decode them at the
+        end, ``model/detokenize.py:decode_all``), so deltas carry no text; stop strings still
+        need the text, so a request that has them streams it anyway."""
         params = params or SamplingParams()
         self.check_request(prompt_token_ids, params)
         if request_id is not None and request_id in self.requests:
@@ -107,8 +110,9 @@ class LLMEngine:
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use")
         seed = params.seed if params.seed is not None else derive_seed(self._seed_base, arrival)
+        text = self.tokenizer if stream_text or params.stop else None
         req = Request(rid, [int(t) for t in prompt_token_ids], params, seed=seed,
-                      arrival=arrival, eos_ids=self.eos_ids, tokenizer=self.tokenizer)
+                      arrival=arrival, eos_ids=self.eos_ids, tokenizer=text)
         self.scheduler.add(req)
         self.requests[rid] = req
         return rid

@@ -62,3 +62,12 @@ class IncrementalDetokenizer:
         self._decoder.reset()
         self._pending = 0
         return text
+
+
+def decode_all(tokenizer: TokenBytes, ids: list[int], skip_special_tokens: bool = True) -> str:
+    """The text an ``IncrementalDetokenizer`` gives for ``ids`` (every ``add``, then
+    ``flush``), in one pass: UTF-8 decoding with replacement is the same whether the bytes
+    arrive at once or in pieces."""
+    skip = tokenizer.is_special if skip_special_tokens else (lambda _: False)
+    data = b"".join(tokenizer.token_bytes(t) for t in ids if not skip(t))
+    return data.decode("utf-8", errors="replace")
