@@ -53,6 +53,24 @@ when it imports, else serve_plot's stdlib rasterizer). The JSON (``--json``, def
 bench/results/throughput-<model>-<device>-<workload>.json) holds the command line, the
 configuration with the LLM's settings, per-round figures and their median/min/max, the
 per-step stats (mean, p50, p99) and the histogram. A short table prints last.
+
+Exactness probes (``--probes K``, default 4; 0: off): K requests of the workload, spread
+over its prompt lengths (the K quantiles of the length-sorted order, distinct lengths where
+the mix has them), get their own params: ``logprobs=5``, a fixed ``seed`` (so the draw does
+not hang on arrival order) and, alternately, seeded sampling (``--temperature``, or 1.0 when
+that is 0) and greedy; the rest of the workload keeps its params. After the warm-up each
+probe runs ALONE on the same LLM (``llm.generate([prompt], [params])``, untimed, reported
+apart as ``probes_alone``); every timed round then carries the probes inside the workload,
+and each probe's token ids and logprobs are compared with its alone run bitwise (per token:
+the id, the logprob dict's keys in order, the values as f64 bit patterns). The JSON's
+``probes`` lists index, prompt/output tokens, temperature, seed, ``identical`` and
+``first_diff`` (round, token position, what differed, both sides); the table prints
+``probes identical: k/K``, and the script exits 1 (after writing the JSON) when any probe
+differs. The probes are K of the N requests, so their logprobs (a log-softmax and a top-5
+per token, and no argmax fast path for the greedy ones) barely move the throughput figure.
+``--probe-negative-control`` (manual use) gives the first sampled probe's alone run a
+different seed, so the check must report a difference and exit 1: it shows the check can
+fail.
 """
 
 from __future__ import annotations
@@ -65,6 +83,7 @@ import platform
 import random
 import shlex
 import statistics
+import struct
 import sys
 import time
 from pathlib import Path
@@ -239,6 +258,77 @@ def dist(values: list[float]) -> dict[str, float] | None:
             "p50": round(pct(values, 0.5), 4), "p99": round(pct(values, 0.99), 4)}
 
 
+# -- exactness probes -----------------------------------------------------------------------
+PROBE_LOGPROBS = 5
+PROBE_SEED_BASE = 7_000_003  # probe i's seed: PROBE_SEED_BASE + workload index
+
+
+def pick_probes(sizes: list[tuple[int, int]], k: int) -> list[int]:
+    """K workload indices spread over the prompt lengths: the K quantile midpoints of the
+    length-sorted order, moved to the nearest unused distinct length where there is one."""
+    k = min(k, len(sizes))
+    if k <= 0:
+        return []
+    order = sorted(range(len(sizes)), key=lambda i: (sizes[i][0], i))
+    picked: list[int] = []
+    lens: set[int] = set()
+    for j in range(k):
+        pos = min(len(order) - 1, int((j + 0.5) * len(order) / k))
+        cands = sorted(range(len(order)), key=lambda q: abs(q - pos))
+        choice = next((order[q] for q in cands if order[q] not in picked
+                       and sizes[order[q]][0] not in lens), None)
+        if choice is None:
+            choice = next(order[q] for q in cands if order[q] not in picked)
+        picked.append(choice)
+        lens.add(sizes[choice][0])
+    return picked
+
+
+def probe_params(j: int, index: int, max_tokens: int, temperature: float) -> SamplingParams:
+    """Even j: seeded sampling; odd j: greedy. Both ask for logprobs, with a fixed seed."""
+    temp = (temperature if temperature > 0 else 1.0) if j % 2 == 0 else 0.0
+    return SamplingParams(max_tokens=max_tokens, temperature=temp, ignore_eos=True,
+                          seed=PROBE_SEED_BASE + index, logprobs=PROBE_LOGPROBS)
+
+
+def f64_bits(v: float) -> str:
+    return struct.pack("<d", v).hex()
+
+
+def first_difference(alone: Any, inside: Any) -> dict[str, Any] | None:
+    """The first token position where two outputs of one request differ (ids, logprob keys
+    in order, logprob values as f64 bit patterns), or None when they are bitwise equal."""
+    a_ids, b_ids = list(alone.token_ids), list(inside.token_ids)
+    a_lp, b_lp = alone.logprobs, inside.logprobs
+    if (a_lp is None) != (b_lp is None):
+        return {"position": None, "what": "logprobs present on one side only"}
+    n = max(len(a_ids), len(b_ids))
+    for i in range(n):
+        if i >= len(a_ids) or i >= len(b_ids):
+            return {"position": i, "what": "length", "alone": len(a_ids),
+                    "workload": len(b_ids)}
+        if a_ids[i] != b_ids[i]:
+            return {"position": i, "what": "token", "alone": a_ids[i], "workload": b_ids[i]}
+        if a_lp is None:
+            continue
+        if i >= len(a_lp) or i >= len(b_lp):
+            return {"position": i, "what": "logprobs length", "alone": len(a_lp),
+                    "workload": len(b_lp)}
+        da, db = a_lp[i], b_lp[i]
+        if list(da) != list(db):
+            return {"position": i, "what": "logprob keys", "alone": list(da),
+                    "workload": list(db)}
+        for t in da:
+            if f64_bits(da[t]) != f64_bits(db[t]):
+                return {"position": i, "what": "logprob value", "token": t,
+                        "alone": repr(da[t]), "workload": repr(db[t]),
+                        "alone_bits": f64_bits(da[t]), "workload_bits": f64_bits(db[t])}
+    if a_lp is not None and len(a_lp) != len(b_lp):
+        return {"position": n, "what": "logprobs length", "alone": len(a_lp),
+                "workload": len(b_lp)}
+    return None
+
+
 # -- a run ----------------------------------------------------------------------------------
 def timed_generate(llm: LLM, probe: Probe, prompts: list[list[int]],
                    params: list[SamplingParams]) -> dict[str, Any]:
@@ -278,6 +368,7 @@ def timed_generate(llm: LLM, probe: Probe, prompts: list[list[int]],
         r["captures_in_timed_run"] = (graphs.get("decode_captures", 0)
                                       + graphs.get("prefill_captures", 0))
     r["_samples"] = list(probe.samples)
+    r["_outs"] = outs
     return r
 
 
@@ -310,7 +401,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="default: bench/results/throughput-<model>-<device>-"
                     "<workload>.json")
     ap.add_argument("--plot", help="PNG path (default: the JSON's with .png); 'none': no plot")
+    ap.add_argument("--probes", type=int, default=4,
+                    help="exactness probes: K requests of the workload also run alone and "
+                    "compared bitwise (0: off)")
+    ap.add_argument("--probe-negative-control", action="store_true",
+                    help="manual check of the check: the first sampled probe's alone run "
+                    "gets another seed, so a difference must be reported (exit 1)")
     args = ap.parse_args(argv)
+    if args.probes < 0:
+        ap.error("--probes must be >= 0")
     defaults = MIXES[args.workload]
     bounds = tuple(d if v is None else v for v, d in zip(
         (args.prompt_min, args.prompt_max, args.output_min, args.output_max), defaults))
@@ -329,6 +428,17 @@ def main(argv: list[str] | None = None) -> int:
     prompts = prompts_for(sizes, ids, rng)
     params = [SamplingParams(max_tokens=o, temperature=args.temperature, ignore_eos=True)
               for _, o in sizes]
+    probe_idx = pick_probes(sizes, args.probes)
+    alone_params: list[SamplingParams] = []
+    for j, i in enumerate(probe_idx):
+        params[i] = probe_params(j, i, sizes[i][1], args.temperature)
+        alone_params.append(params[i])
+    control = None  # the probe whose alone run gets another seed (--probe-negative-control)
+    if args.probe_negative_control and probe_idx:
+        control = next((j for j, p in enumerate(alone_params) if not p.greedy), 0)
+        pc = alone_params[control]
+        alone_params[control] = dataclasses.replace(
+            pc, seed=pc.seed + 1, temperature=pc.temperature if pc.temperature > 0 else 1.0)
     wrng = random.Random(args.seed + 1_000_003)
     wsizes, _ = lengths(args.workload, WARMUP_REQUESTS, bounds, context, wrng)
     wprompts = prompts_for(wsizes, ids, wrng)
@@ -345,12 +455,31 @@ def main(argv: list[str] | None = None) -> int:
     try:
         warm = timed_generate(llm, probe, wprompts, wparams)
         warm.pop("_samples")
+        warm.pop("_outs")
         print(f"warm-up: {warm['wall_s']} s, {warm['steps']} steps, graphs {warm['graphs']}",
               flush=True)
+        alone_outs = []
+        probe.reset()
+        g0 = graph_counters(llm)
+        t_alone = time.perf_counter()
+        for i, p in zip(probe_idx, alone_params):
+            alone_outs.append(llm.generate([prompts[i]], [p])[0])
+        alone_info = {"wall_s": round(time.perf_counter() - t_alone, 4),
+                      "graphs": {k: v - g0.get(k, 0) for k, v in graph_counters(llm).items()}}
+        if probe_idx:
+            print(f"probes alone: {len(probe_idx)} requests (indices {probe_idx}), "
+                  f"{alone_info['wall_s']} s untimed", flush=True)
+        diffs: list[dict[str, Any] | None] = [None] * len(probe_idx)
         rounds, samples = [], []
         for r in range(args.rounds):
             res = timed_generate(llm, probe, prompts, params)
             samples.extend(res.pop("_samples"))
+            outs = res.pop("_outs")
+            for j, i in enumerate(probe_idx):
+                if diffs[j] is None:
+                    d = first_difference(alone_outs[j], outs[i])
+                    if d is not None:
+                        diffs[j] = {"round": r, **d}
             rounds.append(res)
             print(f"round {r}: {res['wall_s']} s, {res['total_tok_per_s']} tok/s total, "
                   f"{res['output_tok_per_s']} out tok/s, {res['req_per_s']} req/s, "
@@ -398,6 +527,13 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "per_step": per_step,
         "running_histogram": hist,
+        "probes_alone": {**alone_info, "negative_control": args.probe_negative_control,
+                         "logprobs": PROBE_LOGPROBS},
+        "probes": [{"index": i, "prompt_tokens": sizes[i][0], "output_tokens": sizes[i][1],
+                    "temperature": params[i].temperature, "seed": params[i].seed,
+                    **({"alone_seed": alone_params[j].seed} if j == control else {}),
+                    "identical": diffs[j] is None, "first_diff": diffs[j]}
+                   for j, i in enumerate(probe_idx)],
     }
     if args.plot != "none":
         plot_path = Path(args.plot) if args.plot else json_path.with_suffix(".png")
@@ -413,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"plot skipped: {exc}", flush=True)
     write_json(str(json_path), result)
     table(result)
-    return 0
+    return 1 if any(not p["identical"] for p in result["probes"]) else 0
 
 
 def table(result: dict[str, Any]) -> None:
@@ -432,6 +568,15 @@ def table(result: dict[str, Any]) -> None:
         print(f"running requests: up to {hist[-1]['running_max']}; most time at "
               f"{busiest['running_lo']}-{busiest['running_hi']} "
               f"({busiest['time_share']:.0%} of step time, {busiest['tok_per_s']} tok/s)")
+    probes = result["probes"]
+    if probes:
+        same = sum(p["identical"] for p in probes)
+        neg = " (negative control)" if result["probes_alone"]["negative_control"] else ""
+        print(f"probes identical: {same}/{len(probes)}{neg}")
+        for p in probes:
+            if not p["identical"]:
+                print(f"  probe {p['index']} (prompt {p['prompt_tokens']}, temperature "
+                      f"{p['temperature']}) differs: {p['first_diff']}")
 
 
 if __name__ == "__main__":
