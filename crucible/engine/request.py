@@ -14,6 +14,7 @@ from typing import Any
 
 from crucible.engine.pages import PageTable
 from crucible.engine.sampling import SamplingParams
+from crucible.step.rows import plain_fields
 
 
 class RequestStatus(enum.Enum):
@@ -81,7 +82,7 @@ class Request:
         "request_id", "params", "seed", "arrival", "num_prompt_tokens", "token_ids",
         "num_computed_tokens", "page_table", "status", "finish_reason", "stop_ids",
         "logprobs", "prompt_logprobs", "num_preemptions", "output_text",
-        "num_tokens_emitted", "num_logprobs_emitted", "prompt_logprobs_emitted",
+        "num_tokens_emitted", "num_logprobs_emitted", "prompt_logprobs_emitted", "plain",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -104,6 +105,8 @@ class Request:
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)
         self.num_preemptions = 0
+        # The constant fields of its entry-free sampling rows (None: its rows carry entries).
+        self.plain = plain_fields(params, seed)
         self.output_text = OutputText(tokenizer, params.stop)
         # Streaming cursors: what has already been handed to the client.
         self.num_tokens_emitted = 0

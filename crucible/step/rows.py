@@ -87,20 +87,41 @@ def greedy_rows_in_order(rows: Sequence[RowSampling]) -> bool:
     return greedy_only(rows) and all(r.logits_row == i for i, r in enumerate(rows))
 
 
+def plain_fields(params: Any, seed: int) -> dict[str, Any] | None:
+    """The fields of a request's entry-free rows that are the same at every step (all but
+    the logits row and the counter), or None when its rows carry penalty entries. A request
+    computes them once; ``plain_row`` then builds each step's row from them."""
+    if not (params.repetition_penalty == 1.0 and not params.presence_penalty
+            and not params.frequency_penalty):
+        return None
+    return dict(logits_row=0, temperature=float(params.temperature),
+                top_k=int(params.top_k or 0), top_p=float(params.top_p),
+                min_p=float(params.min_p), repetition_penalty=1.0, presence_penalty=0.0,
+                frequency_penalty=0.0, seed=int(seed) & MASK64, counter=0,
+                num_logprobs=params.logprobs, entry_ids=_NONE, entry_counts=_NONE,
+                entry_flags=_NONE)
+
+
+def plain_row(fields: dict[str, Any], logits_row: int, counter: int) -> RowSampling:
+    """The RowSampling of ``plain_fields`` at one step: a copy of the fields with the two
+    that change (this runs for every sampling row at every step; building the record from
+    a dict copy is a few times cheaper than its 14-argument constructor)."""
+    row = object.__new__(RowSampling)
+    d = fields.copy()
+    d["logits_row"], d["counter"] = logits_row, counter
+    object.__setattr__(row, "__dict__", d)
+    return row
+
+
 def plain_row_sampling(logits_row: int, params: Any, *, num_output: int,
                        seed: int) -> RowSampling | None:
     """The RowSampling of a row with no entries (no penalty, and ``min_tokens`` met after
     ``num_output`` generated tokens), or None when the row needs its token history (then
-    call ``row_sampling``). The common case, and the caller need not copy any history:
-    this runs for every sampling row at every step."""
-    if not (params.repetition_penalty == 1.0 and not params.presence_penalty
-            and not params.frequency_penalty and num_output >= params.min_tokens):
+    call ``row_sampling``)."""
+    fields = plain_fields(params, seed)
+    if fields is None or num_output < params.min_tokens:
         return None
-    return RowSampling(int(logits_row), float(params.temperature), int(params.top_k or 0),
-                       float(params.top_p), float(params.min_p),
-                       float(params.repetition_penalty), float(params.presence_penalty),
-                       float(params.frequency_penalty), int(seed) & MASK64, num_output,
-                       params.logprobs, _NONE, _NONE, _NONE)
+    return plain_row(fields, int(logits_row), num_output)
 
 
 def row_sampling(logits_row: int, params: Any, *, prompt: Sequence[int], output: Sequence[int],
