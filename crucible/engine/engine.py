@@ -177,13 +177,14 @@ class LLMEngine:
     def _collect(self, cur: Launched) -> tuple[list[RequestDelta], bool]:
         updates = cur.updates if cur.updates is not None else device_updates(cur, self.vocab_size)
         deltas, live = [], False
+        finished, update, append = RequestStatus.FINISHED, self._update, deltas.append
         for sl, prompt_logits, draw in updates:
-            if sl.request.status is RequestStatus.FINISHED:
+            if sl.request.status is finished:
                 continue  # it ended after this step was queued: the row is dropped
             live = True
-            delta = self._update(sl, prompt_logits, draw)
+            delta = update(sl, prompt_logits, draw)
             if delta is not None:
-                deltas.append(delta)
+                append(delta)
         return deltas, live
 
     def _update(self, sl: ScheduledSlice, prompt_logits: np.ndarray | None,
@@ -216,19 +217,22 @@ class LLMEngine:
         p = req.params
         num_tokens = len(req.token_ids)  # `token` included; read once (this runs per row)
         num_output = num_tokens - req.num_prompt_tokens
+        text = req.output_text
         if token in req.stop_ids:
-            req.output_text.finish()  # the stop token's own text is never shown
+            text.finish()  # the stop token's own text is never shown
             return "stop"
-        if req.output_text.add(token, num_output >= p.min_tokens):  # stop strings count
+        if text.streams and text.add(token, num_output >= p.min_tokens):  # stop strings
             return "stop"
         if num_output >= p.max_tokens or num_tokens >= self.max_context:
-            req.output_text.finish()
+            text.finish()
             return "length"
         return None
 
     def _delta(self, req: Request) -> RequestDelta:
         done = req.status is RequestStatus.FINISHED
-        new_ids = tuple(req.token_ids[req.num_prompt_tokens + req.num_tokens_emitted :])
+        ids = req.token_ids
+        emitted = req.num_prompt_tokens + req.num_tokens_emitted
+        new_ids = (ids[-1],) if emitted == len(ids) - 1 else tuple(ids[emitted:])
         req.num_tokens_emitted += len(new_ids)
         new_lp = None
         if req.logprobs is not None:

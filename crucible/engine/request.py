@@ -31,10 +31,11 @@ class OutputText:
     could be the start of a stop string that the next token completes.
     """
 
-    __slots__ = ("_detok", "_stop", "_holdback", "text", "num_emitted")
+    __slots__ = ("_detok", "_stop", "_holdback", "text", "num_emitted", "streams")
 
     def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
         self._detok = tokenizer.detokenizer() if tokenizer is not None else None
+        self.streams = self._detok is not None  # False: no text is kept (nobody reads it)
         self._stop = stop
         self._holdback = max((len(s) for s in stop), default=1) - 1
         self.text = ""
@@ -71,6 +72,8 @@ class OutputText:
 
     def take_delta(self, finished: bool) -> str:
         """Text not yet handed out, minus the held-back tail unless the request finished."""
+        if not self.streams:
+            return ""
         end = len(self.text) if finished else max(self.num_emitted, len(self.text) - self._holdback)
         delta = self.text[self.num_emitted : end]
         self.num_emitted = end
