@@ -45,7 +45,7 @@ def _text(content: Any, where: str) -> str:
     raise bad_request(f"{where}: content must be a string or a list of text blocks")
 
 
-def prompt_ids(state: ServerState, body: Body) -> list[int]:
+async def prompt_ids(state: ServerState, body: Body) -> list[int]:
     raw = body.raw("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages: must be a non-empty list")
@@ -60,17 +60,16 @@ def prompt_ids(state: ServerState, body: Body) -> list[int]:
         prefill = ""
     else:
         prefill = msgs.pop()["content"]  # the reply starts with this text
-    tok = state.tokenizer
-    return tok.encode(tok.apply_chat_template(msgs, True) + prefill)
+    return await state.encode_chat(msgs, "messages", True, prefill)
 
 
-def _reading(state: ServerState, body: Body) -> tuple[str, list[int]]:
+async def _reading(state: ServerState, body: Body) -> tuple[str, list[int]]:
     body.reject_unknown(_FIELDS)
     model = read_model(state, body)
     for name in ("tools", "thinking"):
         if body.raw(name):
             raise bad_request(f"{name}: not supported by this server")
-    return model, prompt_ids(state, body)
+    return model, await prompt_ids(state, body)
 
 
 def _stop(state: ServerState, s: RequestStream) -> tuple[str | None, str | None]:
@@ -95,12 +94,11 @@ def _stop(state: ServerState, s: RequestStream) -> tuple[str | None, str | None]
 async def messages(request: web.Request) -> web.StreamResponse:
     state: ServerState = request.app[STATE]
     body = await read_json(request)
-    model, ids = _reading(state, body)
+    model, ids = await _reading(state, body)
     stops = body.raw("stop_sequences", [])
     if not isinstance(stops, list):
         raise bad_request("stop_sequences: must be a list of strings")
-    body.data["stop"] = stops  # the shared reader checks the strings
-    params = sampling_params(body, body.int("max_tokens", lo=1),
+    params = sampling_params(body, body.int("max_tokens", lo=1), stop_field="stop_sequences",
                              extra={"temperature": body.float("temperature", 1.0, lo=0, hi=1),
                                     "top_k": body.int("top_k", None, lo=1)})
     mid = f"msg_{uuid.uuid4().hex[:24]}"
@@ -133,7 +131,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
                                           "delta": {"type": "text_delta", "text": d.new_text}},
                                    "content_block_delta")
         except EngineFailure as exc:
-            await sse.send(resp, error_body(from_exception(exc), "anthropic"), "error")
+            await sse.send(resp, error_body(from_exception(exc, request[REQUEST_ID]), "anthropic"), "error")
             await sse.close(resp)
             return resp
         reason, seq = _stop(state, s)
@@ -150,6 +148,6 @@ async def messages(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE]
     body = await read_json(request)
-    _, ids = _reading(state, body)
+    _, ids = await _reading(state, body)
     return web.json_response({"input_tokens": len(ids)},
                              headers={"request-id": request[REQUEST_ID]})

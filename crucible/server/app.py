@@ -18,14 +18,13 @@ from aiohttp import web
 from crucible.server import anthropic_api, native, openai_chat, openai_common, \
     openai_completions
 from crucible.server.errors import ApiError, api_flavor, error_response, from_exception
-from crucible.server.fields import MAX_BODY_BYTES
 from crucible.server.state import REQUEST_ID, STATE, ServerState
 
 log = logging.getLogger("crucible.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN_PATHS = ("/health", "/metrics")
-_REJECT_CAUSE = {400: "invalid", 401: "unauthorized", 404: "not_found", 429: "queue_full",
-                 503: "unavailable"}
+_REJECT_CAUSE = {400: "invalid", 401: "unauthorized", 404: "not_found", 405: "invalid",
+                 408: "timeout", 413: "too_large", 429: "queue_full", 503: "unavailable"}
 
 
 @web.middleware
@@ -44,8 +43,10 @@ async def errors_mw(request: web.Request, handler: Handler) -> web.StreamRespons
     except (ConnectionResetError, TimeoutError):
         raise  # the client went away; the handler's finally already aborted its request
     except Exception as exc:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        err = from_exception(exc)
+        rid = request.get(REQUEST_ID) or f"req_{uuid.uuid4().hex[:24]}"
+        log.exception("unhandled error in %s %s (request id %s)", request.method,
+                      request.path, rid)
+        err = from_exception(exc, rid)
     if err.status in _REJECT_CAUSE:
         state.metrics.reject(_REJECT_CAUSE[err.status])
     hdrs = {"request-id": request.get(REQUEST_ID, "")} if flavor == "anthropic" else {}
@@ -61,14 +62,26 @@ async def request_id_mw(request: web.Request, handler: Handler) -> web.StreamRes
 @web.middleware
 async def auth_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
     key = request.app[STATE].config.api_key
-    if key and request.path not in _OPEN_PATHS:
-        bearer = request.headers.get("Authorization", "")
-        given = bearer[7:] if bearer.startswith("Bearer ") else request.headers.get(
-            "x-api-key", "")
-        if not hmac.compare_digest(given.encode(), key.encode()):
-            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer "
-                                "<key>' or 'x-api-key: <key>')", code="invalid_api_key")
+    if key and request.path not in _OPEN_PATHS and not _key_matches(request, key):
+        raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer "
+                            "<key>' or 'x-api-key: <key>')", code="invalid_api_key")
     return await handler(request)
+
+
+def _key_matches(request: web.Request, key: str) -> bool:
+    """The Bearer token (scheme in any case, RFC 7235) or else x-api-key equals ``key``.
+
+    Header values arrive decoded with surrogateescape, so bytes that are not UTF-8 become
+    lone surrogates: such a key is simply wrong (401), never an encoding error (500).
+    """
+    scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+    given = token.strip() if scheme.lower() == "bearer" else request.headers.get(
+        "x-api-key", "")
+    try:
+        given_b = given.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(given_b, key.encode("utf-8"))
 
 
 @web.middleware
@@ -80,8 +93,10 @@ async def ready_mw(request: web.Request, handler: Handler) -> web.StreamResponse
 
 
 def build_app(state: ServerState) -> web.Application:
+    # Bodies are read by fields.read_body, which enforces --max-body-bytes itself (413 in
+    # the API's shape); aiohttp's own limit stays as a backstop.
     app = web.Application(middlewares=[errors_mw, request_id_mw, auth_mw, ready_mw],
-                          client_max_size=MAX_BODY_BYTES)
+                          client_max_size=state.config.max_body_bytes + 1)
     app[STATE] = state
     for module in (native, openai_common, openai_completions, openai_chat, anthropic_api):
         app.add_routes(module.routes)

@@ -6,8 +6,10 @@ live request with the exception when a step raises. This thin adapter adds, on t
 loop side only:
 - one pump task per request that moves deltas from the engine's queue into a
   ``RequestStream``, stamped with their arrival time (TTFT / inter-token metrics);
-- queue and page-use peaks for /metrics, sampled at each submission and at most once per
-  millisecond while deltas arrive (a step delivers all its deltas at once).
+- queue and page-use peaks for /metrics, sampled at each submission, at each refusal and
+  at most once per millisecond while deltas arrive (a step delivers all its deltas at once);
+  requests accepted but not yet handed to the scheduler (the worker is mid-step) count as
+  waiting, as they do for the queue bound.
   The scheduler re-queues preempted requests at the head of the waiting queue, beyond the
   bound if need be (they were accepted already), so two peaks are kept: new requests
   waiting (never above the bound) and all waiting requests;
@@ -76,9 +78,13 @@ class EngineLoop:
         st: dict[str, Any] = dict(self.engine.stats())
         used = st["pages_total"] - st["pages_free"]
         preempted = self._preempted_waiting()
+        # Accepted adds the worker has not moved into the scheduler yet (it is inside a
+        # step) wait too: the queue bound counts them, so the peaks must as well.
+        pending = len(getattr(self.async_engine, "_adds", ()))
+        waiting = st["waiting"] + pending
         self.pages_peak = max(self.pages_peak, used)
-        self.waiting_peak = max(self.waiting_peak, st["waiting"])
-        self.queue_peak = max(self.queue_peak, st["waiting"] - preempted)
+        self.waiting_peak = max(self.waiting_peak, waiting)
+        self.queue_peak = max(self.queue_peak, waiting - preempted)
         st.update(pages_used=used, queue_peak=self.queue_peak, pages_peak=self.pages_peak,
                   waiting_preempted=preempted, waiting_peak=self.waiting_peak,
                   failures=self.num_failures)
@@ -97,7 +103,11 @@ class EngineLoop:
         """Queue one request; raises QueueFullError / RequestError at once, as the engine does."""
         if not self.running:
             raise EngineUnavailable(self.unhealthy_reason or "the engine is not running")
-        rid, queue = self.async_engine.add(prompt_token_ids, params, request_id)
+        try:
+            rid, queue = self.async_engine.add(prompt_token_ids, params, request_id)
+        except QueueFullError:
+            self._sample()  # a refusal is when the queue is fullest: count it in the peak
+            raise
         stream = RequestStream(rid, list(prompt_token_ids), params)
         self._sample()  # the new request is counted once the worker has queued it
         task = asyncio.get_running_loop().create_task(self._pump(queue, stream))

@@ -23,11 +23,12 @@ RETRY_AFTER_S = 1  # a full queue usually drains within a few steps; ask for a s
 # OpenAI error "type" by status (as the OpenAI API names them).
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                  404: "not_found_error", 405: "invalid_request_error",
-                 413: "invalid_request_error", 429: "rate_limit_exceeded",
+                 408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_exceeded",
                  500: "server_error", 503: "service_unavailable"}
 # Anthropic error "type" by status (from Anthropic's documented error list).
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                     404: "not_found_error", 405: "invalid_request_error",
+                    408: "invalid_request_error",
                     413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
                     503: "overloaded_error", 529: "overloaded_error"}
 
@@ -47,8 +48,11 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def from_exception(exc: BaseException) -> ApiError:
-    """Map an engine-side exception to the status the client should see."""
+def from_exception(exc: BaseException, request_id: str | None = None) -> ApiError:
+    """Map an engine-side exception to the status the client should see.
+
+    A 500 never names the exception (its class and text are internals, logged instead); it
+    says "internal error" and gives the request id to find the log line by."""
     if isinstance(exc, ApiError):
         return exc
     cause = getattr(exc, "cause", None)  # EngineFailure: the worker's refusal, if it was one
@@ -58,7 +62,15 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(429, str(exc), code="queue_full")
     if isinstance(exc, RequestError):
         return ApiError(400, str(exc))
-    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="engine_failure")
+    return internal_error(request_id, "the engine failed while running this request",
+                          "engine_failure")
+
+
+def internal_error(request_id: str | None, what: str = "the server failed",
+                   code: str = "internal_error") -> ApiError:
+    rid = f" (request id {request_id})" if request_id else ""
+    return ApiError(500, f"internal error: {what}{rid}; the server log has the details",
+                    code=code)
 
 
 def api_flavor(path: str) -> str:

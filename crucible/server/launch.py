@@ -22,6 +22,7 @@ from crucible.errors import CrucibleError
 from crucible.server.app import build_app
 from crucible.server.engine_loop import EngineLoop
 from crucible.server.state import ServerConfig, ServerState
+from crucible.server.transport import CrucibleRunner
 
 log = logging.getLogger("crucible.server")
 
@@ -32,9 +33,13 @@ async def start_server(state: ServerState, host: str, port: int,
     """Listen now; load the engine in the background. Returns (runner, port, load task)."""
     # handler_cancellation: a client that disconnects cancels its handler, whose finally
     # aborts the request (a non-streaming request has no write that could fail instead).
-    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    # Connections: headers within --read-timeout (the keep-alive timer), at most
+    # --max-connections open (transport.py); bodies are timed by fields.read_body.
+    cfg = state.config
+    runner = CrucibleRunner(build_app(state), handler_cancellation=True, access_log=None,
+                            max_connections=cfg.max_connections, read_timeout=cfg.read_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, backlog=min(1024, max(128, cfg.max_connections)))
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     loop = asyncio.get_running_loop()
@@ -62,6 +67,7 @@ async def stop_server(state: ServerState, runner: web.AppRunner) -> None:
     await runner.cleanup()
     if state.engine_loop is not None:
         await state.engine_loop.stop()
+    state.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
 
 class ServerThread:

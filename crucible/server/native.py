@@ -8,13 +8,15 @@ misspelt field is more likely a bug than an extension.
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from crucible.server import sse
 from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json, token_id_list
 from crucible.server.params import SAMPLING_FIELDS, sampling_params
-from crucible.server.state import STATE, ServerState
+from crucible.server.state import REQUEST_ID, STATE, ServerState
 from crucible.server.stream import EngineFailure, RequestStream
 
 routes = web.RouteTableDef()
@@ -26,7 +28,7 @@ def _state(request: web.Request) -> ServerState:
     return request.app[STATE]
 
 
-def prompt_ids(state: ServerState, body: Body, add_special: bool = True) -> list[int]:
+async def prompt_ids(state: ServerState, body: Body, add_special: bool = True) -> list[int]:
     """Token ids from ``prompt`` (text) or ``prompt_token_ids``; exactly one must be given."""
     if ("prompt" in body) == ("prompt_token_ids" in body):
         raise bad_request("give exactly one of 'prompt' (text) or 'prompt_token_ids'", "prompt")
@@ -34,7 +36,7 @@ def prompt_ids(state: ServerState, body: Body, add_special: bool = True) -> list
         text = body.str("prompt")
         if not text:
             raise bad_request("'prompt' is empty", "prompt")
-        return state.tokenizer.encode(text, add_bos=None if add_special else False)
+        return await state.encode(text, "prompt", add_bos=None if add_special else False)
     ids = token_id_list(body.raw("prompt_token_ids"), "prompt_token_ids")
     if ids is None:
         raise bad_request("'prompt_token_ids' must be a non-empty list of integers",
@@ -58,7 +60,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     state = _state(request)
     body = await read_json(request)
     body.reject_unknown(_GENERATE_FIELDS)
-    ids = prompt_ids(state, body, body.bool("add_special_tokens", True))
+    ids = await prompt_ids(state, body, body.bool("add_special_tokens", True))
     params = sampling_params(body, body.int("max_tokens", 16, lo=1),
                              logprobs=body.int("logprobs", None, lo=0, hi=20))
     stream = body.bool("stream", False)
@@ -73,7 +75,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
                                       "token_ids": list(d.new_token_ids),
                                       "finish_reason": d.finish_reason if d.finished else None})
         except EngineFailure as exc:
-            await sse.send(resp, error_body(from_exception(exc), "native"))
+            await sse.send(resp, error_body(from_exception(exc, request[REQUEST_ID]), "native"))
         await sse.send(resp, "[DONE]")
         await sse.close(resp)
         return resp
@@ -107,13 +109,12 @@ async def tokenize(request: web.Request) -> web.Response:
         raise bad_request("give exactly one of 'prompt' or 'messages'", "prompt")
     if "prompt" in body:
         add = body.bool("add_special_tokens", True)
-        ids = tok.encode(body.str("prompt"), add_bos=None if add else False)
+        ids = await state.encode(body.str("prompt"), "prompt", add_bos=None if add else False)
     else:
         from crucible.server.openai_chat import chat_messages
 
-        text = tok.apply_chat_template(chat_messages(body.raw("messages")),
-                                       body.bool("add_generation_prompt", True))
-        ids = tok.encode(text)
+        ids = await state.encode_chat(chat_messages(body.raw("messages")), "messages",
+                                      body.bool("add_generation_prompt", True))
     out: dict = {"count": len(ids), "max_model_len": state.max_context, "tokens": ids}
     if body.bool("return_token_strs", False):
         out["token_strs"] = [tok.id_to_token(t) for t in ids]
@@ -129,4 +130,12 @@ async def detokenize(request: web.Request) -> web.Response:
     ids = [] if v == [] else token_id_list(v, "tokens")
     if ids is None:
         raise bad_request("'tokens' must be a list of integers", "tokens")
-    return web.json_response({"prompt": state.tokenizer.decode(ids)})
+    if len(ids) > state.max_prompt_chars:
+        raise bad_request(f"'tokens' has {len(ids)} ids, more than the {state.max_prompt_chars} "
+                          f"this server decodes at once", "tokens")
+    if len(ids) < 4096:
+        text = state.tokenizer.decode(ids)
+    else:
+        text = await asyncio.get_running_loop().run_in_executor(
+            state.tokenize_pool, state.tokenizer.decode, ids)
+    return web.json_response({"prompt": text})

@@ -19,7 +19,7 @@ from crucible.server.openai_common import (IGNORED_FIELDS, chat_logprobs, finish
                                            new_id, now, read_model, usage)
 from crucible.server.params import (MAX_N, SAMPLING_FIELDS, choice_params, max_tokens_field,
                                     sampling_params)
-from crucible.server.state import STATE, ServerState
+from crucible.server.state import REQUEST_ID, STATE, ServerState
 from crucible.server.stream import EngineFailure, merged
 
 routes = web.RouteTableDef()
@@ -76,7 +76,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     model = read_model(state, body)
     _check_unsupported(body)
     tok = state.tokenizer
-    ids = tok.encode(tok.apply_chat_template(chat_messages(body.raw("messages")), True))
+    ids = await state.encode_chat(chat_messages(body.raw("messages")), "messages")
     n = body.int("n", 1, lo=1, hi=MAX_N)
     want_lp = body.bool("logprobs", False)
     n_top = body.int("top_logprobs", 0, lo=0, hi=20)
@@ -123,7 +123,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                       "created": created, "model": model, "choices": [],
                                       "usage": usage(streams, len(ids))})
         except EngineFailure as exc:
-            await sse.send(resp, error_body(from_exception(exc), "openai"))
+            await sse.send(resp, error_body(from_exception(exc, request[REQUEST_ID]), "openai"))
         await sse.send(resp, "[DONE]")
         await sse.close(resp)
         return resp

@@ -14,7 +14,7 @@ from crucible.server.fields import Body, read_json, token_id_list
 from crucible.server.openai_common import (IGNORED_FIELDS, completion_logprobs, finish_reason,
                                            new_id, now, read_model, usage)
 from crucible.server.params import MAX_N, SAMPLING_FIELDS, choice_params, sampling_params
-from crucible.server.state import STATE, ServerState
+from crucible.server.state import REQUEST_ID, STATE, ServerState
 from crucible.server.stream import EngineFailure, RequestStream, merged
 
 routes = web.RouteTableDef()
@@ -22,7 +22,7 @@ _FIELDS = ("prompt", "max_tokens", "n", "stream", "logprobs", "echo", "logit_bia
            *SAMPLING_FIELDS, *IGNORED_FIELDS)
 
 
-def _prompts(state: ServerState, raw: object) -> list[list[int]]:
+async def _prompts(state: ServerState, raw: object) -> list[list[int]]:
     """``prompt`` as a string, a list of strings, a list of ids or a list of id lists."""
     if isinstance(raw, str):
         raw = [raw]
@@ -36,7 +36,7 @@ def _prompts(state: ServerState, raw: object) -> list[list[int]]:
         if isinstance(p, str):
             if not p:
                 raise bad_request("'prompt' is empty", "prompt")
-            out.append(state.tokenizer.encode(p))
+            out.append(await state.encode(p, "prompt"))
         elif (ids := token_id_list(p, "prompt")) is not None:
             out.append(ids)
         else:
@@ -62,7 +62,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body.reject_unknown(_FIELDS)
     model = read_model(state, body)
     _check_unsupported(body)
-    prompts = _prompts(state, body.raw("prompt"))
+    raw_prompt = body.raw("prompt")
+    if isinstance(raw_prompt, list) and len(raw_prompt) > state.config.max_queue:
+        raise bad_request(f"'prompt' lists {len(raw_prompt)} prompts, more than the waiting "
+                          f"queue's bound of {state.config.max_queue} (--max-queue)", "prompt")
+    prompts = await _prompts(state, raw_prompt)
     n = body.int("n", 1, lo=1, hi=MAX_N)
     n_lp = body.int("logprobs", None, lo=0, hi=20)
     echo = body.bool("echo", False)
@@ -121,7 +125,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                                       "model": model, "choices": [],
                                       "usage": usage(streams, num_prompt)})
         except EngineFailure as exc:
-            await sse.send(resp, error_body(from_exception(exc), "openai"))
+            await sse.send(resp, error_body(from_exception(exc, request[REQUEST_ID]), "openai"))
         await sse.send(resp, "[DONE]")
         await sse.close(resp)
         return resp

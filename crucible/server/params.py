@@ -14,7 +14,7 @@ from typing import Any
 from crucible.engine.sampling import SamplingParams
 from crucible.errors import RequestError
 from crucible.server.errors import bad_request
-from crucible.server.fields import Body
+from crucible.server.fields import MAX_STOP, MAX_STOP_TOKEN_IDS, Body
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                    "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -23,7 +23,8 @@ MAX_N = 16
 
 
 def sampling_params(body: Body, max_tokens: int, *, logprobs: int | None = None,
-                    prompt_logprobs: int | None = None, max_stop: int | None = None,
+                    prompt_logprobs: int | None = None, max_stop: int = MAX_STOP,
+                    stop_field: str = "stop",
                     extra: dict[str, Any] | None = None) -> SamplingParams:
     top_k = body.int("top_k", None, lo=-1)
     stop_ids = body.raw("stop_token_ids", [])
@@ -31,6 +32,9 @@ def sampling_params(body: Body, max_tokens: int, *, logprobs: int | None = None,
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_ids):
         raise bad_request("'stop_token_ids' must be a list of non-negative integers",
                           "stop_token_ids")
+    if len(stop_ids) > MAX_STOP_TOKEN_IDS:
+        raise bad_request(f"'stop_token_ids' takes at most {MAX_STOP_TOKEN_IDS} ids, got "
+                          f"{len(stop_ids)}", "stop_token_ids")
     kwargs: dict[str, Any] = dict(
         max_tokens=max_tokens,
         temperature=body.float("temperature", 1.0, lo=0.0, hi=2.0),
@@ -38,7 +42,7 @@ def sampling_params(body: Body, max_tokens: int, *, logprobs: int | None = None,
         top_k=None if top_k in (None, -1, 0) else top_k,
         min_p=body.float("min_p", 0.0, lo=0.0, hi=1.0),
         seed=body.int("seed", None, lo=0, hi=2**63 - 1),
-        stop=body.stop_list("stop", max_stop),
+        stop=body.stop_list(stop_field, max_stop),
         stop_token_ids=tuple(stop_ids),
         presence_penalty=body.float("presence_penalty", 0.0, lo=-2.0, hi=2.0),
         frequency_penalty=body.float("frequency_penalty", 0.0, lo=-2.0, hi=2.0),

@@ -7,7 +7,9 @@ admission path, one place where disconnects turn into aborts and where metrics a
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
@@ -22,11 +24,38 @@ from crucible.server.metrics import Metrics
 from crucible.server.stream import RequestStream
 
 
+MAX_BODY_BYTES = 4 << 20  # --max-body-bytes
+READ_TIMEOUT_S = 10.0  # --read-timeout
+MAX_CONNECTIONS = 1024  # --max-connections
+MAX_RESPONSE_ENTRIES = 262_144  # --max-response-entries: n x max_tokens x (1 + top_logprobs)
+PROMPT_CHARS_PER_TOKEN = 8  # a text prompt over 8 x the context in characters cannot fit
+TOKENIZE_IN_THREAD_CHARS = 4096  # longer texts are tokenised off the event loop
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     model_name: str = "crucible"
     api_key: str | None = None
     max_queue: int = 64  # shown on /metrics; the scheduler enforces it
+    max_body_bytes: int = MAX_BODY_BYTES
+    read_timeout: float = READ_TIMEOUT_S
+    max_connections: int = MAX_CONNECTIONS
+    max_response_entries: int = MAX_RESPONSE_ENTRIES
+
+
+def encode_releasing_gil(tok: Any, text: str, add_bos: bool | None = None) -> list[int]:
+    """``tok.encode(text, add_bos)`` with the same ids, through the Rust tokenizer's batch call,
+    which releases the GIL while it runs (its single-text encode does not), so a long prompt
+    tokenised in a worker thread does not stall the event loop."""
+    backend = getattr(tok, "backend", None)
+    want_bos = getattr(tok, "add_bos", False) if add_bos is None else add_bos
+    bos = getattr(tok, "bos_token_id", None)
+    if backend is None or not hasattr(backend, "encode_batch") or (want_bos and bos is None):
+        return tok.encode(text, add_bos=add_bos)
+    ids = list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
+    if want_bos and (not ids or ids[0] != bos):
+        ids.insert(0, bos)
+    return ids
 
 
 class ServerState:
@@ -39,6 +68,8 @@ class ServerState:
         self.max_context = 0
         self.load_error: str | None = None
         self.info: dict[str, Any] = {}  # model/device/weights for logs and /health
+        # Long prompts are tokenised here, never on the event loop (2 threads: 2 at a time).
+        self.tokenize_pool = ThreadPoolExecutor(2, thread_name_prefix="crucible-tokenize")
 
     def attach(self, engine_loop: EngineLoop, info: dict[str, Any]) -> None:
         self.engine_loop = engine_loop
@@ -66,6 +97,67 @@ class ServerState:
         pool_tokens = self.engine_loop.engine.allocator.num_pages * 16
         return max(1, min(self.max_context, pool_tokens) - num_prompt)
 
+    @property
+    def max_prompt_chars(self) -> int:
+        return PROMPT_CHARS_PER_TOKEN * self.max_context
+
+    def check_chars(self, num_chars: int, field: str) -> None:
+        """Refuse, before tokenising, text that cannot fit the context (> 8 chars a token)."""
+        if num_chars > self.max_prompt_chars:
+            raise bad_request(
+                f"'{field}' has {num_chars} characters, more than the {self.max_prompt_chars} "
+                f"this server tokenises ({PROMPT_CHARS_PER_TOKEN} x the model's context of "
+                f"{self.max_context} tokens): it cannot fit the context", field)
+
+    async def encode(self, text: str, field: str, add_bos: bool | None = None) -> list[int]:
+        """Token ids of a prompt text: length-checked first, long ones off the event loop."""
+        self.check_chars(len(text), field)
+        tok = self.tokenizer
+        try:
+            if len(text) < TOKENIZE_IN_THREAD_CHARS:
+                return tok.encode(text, add_bos=add_bos)
+            return await asyncio.get_running_loop().run_in_executor(
+                self.tokenize_pool, encode_releasing_gil, tok, text, add_bos)
+        except (TypeError, UnicodeError):  # read_json refuses lone surrogates; belt and braces
+            raise bad_request(f"'{field}' is not valid Unicode text", field) from None
+
+    async def encode_chat(self, messages: list[dict[str, str]], field: str,
+                          add_generation_prompt: bool = True, suffix: str = "") -> list[int]:
+        """Ids of messages through the chat template (+ ``suffix``, e.g. a prefill)."""
+        self.check_chars(sum(len(m["content"]) for m in messages) + len(suffix), field)
+        tok = self.tokenizer
+        text = tok.apply_chat_template(messages, add_generation_prompt) + suffix
+        return await self.encode(text, field, None)
+
+    def check_size(self, prompts: Sequence[tuple[list[int], SamplingParams]]) -> None:
+        """Refuse what can never be served or would build an unbounded response.
+
+        - more engine requests (n x prompts) than the waiting queue holds: a 429 would be
+          retried forever, so it is a 400;
+        - n x max_tokens x (1 + top_logprobs) (+ echoed prompt logprobs) over the response
+          budget (--max-response-entries).
+        """
+        assert self.engine_loop is not None
+        bound = self.engine_loop.engine.config.max_queue
+        k = len(prompts)
+        if k > bound:
+            raise bad_request(
+                f"this request asks for {k} completions (n x prompts), more than the waiting "
+                f"queue's bound of {bound} (--max-queue): it could never be admitted", "n")
+        budget = self.config.max_response_entries
+        max_tokens = max(p.max_tokens for _, p in prompts)
+        top = max(p.logprobs or 0 for _, p in prompts)
+        entries = k * max_tokens * (1 + top)
+        echoed = sum(len(ids) * (1 + p.prompt_logprobs) for ids, p in prompts
+                     if p.prompt_logprobs is not None)
+        if entries + echoed > budget:
+            extra = f" + {echoed} echoed prompt logprobs" if echoed else ""
+            raise bad_request(
+                f"n x max_tokens x (1 + top_logprobs) = {k} x {max_tokens} x {1 + top} = "
+                f"{entries}{extra} entries, more than this server's response budget of "
+                f"{budget} (--max-response-entries); lower n, max_tokens or top_logprobs",
+                "max_tokens")
+
     def check_context(self, num_prompt: int, max_tokens: int) -> None:
         if num_prompt + max_tokens > self.max_context:
             raise bad_request(
@@ -84,6 +176,7 @@ class ServerState:
         assert self.engine_loop is not None
         loop = self.engine_loop
         streams: list[RequestStream] = []
+        self.check_size(prompts)
         try:
             for ids, params in prompts:
                 self.check_context(len(ids), params.max_tokens)
