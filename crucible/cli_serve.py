@@ -17,7 +17,8 @@ from crucible.engine.settings import Settings
 from crucible.errors import CrucibleError
 from crucible.model.fetch import DEFAULT_MODEL
 from crucible.server.launch import start_server, stop_server
-from crucible.server.state import ServerConfig, ServerState
+from crucible.server.state import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_RESPONSE_ENTRIES,
+                                   READ_TIMEOUT_S, ServerConfig, ServerState)
 
 log = logging.getLogger("crucible.server")
 
@@ -26,6 +27,13 @@ def _positive(text: str) -> int:
     v = int(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
     return v
 
 
@@ -46,6 +54,17 @@ def parser() -> argparse.ArgumentParser:
     add_pool_options(p.add_argument_group("pool and scheduler"))
     p.add_argument("--seed", type=int, default=0, help="base seed for unseeded requests")
     p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
+    lim = p.add_argument_group("request limits (docs/serving.md)")
+    lim.add_argument("--max-body-bytes", type=_positive, default=MAX_BODY_BYTES,
+                     help="largest request body, after Content-Encoding (413 beyond it)")
+    lim.add_argument("--read-timeout", type=_seconds, default=READ_TIMEOUT_S,
+                     help="seconds for a request's headers to arrive, for a body to make "
+                          "progress, and for an idle keep-alive connection")
+    lim.add_argument("--max-connections", type=_positive, default=MAX_CONNECTIONS,
+                     help="open connections; beyond it the oldest idle one is closed, or the "
+                          "new one gets 503 when all are busy")
+    lim.add_argument("--max-response-entries", type=_positive, default=MAX_RESPONSE_ENTRIES,
+                     help="per-request budget of n x max_tokens x (1 + top_logprobs)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -58,7 +77,11 @@ async def _serve(args: argparse.Namespace) -> int:
                                  chunk_cap=args.chunk_cap, max_queue=args.max_queue,
                                  max_running=args.max_running, seed=args.seed)
     state = ServerState(ServerConfig(model_name=args.served_model_name or args.model,
-                                     api_key=args.api_key, max_queue=args.max_queue))
+                                     api_key=args.api_key, max_queue=args.max_queue,
+                                     max_body_bytes=args.max_body_bytes,
+                                     read_timeout=args.read_timeout,
+                                     max_connections=args.max_connections,
+                                     max_response_entries=args.max_response_entries))
     runner, port, load = await start_server(state, args.host, args.port,
                                             lambda: build_engine(args.model, settings))
     log.info("listening on http://%s:%d (loading %s on %s, %s weights)", args.host, port,

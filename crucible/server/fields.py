@@ -51,7 +51,7 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES,
             no_linger(request)
             raise ApiError(408, f"the request body stopped arriving: nothing for {timeout:g} s "
                                 f"(--read-timeout)", code="body_timeout") from None
-        except HttpProcessingError as exc:
+        except (HttpProcessingError, web.RequestPayloadError) as exc:
             no_linger(request)
             raise bad_request(f"the request body could not be read: {_body_problem(exc)}"
                               ) from None
@@ -72,9 +72,13 @@ def no_linger(request: web.Request) -> None:
         stop()
 
 
-def _body_problem(exc: HttpProcessingError) -> str:
-    if isinstance(exc, ContentEncodingError):
-        enc = "".join(c for c in exc.message.rpartition(":")[2] if c.isalnum() or c in "-_")
+def _body_problem(exc: Exception) -> str:
+    """What is wrong with the body's framing, in words (never the client's bytes)."""
+    if isinstance(exc.__cause__, HttpProcessingError):
+        exc = exc.__cause__  # aiohttp wraps parser errors in RequestPayloadError
+    text = str(exc).lower()
+    if isinstance(exc, ContentEncodingError) or "content-encoding" in text:
+        enc = "".join(c for c in text.rpartition(":")[2] if c.isalnum() or c in "-_")
         return f"it is not valid {enc[:20] or 'compressed'} data (Content-Encoding)"
     if isinstance(exc, TransferEncodingError):
         return "malformed chunked transfer encoding"
