@@ -54,10 +54,35 @@ def _check_array(a: Any, name: str, dtype: Any, ndim: int) -> None:
     _check(bool(a.flags.c_contiguous), f"{name} must be C-contiguous")
 
 
+def _arguments_ok(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
+                  page_tables: Any, out: Any, n_heads: int, n_kv_heads: int, max_chunk: int,
+                  score_capacity: int) -> bool:
+    """``validate_arguments``' conditions in one expression, no message built: this runs for
+    every layer of every step (the messages cost more than the checks)."""
+    f32, i32 = np.float32, np.int32
+    return (q.dtype == f32 and out.dtype == f32 and k_pool.dtype == f32
+            and v_pool.dtype == f32 and segments.dtype == i32 and page_tables.dtype == i32
+            and q.ndim == 2 and out.ndim == 2 and k_pool.ndim == 4 and v_pool.ndim == 4
+            and segments.ndim == 2 and page_tables.ndim == 2
+            and q.flags.c_contiguous and out.flags.c_contiguous
+            and k_pool.flags.c_contiguous and v_pool.flags.c_contiguous
+            and segments.flags.c_contiguous and page_tables.flags.c_contiguous
+            and n_heads > 0 and n_kv_heads > 0 and n_heads % n_kv_heads == 0
+            and q.shape[1] == n_heads * HEAD_DIM and out.shape == q.shape
+            and k_pool.shape == v_pool.shape and k_pool.shape[2] == 16
+            and k_pool.shape[3] == n_kv_heads * HEAD_DIM and 0 <= layer < k_pool.shape[1]
+            and segments.shape[1] == 4 and segments.shape[0] >= 1
+            and page_tables.shape[1] >= 1 and 1 <= max_chunk <= q.shape[0]
+            and score_capacity > 0 and score_capacity % 256 == 0)
+
+
 def validate_arguments(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
                        page_tables: Any, out: Any, n_heads: int, n_kv_heads: int,
                        max_chunk: int, score_capacity: int) -> None:
     """Every host-checkable precondition of the kernels; raises ValueError with the cause."""
+    if _arguments_ok(q, k_pool, v_pool, layer, segments, page_tables, out, n_heads,
+                     n_kv_heads, max_chunk, score_capacity):
+        return
     for a, name in ((q, "q"), (out, "out")):
         _check_array(a, name, np.float32, 2)
     for a, name in ((k_pool, "k_pool"), (v_pool, "v_pool")):

@@ -98,7 +98,7 @@ def decode_mlp(r: Any, o_parts: Any, o_scale: Any, h_out: Any, norm: Any, eps: f
     f, n_d = gu.shape[0] // 2, down.shape[0]
     chunks = -(-k // 64)
     wb = _wbytes(gu)
-    fn = _kernel(f"decode_mlp<{ctype(str(gu.w.dtype))}>")
+    fn = _kernel(f"decode_mlp<{ctype(gu.dtype_name)}>")
     smem = 4 * (2 * k + 2 * chunks * 64 + 64) + n_d * 64 * wb
     ensure_dynamic_smem(fn, smem)
     null = np.uint64(0)

@@ -7,6 +7,7 @@ the K chunk width and the epilogue ids of the fused kernels.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,12 @@ class DeviceWeight:
     def shape(self) -> tuple[int, int]:  # (N, K), as the weight is written
         return tuple(self.w.shape)
 
+    @functools.cached_property
+    def dtype_name(self) -> str:
+        """'float32' or 'int8', computed once: numpy's dtype names are slow to build, and
+        every launch of every layer names its kernel by it."""
+        return str(self.w.dtype)
+
 
 def upload_weight(w: np.ndarray, scale: np.ndarray | None = None) -> DeviceWeight:
     """``w``: [N, K] f32 values, or int8 codes with ``scale`` [N]."""
@@ -57,13 +64,13 @@ def upload_weight(w: np.ndarray, scale: np.ndarray | None = None) -> DeviceWeigh
 
 
 def check_x(x: Any, k: int) -> None:
-    cp = cupy()
-    need(x.dtype == cp.float32 and x.ndim == 2 and x.flags.c_contiguous,
-         "linear: x must be contiguous 2-D f32")
-    need(x.shape[1] == k, f"linear: x has K={x.shape[1]}, weight has K={k}")
+    # Messages are built only on failure: these checks run before every GEMM launch.
+    if not (x.dtype == np.float32 and x.ndim == 2 and x.flags.c_contiguous):
+        raise ValueError("linear: x must be contiguous 2-D f32")
+    if x.shape[1] != k:
+        raise ValueError(f"linear: x has K={x.shape[1]}, weight has K={k}")
 
 
 def check_out(out: Any, shape: tuple[int, int], what: str) -> None:
-    cp = cupy()
-    need(out.shape == shape and out.dtype == cp.float32 and out.flags.c_contiguous,
-         f"linear: {what} must be contiguous f32 {shape}")
+    if not (out.shape == shape and out.dtype == np.float32 and out.flags.c_contiguous):
+        raise ValueError(f"linear: {what} must be contiguous f32 {shape}")

@@ -57,6 +57,6 @@ def linear_tiled(x: Any, wd: DeviceWeight, out: Any, residual: Any = None) -> An
     scale_arg = wd.scale if wd.scale is not None else out  # unused by the f32 instantiation
     res_arg = residual if residual is not None else np.uint64(0)  # a null pointer
     args = (x, wd.wt, scale_arg, res_arg, out, cp.int32(m), cp.int32(n), cp.int32(k))
-    kernel(f"linear_tiled<{ctype(str(wd.wt.dtype))}>")((-(-n // 64), -(-m // 64)), (256,),
+    kernel(f"linear_tiled<{ctype(wd.dtype_name)}>")((-(-n // 64), -(-m // 64)), (256,),
                                                         args)
     return out

@@ -160,7 +160,7 @@ def linear_chunks(x: Any, wd: DeviceWeight, out: Any, residual: Any = None,
     need(m <= CHUNKS_MAX_M, f"linear_chunks: {m} rows, at most {CHUNKS_MAX_M}")
     need(0 < k <= 65535 * KC and k % 16 == 0,
           f"linear_chunks: K={k} must be a positive multiple of 16")
-    wdt = str(wd.w.dtype)
+    wdt = wd.dtype_name
     need(wdt in ("float32", "int8") and wd.w.ndim == 2 and wd.w.flags.c_contiguous,
           "linear_chunks: the weight must be contiguous [N, K] f32 or int8")
     if wdt == "int8":

@@ -211,7 +211,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
     # once (the LM head); then each CTA stages and normalises x once for several blocks.
     groups = max(1, -(-f.blocks * row_groups // (ctas_per_sm * sm_count())))
-    fn = fused_kernel(_rows_name(str(wd.w.dtype), mt, 0 if norm is None else 1, epi))
+    fn = fused_kernel(_rows_name(wd.dtype_name, mt, 0 if norm is None else 1, epi))
     smem = 4 * (mt * k + chunks * mt * f.nc * 32 + k)
     ensure_dynamic_smem(fn, smem)
     x_ptr = x.table if isinstance(x, Gather) else x
