@@ -113,9 +113,9 @@ class LLM:
         while next_item < len(items) or live:
             while next_item < len(items):  # the queue is bounded: feed it as it drains
                 try:
-                    # Text is decoded once at the end (_collect), not step by step.
+                    # One delta per request, at its end; text decoded once (_collect).
                     rid = self.engine.add_request(items[next_item][1], plist[next_item],
-                                                  stream_text=False)
+                                                  final_only=True)
                 except QueueFullError:
                     if not self.engine.has_unfinished():
                         raise

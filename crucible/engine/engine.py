@@ -96,10 +96,11 @@ class LLMEngine:
                                f"{self.allocator.num_pages}; lower max_tokens or the prompt")
 
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, *, stream_text: bool = True) -> str:
-        """``stream_text=False``: the caller reads only token ids (it may decode them at the
-        end, ``model/detokenize.py:decode_all``), so deltas carry no text; stop strings still
-        need the text, so a request that has them streams it anyway."""
+                    request_id: str | None = None, *, final_only: bool = False) -> str:
+        """``final_only``: the caller wants the output once, when the request ends (as
+        ``LLM.generate`` does), not step by step: no delta is built before that one, and it
+        carries no text unless stop strings made the engine keep it (the caller decodes the
+        ids, ``model/detokenize.py:decode_all``)."""
         params = params or SamplingParams()
         self.check_request(prompt_token_ids, params)
         if request_id is not None and request_id in self.requests:
@@ -110,9 +111,10 @@ class LLMEngine:
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use")
         seed = params.seed if params.seed is not None else derive_seed(self._seed_base, arrival)
-        text = self.tokenizer if stream_text or params.stop else None
+        text = self.tokenizer if not final_only or params.stop else None
         req = Request(rid, [int(t) for t in prompt_token_ids], params, seed=seed,
                       arrival=arrival, eos_ids=self.eos_ids, tokenizer=text)
+        req.final_only = final_only
         self.scheduler.add(req)
         self.requests[rid] = req
         return rid
@@ -211,6 +213,8 @@ class LLMEngine:
         if reason is not None:
             self.scheduler.finish(req, reason)
             del self.requests[req.request_id]
+        elif req.final_only:
+            return None
         return self._delta(req)
 
     def _stop_reason(self, req: Request, token: int) -> str | None:

@@ -86,6 +86,7 @@ class Request:
         "num_computed_tokens", "page_table", "status", "finish_reason", "stop_ids",
         "logprobs", "prompt_logprobs", "num_preemptions", "output_text",
         "num_tokens_emitted", "num_logprobs_emitted", "prompt_logprobs_emitted", "plain",
+        "final_only", "argmax_from",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -110,8 +111,11 @@ class Request:
         self.num_preemptions = 0
         # The constant fields of its entry-free sampling rows (None: its rows carry entries).
         self.plain = plain_fields(params, seed)
+        # From this many output tokens on, its draw is the plain argmax (None: never).
+        self.argmax_from = params.min_tokens if params.plain_greedy(params.min_tokens) else None
         self.output_text = OutputText(tokenizer, params.stop)
         # Streaming cursors: what has already been handed to the client.
+        self.final_only = False  # one delta, when the request ends (LLMEngine.add_request)
         self.num_tokens_emitted = 0
         self.num_logprobs_emitted = 0
         self.prompt_logprobs_emitted = False

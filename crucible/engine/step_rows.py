@@ -40,7 +40,9 @@ def host_updates(runner: Any, slices: Sequence[ScheduledSlice], batch: PackedBat
         draw = None
         if sl.sample:
             req = sl.request
-            if batch_greedy and req.params.plain_greedy(req.num_output_tokens):
+            start = req.argmax_from  # plain_greedy, decided once per request
+            if batch_greedy and start is not None \
+                    and len(req.token_ids) - req.num_prompt_tokens >= start:
                 greedy_at.append(len(updates))
                 greedy_rows.append(row + n)
             else:
