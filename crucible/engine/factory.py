@@ -3,6 +3,7 @@ same settings give the same engine (pool size, scheduler limits, backend) everyw
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 from crucible.backend.select import make_backend, resolve_device
@@ -73,4 +74,9 @@ def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngin
                       max_queue=cfg.max_queue, max_running=cfg.max_running,
                       attention=settings.attention if device == "cuda"
                       else "numpy reference order")
+    # The model, tokenizer and tables are hundreds of thousands of long-lived objects; every
+    # full collection during serving would walk them again. Freezing what exists now keeps
+    # the collector to what steps allocate (the same reason other engines do it at start).
+    gc.collect()
+    gc.freeze()
     return engine, info
