@@ -4,9 +4,35 @@ from __future__ import annotations
 
 import argparse
 
-from crucible.engine.pool_size import UNITS_HELP, parse_bytes
+from crucible.engine.sizes import UNITS_HELP, parse_bytes
 from crucible.errors import ConfigError
 from crucible.model.fetch import DEFAULT_MODEL
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line plus a pointer to --help (exit code 2),
+    and whose --help shows every option's default (DefaultsFormatter)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to each option that takes a value, unless its help already
+    says its default in words; an unset (None) default reads "(default: none)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default is argparse.SUPPRESS or action.nargs == 0 \
+                or action.required or not action.option_strings:
+            return text
+        if action.default is None:
+            return f"{text} (default: none)".strip()
+        return f"{text} (default: %(default)s)".strip()
 
 
 def _int_at_least(minimum: int):
@@ -43,6 +69,13 @@ def temperature(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = _float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
 def probability(text: str) -> float:
     value = _float(text)
     if not 0.0 < value <= 1.0:
@@ -72,12 +105,13 @@ def add_pool_options(g: argparse._ArgumentGroup) -> None:
                       help="KV pages of 16 positions in the pool (default: two full contexts "
                            "on the CPU; on CUDA 0.9 of the memory free after weights)")
     pool.add_argument("--kv-cache-memory", type=byte_size, default=None, metavar="SIZE",
-                      help="CUDA: the KV pool's size, e.g. 40GiB or 30GB")
+                      help="CUDA: the KV pool's size, e.g. 40GiB or 30GB (default: from "
+                           "--gpu-memory-fraction)")
     pool.add_argument("--gpu-memory-fraction", type=fraction, default=None, metavar="F",
                       help="CUDA: the fraction of the memory free after weights and step "
                            "scratch that the KV pool takes (default: 0.9)")
     g.add_argument("--token-budget", type=positive_int, default=1024,
-                   help="rows per packed step (default: 1024)")
+                   help="rows per packed step")
     g.add_argument("--chunk-cap", type=positive_int, default=None,
                    help="longest prefill slice of one request per step (default: off)")
     g.add_argument("--max-running", type=positive_int, default=None,
@@ -88,25 +122,26 @@ def add_pool_options(g: argparse._ArgumentGroup) -> None:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"known model name, .gguf file or HF directory (default: {DEFAULT_MODEL})")
+                   help="known model name, .gguf file or HF directory")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto picks CUDA when the CuPy backend and a GPU are there (default: auto)")
+                   help="auto picks CUDA when the CuPy backend and a GPU are there")
     g.add_argument("--weights", choices=("int8", "f32"), default="int8",
-                   help="linear-layer weights: int8 per-channel or f32 (default: int8)")
+                   help="linear-layer weights: int8 per-channel or f32")
     add_pool_options(g)
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=positive_int, default=max_tokens,
-                   help=f"tokens to generate at most (default: {max_tokens})")
-    g.add_argument("--temperature", type=temperature, default=0.8,
-                   help="0 is greedy (default: 0.8)")
-    g.add_argument("--top-k", type=positive_int, default=None, help="keep the k likeliest tokens")
-    g.add_argument("--top-p", type=probability, default=0.95,
-                   help="nucleus mass to keep (default: 0.95)")
+                   help="tokens to generate at most")
+    g.add_argument("--temperature", type=temperature, default=0.8, help="0 is greedy")
+    g.add_argument("--top-k", type=positive_int, default=None,
+                   help="keep the k likeliest tokens (default: off)")
+    g.add_argument("--top-p", type=probability, default=0.95, help="nucleus mass to keep")
     g.add_argument("--min-p", type=temperature, default=0.0,
-                   help="drop tokens below min_p x the top probability (default: 0)")
-    g.add_argument("--repetition-penalty", type=temperature, default=1.0)
+                   help="drop tokens below min_p x the top probability")
+    g.add_argument("--repetition-penalty", type=positive_float, default=1.0, metavar="P",
+                   help="tokens already in the prompt or output: positive logits / P, "
+                        "negative x P (1 is off)")
     g.add_argument("--seed", type=non_negative_int, default=0,
-                   help="sampling seed; the same seed gives the same text (default: 0)")
+                   help="sampling seed; the same seed gives the same text")

@@ -7,7 +7,7 @@ import sys
 import time
 
 from crucible.backend.profile import ProfiledBackend
-from crucible.cli_args import add_model_options, add_sampling_options
+from crucible.cli_args import Parser, add_model_options, add_sampling_options
 from crucible.engine import factory
 from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
@@ -82,21 +82,24 @@ def stream(engine: LLMEngine, prompt_ids: list[int], params: SamplingParams,
         engine.abort(rid)
         raise
     ttft = (first or time.perf_counter()) - t0
-    decode = (n_out - 1) / (last - first) if n_out > 1 and last > first else 0.0
+    # A rate needs two tokens: with 0 or 1 generated (or both in one step) there is none.
+    decode = (n_out - 1) / (last - first) if n_out > 1 and last > first else None
     return {"prompt_tokens": len(prompt_ids), "generated_tokens": n_out, "ttft_s": ttft,
             "decode_tok_s": decode, "finish_reason": reason}
 
 
 def stats_line(stats: dict, engine: LLMEngine) -> str:
+    """``decode - tok/s`` when there is no rate (fewer than two generated tokens)."""
     runner = engine.runner
+    rate = stats["decode_tok_s"]
+    decode = "-" if rate is None else f"{rate:.1f}"
     return (f"[prompt {stats['prompt_tokens']} tok | generated {stats['generated_tokens']} tok "
             f"({stats['finish_reason']}) | ttft {stats['ttft_s'] * 1000:.0f} ms | decode "
-            f"{stats['decode_tok_s']:.1f} tok/s | device {runner.device} | weights "
-            f"{runner.model.weights_mode}]")
+            f"{decode} tok/s | device {runner.device} | weights {runner.model.weights_mode}]")
 
 
-def generate_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="llm-engine generate", description="Generate text.")
+def generate_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="llm-engine generate", description="Generate text.")
     p.add_argument("--prompt", required=True, help="the prompt text ('-' reads stdin)")
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user turn in the model's chat template")
@@ -105,7 +108,11 @@ def generate_main(argv: list[str]) -> int:
                    help="time each forward stage (runs eagerly: no decode graphs)")
     add_sampling_options(p, max_tokens=128)
     add_model_options(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def generate_main(argv: list[str]) -> int:
+    args = generate_parser().parse_args(argv)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     engine = build_engine(args)
     tok = engine.tokenizer
@@ -123,15 +130,19 @@ def generate_main(argv: list[str]) -> int:
     return 0
 
 
-def chat_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="llm-engine chat", description="Chat in the terminal. "
-                                "Empty line or Ctrl-D quits; /reset starts over.")
+def chat_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="llm-engine chat", description="Chat in the terminal. Empty line or "
+               "Ctrl-D quits; /reset starts over.")
     p.add_argument("--system", default=None, help="system message")
     p.add_argument("--stats", action="store_true", help="print a stats line after each answer")
     p.set_defaults(profile=False)
     add_sampling_options(p, max_tokens=512)
     add_model_options(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def chat_main(argv: list[str]) -> int:
+    args = chat_parser().parse_args(argv)
     engine = build_engine(args)
     tok = engine.tokenizer
     history: list[dict[str, str]] = []

@@ -10,8 +10,10 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 
-from crucible.cli_args import add_pool_options
+from crucible.backend.select import resolve_device
+from crucible.cli_args import Parser, add_pool_options
 from crucible.engine.factory import build_engine
 from crucible.engine.settings import Settings
 from crucible.errors import CrucibleError
@@ -24,36 +26,59 @@ log = logging.getLogger("crucible.server")
 
 
 def _positive(text: str) -> int:
-    v = int(text)
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
     return v
 
 
 def _seconds(text: str) -> float:
-    v = float(text)
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not v > 0:
         raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
     return v
 
 
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def _port(text: str) -> int:
+    v = _int(text)
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {v}")
+    return v
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="llm-engine serve",
-                                description="Serve a model over HTTP (native, OpenAI and "
-                                            "Anthropic APIs).")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p = Parser(prog="llm-engine serve",
+               description="Serve a model over HTTP (native, OpenAI and Anthropic APIs).")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port; 0 picks a free one")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="model name, .gguf path or HF directory")
     p.add_argument("--served-model-name", default=None,
                    help="the id clients send as 'model' (default: --model)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--weights", default="int8", choices=("int8", "f32"))
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto picks CUDA when the CuPy backend and a GPU are there; checked "
+                        "before listening")
+    p.add_argument("--weights", default="int8", choices=("int8", "f32"),
+                   help="linear-layer weights: int8 per-channel or f32")
     p.add_argument("--max-queue", type=_positive, default=64,
                    help="waiting-queue bound; beyond it requests get 429 at once")
     add_pool_options(p.add_argument_group("pool and scheduler"))
-    p.add_argument("--seed", type=int, default=0, help="base seed for unseeded requests")
-    p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
+    p.add_argument("--seed", type=_int, default=0, help="base seed for unseeded requests")
+    p.add_argument("--api-key", default=None,
+                   help="require this key (Bearer or x-api-key); without one the API is open")
     lim = p.add_argument_group("request limits (docs/serving.md)")
     lim.add_argument("--max-body-bytes", type=_positive, default=MAX_BODY_BYTES,
                      help="largest request body, after Content-Encoding (413 beyond it)")
@@ -65,7 +90,9 @@ def parser() -> argparse.ArgumentParser:
                           "new one gets 503 when all are busy")
     lim.add_argument("--max-response-entries", type=_positive, default=MAX_RESPONSE_ENTRIES,
                      help="per-request budget of n x max_tokens x (1 + top_logprobs)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", type=str.lower,
+                   choices=("debug", "info", "warning", "error", "critical"),
+                   help="info logs one access line per request (logger crucible.server.access)")
     return p
 
 
@@ -85,7 +112,7 @@ async def _serve(args: argparse.Namespace) -> int:
     runner, port, load = await start_server(state, args.host, args.port,
                                             lambda: build_engine(args.model, settings))
     log.info("listening on http://%s:%d (loading %s on %s, %s weights)", args.host, port,
-             args.model, args.device, args.weights)
+             args.model, args.resolved_device, args.weights)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -104,6 +131,13 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def serve_main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    # The device is checked before anything listens: "--device cuda" without a GPU is one
+    # line and exit code 2, not "listening", a model load and the error twice.
+    try:
+        args.resolved_device = resolve_device(args.device)
+    except CrucibleError as exc:
+        print(f"llm-engine serve: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -117,6 +151,4 @@ def serve_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     raise SystemExit(serve_main(sys.argv[1:]))
