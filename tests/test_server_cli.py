@@ -58,6 +58,9 @@ def test_serve_starts_serves_and_stops_on_sigint():
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert "token_budget=256" in out and "chunk_cap=64" in out and "weights=f32" in out
+    # one access line per request, with its tokens (the server logs at info by default)
+    assert "crucible.server.access: POST /generate 200 prompt_tokens=" in out
+    assert "output_tokens=3 " in out and "GET /metrics 200 " in out
 
 
 def test_serve_exits_non_zero_when_the_model_cannot_load(tmp_path):

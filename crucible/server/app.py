@@ -1,6 +1,7 @@
 """The aiohttp application: routes of every API plus the middleware they share.
 
-Middleware order (outermost first): errors -> request id -> API key -> readiness. Every
+Middleware order (outermost first): access log -> errors -> request id -> API key ->
+readiness. The access log is outermost so it sees the status the client gets. Every
 failure becomes a response in the calling API's own error shape (errors.py); nothing a
 client sends can take the process down. /health and /metrics are open (no API key) so
 probes and scrapers work; everything else needs the key when one is configured.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 import uuid
 from typing import Awaitable, Callable
 
@@ -18,13 +20,46 @@ from aiohttp import web
 from crucible.server import anthropic_api, native, openai_chat, openai_common, \
     openai_completions
 from crucible.server.errors import ApiError, api_flavor, error_response, from_exception
-from crucible.server.state import REQUEST_ID, STATE, ServerState
+from crucible.server.state import ACCESS, REQUEST_ID, STATE, RequestTokens, ServerState
 
 log = logging.getLogger("crucible.server")
+access_log = logging.getLogger("crucible.server.access")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN_PATHS = ("/health", "/metrics")
 _REJECT_CAUSE = {400: "invalid", 401: "unauthorized", 404: "not_found", 405: "invalid",
                  408: "timeout", 413: "too_large", 429: "queue_full", 503: "unavailable"}
+
+
+def _logged_path(request: web.Request) -> str:
+    """The path as sent (percent-encoded, no query), printable ASCII, at most 200 chars:
+    a client cannot break or forge log lines through it."""
+    raw = request.rel_url.raw_path
+    safe = raw.encode("ascii", "backslashreplace").decode("ascii")
+    safe = "".join(c if " " < c < "\x7f" else f"\\x{ord(c):02x}" for c in safe)
+    return safe if len(safe) <= 200 else safe[:200] + "..."
+
+
+@web.middleware
+async def access_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """One info line per request: method, path, status, prompt/output tokens, ms, id.
+
+    ``status -`` means no response was completed (the client went away mid-request)."""
+    t0 = time.perf_counter()
+    tokens = RequestTokens()
+    ctx = ACCESS.set(tokens)
+    status = "-"
+    try:
+        resp = await handler(request)
+        status = str(resp.status)
+        return resp
+    finally:
+        ACCESS.reset(ctx)
+        if access_log.isEnabledFor(logging.INFO):
+            toks = ("" if tokens.prompt is None else
+                    f" prompt_tokens={tokens.prompt} output_tokens={tokens.output}")
+            access_log.info("%s %s %s%s %.1f ms id=%s", request.method, _logged_path(request),
+                            status, toks, (time.perf_counter() - t0) * 1000,
+                            request.get(REQUEST_ID, "-"))
 
 
 @web.middleware
@@ -95,7 +130,8 @@ async def ready_mw(request: web.Request, handler: Handler) -> web.StreamResponse
 def build_app(state: ServerState) -> web.Application:
     # Bodies are read by fields.read_body, which enforces --max-body-bytes itself (413 in
     # the API's shape); aiohttp's own limit stays as a backstop.
-    app = web.Application(middlewares=[errors_mw, request_id_mw, auth_mw, ready_mw],
+    app = web.Application(middlewares=[access_mw, errors_mw, request_id_mw, auth_mw,
+                                                ready_mw],
                           client_max_size=state.config.max_body_bytes + 1)
     app[STATE] = state
     for module in (native, openai_common, openai_completions, openai_chat, anthropic_api):

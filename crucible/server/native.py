@@ -1,4 +1,5 @@
-"""Native API: /generate, /health, /metrics, /tokenize, /detokenize (vLLM-like shapes).
+"""Native API: /generate, /health, /metrics, /tokenize, /detokenize, /tokenizer_info
+(vLLM-like shapes).
 
 /generate takes text (``prompt``) or ids (``prompt_token_ids``), the shared sampling fields
 and ``stream``; it answers with text, ids, finish reason and usage, or an SSE stream of
@@ -139,3 +140,28 @@ async def detokenize(request: web.Request) -> web.Response:
         text = await asyncio.get_running_loop().run_in_executor(
             state.tokenize_pool, state.tokenizer.decode, ids)
     return web.json_response({"prompt": text})
+
+
+@routes.get("/tokenizer_info")
+async def tokenizer_info(request: web.Request) -> web.Response:
+    """vLLM's ``GET /tokenizer_info``: the tokenizer's config as HF's tokenizer_config.json
+    names it, plus the chat template this server renders (the model's own, or ChatML when
+    the model has none: ``chat_template_is_fallback``). lm-evaluation-harness asks for it
+    first. ``model_max_length`` is the context the server serves."""
+    state = _state(request)
+    tok = state.tokenizer
+
+    def token(tid: int | None) -> str | None:
+        return None if tid is None else tok.id_to_token(tid)
+
+    return web.json_response({
+        "tokenizer_class": "PreTrainedTokenizerFast",  # a tokenizer.json (tokenizers) model
+        "model_max_length": state.max_context,
+        "vocab_size": tok.vocab_size,
+        "bos_token": token(tok.bos_token_id), "bos_token_id": tok.bos_token_id,
+        "eos_token": token(tok.eos_token_id), "eos_token_id": tok.eos_token_id,
+        "add_bos_token": tok.add_bos, "add_eos_token": False,
+        "stop_token_ids": list(tok.stop_token_ids),
+        "chat_template": tok.chat_template.source,
+        "chat_template_is_fallback": not tok.has_chat_template,
+    })

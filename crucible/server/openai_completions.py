@@ -13,12 +13,13 @@ from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json, token_id_list
 from crucible.server.openai_common import (IGNORED_FIELDS, completion_logprobs, finish_reason,
                                            new_id, now, read_model, usage)
-from crucible.server.params import MAX_N, SAMPLING_FIELDS, choice_params, sampling_params
+from crucible.server.params import (MAX_N, SAMPLING_FIELDS, choice_params, max_tokens_field,
+                                    sampling_params)
 from crucible.server.state import REQUEST_ID, STATE, ServerState
 from crucible.server.stream import EngineFailure, RequestStream, merged
 
 routes = web.RouteTableDef()
-_FIELDS = ("prompt", "max_tokens", "n", "stream", "logprobs", "echo", "logit_bias",
+_FIELDS = ("prompt", "max_tokens", "max_completion_tokens", "n", "stream", "logprobs", "echo", "logit_bias",
            *SAMPLING_FIELDS, *IGNORED_FIELDS)
 
 
@@ -72,7 +73,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     echo = body.bool("echo", False)
     stream = body.bool("stream", False)
     include_usage = bool(body.dict("stream_options").get("include_usage")) and stream
-    params = sampling_params(body, body.int("max_tokens", 16, lo=1), logprobs=n_lp,
+    # max_completion_tokens is accepted as on the chat route (the same limit, 16 if neither).
+    max_tokens = max_tokens_field(body, ("max_completion_tokens", "max_tokens"), 16)
+    params = sampling_params(body, max_tokens, logprobs=n_lp,
                              prompt_logprobs=n_lp if echo else None, max_stop=4)
     jobs = [(ids, p) for ids in prompts for p in choice_params(params, n)]
     num_prompt = sum(len(ids) for ids in prompts)

@@ -60,11 +60,16 @@ def sampling_params(body: Body, max_tokens: int, *, logprobs: int | None = None,
 
 
 def max_tokens_field(body: Body, names: tuple[str, ...], default: int | None) -> int | None:
-    """The first present of ``names`` (e.g. max_completion_tokens, max_tokens); >= 1."""
-    for name in names:
-        if name in body:
-            return body.int(name, lo=1)
-    return default
+    """The token limit under any of ``names`` (e.g. max_completion_tokens, max_tokens), each
+    an integer >= 1; several given must agree, else a 400 naming them."""
+    given = [(name, body.int(name, lo=1)) for name in names if name in body]
+    if not given:
+        return default
+    if len({v for _, v in given}) > 1:
+        listed = " and ".join(f"'{n}' ({v})" for n, v in given)
+        raise bad_request(f"{listed} differ; send one of them, or the same value in both",
+                          given[0][0])
+    return given[0][1]
 
 
 def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:

@@ -8,6 +8,7 @@ admission path, one place where disconnects turn into aborts and where metrics a
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -56,6 +57,23 @@ def encode_releasing_gil(tok: Any, text: str, add_bos: bool | None = None) -> li
     if want_bos and (not ids or ids[0] != bos):
         ids.insert(0, bos)
     return ids
+
+
+class RequestTokens:
+    """Token counts of one HTTP request, for its access-log line (app.access_mw).
+
+    ``ServerState.run`` fills the one the access middleware put in ``ACCESS``; prompt tokens
+    count once per distinct prompt (as ``usage`` does), output tokens over all choices."""
+
+    __slots__ = ("prompt", "output")
+
+    def __init__(self) -> None:
+        self.prompt: int | None = None  # None: the request ran nothing (health, tokenize...)
+        self.output = 0
+
+
+ACCESS: contextvars.ContextVar[RequestTokens | None] = contextvars.ContextVar(
+    "crucible_access", default=None)
 
 
 class ServerState:
@@ -176,6 +194,10 @@ class ServerState:
         assert self.engine_loop is not None
         loop = self.engine_loop
         streams: list[RequestStream] = []
+        tokens = ACCESS.get()
+        if tokens is not None:
+            tokens.prompt = (tokens.prompt or 0) + sum(
+                {id(ids): len(ids) for ids, _ in prompts}.values())
         self.check_size(prompts)
         try:
             for ids, params in prompts:
@@ -195,6 +217,8 @@ class ServerState:
                     loop.abort(s.request_id)
                     s.finish_reason = "abort"
                 self.metrics.observe(s)
+                if tokens is not None:
+                    tokens.output += s.num_output_tokens
 
 
 STATE = web.AppKey("crucible_state", ServerState)
