@@ -16,7 +16,7 @@ from typing import Any, Sequence, Union
 from crucible.engine.async_engine import AsyncLLMEngine
 from crucible.engine.engine import RequestDelta
 from crucible.engine.factory import build_engine
-from crucible.engine.pool_size import parse_bytes
+from crucible.engine.sizes import parse_bytes
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.settings import Settings
 from crucible.errors import ConfigError, QueueFullError
@@ -39,6 +39,7 @@ class RequestOutput:
     finish_reason: str | None  # "stop" | "length" ("abort" only through the async API)
     logprobs: tuple[dict[int, float], ...] | None  # per generated token: top-N + sampled
     prompt_logprobs: tuple[dict[int, float] | None, ...] | None  # entry 0 is None
+    num_cached_tokens: int = 0  # prompt positions reused from the prefix cache
 
 
 class LLM:
@@ -151,5 +152,6 @@ class LLM:
         lps = [lp for d in deltas if d.new_logprobs is not None for lp in d.new_logprobs]
         has_lp = any(d.new_logprobs is not None for d in deltas)
         plp = next((d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), None)
+        cached = deltas[-1].num_cached_tokens if deltas else 0
         return RequestOutput(rid, prompt, tuple(ids), text, token_ids, reason,
-                             tuple(lps) if has_lp else None, plp)
+                             tuple(lps) if has_lp else None, plp, cached)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from crucible.engine.pool_size import (GiB, page_bytes, parse_bytes, pool_size,
+from crucible.engine.sizes import parse_bytes
+from crucible.engine.pool_size import (GiB, page_bytes, pool_size,
                                        scratch_bytes)
 from crucible.engine.settings import Settings
 from crucible.errors import ConfigError

@@ -26,6 +26,7 @@ from crucible.step.rows import RowSampling
 from crucible.step.batch import build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import Launched, plan_chained
+from crucible.engine.prefix_cache import PrefixCache
 from crucible.engine.request import Request, RequestStatus
 from crucible.engine.rng import derive_seed
 from crucible.engine.sampling import SamplingParams, log_softmax, top_logprobs
@@ -34,6 +35,7 @@ from crucible.engine.step_rows import Draw, device_updates, host_updates, sampli
 from crucible.engine.validate import validate_packed_batch
 from crucible.errors import RequestError
 from crucible.engine.runner import ModelRunner
+from crucible.step.batch import PAGE_SIZE
 from crucible.step.quick_init import quick_init
 
 Logprobs = dict[int, float]
@@ -51,15 +53,18 @@ class RequestDelta:
     prompt_logprobs: tuple[Logprobs | None, ...] | None  # once, in the first delta after prefill
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "abort"
+    num_cached_tokens: int  # prompt positions its first admission found in the prefix cache
 
 
 class LLMEngine:
     def __init__(self, runner: ModelRunner, tokenizer: Any = None,
-                 config: SchedulerConfig | None = None, *, seed: int = 0) -> None:
+                 config: SchedulerConfig | None = None, *, seed: int = 0,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config or SchedulerConfig()
-        self.allocator = PageAllocator(runner.num_pages)
+        self.prefix_cache = prefix_cache  # None: every request computes its whole prompt
+        self.allocator = PageAllocator(runner.num_pages, prefix_cache)
         self.scheduler = Scheduler(self.config, self.allocator)
         self.max_context = runner.config.max_context
         self.vocab_size = runner.config.vocab_size
@@ -96,11 +101,17 @@ class LLMEngine:
                                f"{self.allocator.num_pages}; lower max_tokens or the prompt")
 
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, *, final_only: bool = False) -> str:
+                    request_id: str | None = None, *, final_only: bool = False,
+                    cache_salt: str | None = None, use_prefix_cache: bool = True) -> str:
         """``final_only``: the caller wants the output once, when the request ends (as
         ``LLM.generate`` does), not step by step: no delta is built before that one, and it
         carries no text unless stop strings made the engine keep it (the caller decodes the
-        ids, ``model/detokenize.py:decode_all``)."""
+        ids, ``model/detokenize.py:decode_all``). ``cache_salt``: requests share cached
+        pages only with requests of the same salt. ``use_prefix_cache=False`` (health
+        probes, warm-up) neither reads nor fills the cache; prompt logprobs need every
+        prompt row computed, so a request asking for them does not read it either."""
+        if cache_salt is not None and (not isinstance(cache_salt, str) or len(cache_salt) > 256):
+            raise RequestError("cache_salt must be a string of at most 256 characters")
         params = params or SamplingParams()
         self.check_request(prompt_token_ids, params)
         if request_id is not None and request_id in self.requests:
@@ -115,6 +126,8 @@ class LLMEngine:
         req = Request(rid, [int(t) for t in prompt_token_ids], params, seed=seed,
                       arrival=arrival, eos_ids=self.eos_ids, tokenizer=text)
         req.final_only = final_only
+        req.use_cache = use_prefix_cache and params.prompt_logprobs is None
+        req.cache_salt = cache_salt
         self.scheduler.add(req)
         self.requests[rid] = req
         return rid
@@ -193,6 +206,10 @@ class LLMEngine:
                 draw: Draw) -> RequestDelta | None:
         req = sl.request
         req.num_computed_tokens += sl.length
+        cache = self.prefix_cache
+        if cache is not None and req.use_cache and \
+                req.num_computed_tokens >= (req.num_published + 1) * PAGE_SIZE:
+            self._publish(cache, req)
         for i, r in enumerate(sl.prompt_rows):
             p = sl.start + r  # row p predicts prompt token p + 1
             lp = log_softmax(prompt_logits[i])
@@ -216,6 +233,16 @@ class LLMEngine:
         elif req.final_only:
             return None
         return self._delta(req)
+
+    @staticmethod
+    def _publish(cache: PrefixCache, req: Request) -> None:
+        """Index the pages this step completed: their K/V writes are done (the step's
+        results are back), and every later reader comes after them in stream order."""
+        ids, pages = req.token_ids, req.page_table.pages
+        for i in range(req.num_published, req.num_computed_tokens // PAGE_SIZE):
+            cache.publish(pages[i], i, ids[i * PAGE_SIZE : (i + 1) * PAGE_SIZE],
+                          req.cache_salt, req.chain)
+        req.num_published = req.num_computed_tokens // PAGE_SIZE
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
@@ -247,7 +274,7 @@ class LLMEngine:
             prompt_lp = tuple(req.prompt_logprobs)
             req.prompt_logprobs_emitted = True
         return RequestDelta(req.request_id, new_ids, req.output_text.take_delta(done), new_lp,
-                            prompt_lp, done, req.finish_reason)
+                            prompt_lp, done, req.finish_reason, req.num_cached_tokens)
 
     def stats(self) -> dict[str, int]:
         return {
@@ -259,4 +286,16 @@ class LLMEngine:
             "preemptions": self.scheduler.num_preemptions,
             "rows_computed": self.num_rows,
             "tokens_generated": self.num_generated,
+            **self.cache_stats(),
         }
+
+    def cache_stats(self) -> dict[str, int]:
+        """The prefix cache's counters and what it holds (all zero without a cache)."""
+        c = self.prefix_cache
+        if c is None:
+            return dict.fromkeys(("cache_queries", "cache_hits", "cache_hit_tokens",
+                                  "cache_admissions", "cache_evictions", "cache_pages"), 0)
+        s = c.stats
+        return {"cache_queries": s.queries, "cache_hits": s.hits,
+                "cache_hit_tokens": s.hit_tokens, "cache_admissions": s.admissions,
+                "cache_evictions": s.evictions, "cache_pages": c.num_pages}

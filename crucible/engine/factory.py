@@ -9,12 +9,15 @@ from dataclasses import dataclass
 from crucible.backend.select import make_backend, resolve_device
 from crucible.backend.protocol import Backend
 from crucible.engine.engine import LLMEngine
-from crucible.engine.pool_size import PoolSize, pool_size
+from crucible.backend.numpy_backend import NumpyBackend
+from crucible.engine.pool_size import PoolSize, page_bytes, pool_size
+from crucible.engine.prefix_cache import PrefixCache, namespace_key
 from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
 from crucible.errors import ConfigError
 from crucible.model.loader import LoadedModel, load_model
 
+CACHE_FORMAT = "crucible-prefix-v1"  # the arithmetic policy id: bump when kernels change bits
 TINY_MODEL = "tiny-random"  # the hidden test model (model/tiny.py): no download, context 2048
 
 
@@ -50,6 +53,29 @@ def load(model: str | LoadedModel, settings: Settings) -> LoadedModel:
     return load_model(model, settings.weights, settings.cache_dir)
 
 
+def arithmetic(backend: Backend, settings: Settings) -> str:
+    """What decides a cached page's bits besides the model: the backend and its kernels."""
+    if isinstance(backend, NumpyBackend):
+        return "numpy-compiled" if backend.compiled else "numpy-blas-tiles"
+    return f"{backend.name}-{settings.attention}"
+
+
+def prefix_cache(settings: Settings, model: LoadedModel, backend: Backend,
+                 num_pages: int) -> PrefixCache | None:
+    """The prefix cache the settings ask for (None: off), its namespace this model, its
+    weight mode and the backend's arithmetic, so no other configuration can hit it."""
+    size = settings.prefix_cache_size
+    if size == 0:
+        return None
+    pages = num_pages if size is None else min(num_pages, size // page_bytes(model.config))
+    if pages < 1:
+        return None
+    base = namespace_key(CACHE_FORMAT, model.fingerprint, model.weights_mode,
+                         arithmetic(backend, settings)).hex()
+    return PrefixCache(base, pages, settings.prefix_cache_max_tokens,
+                       settings.prefix_cache_entries)
+
+
 def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngine, EngineInfo]:
     """The device is resolved and the backend built before the model loads, so a bad device
     fails in milliseconds, not after a load of several seconds."""
@@ -65,7 +91,8 @@ def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngin
     runner = ModelRunner(loaded, num_pages=pages, device=device, settings=settings,
                          backend=backend)
     engine = LLMEngine(runner, loaded.tokenizer, settings.scheduler_config(),
-                       seed=settings.seed)
+                       seed=settings.seed,
+                       prefix_cache=prefix_cache(settings, loaded, backend, runner.num_pages))
     cfg = engine.config
     info = EngineInfo(model=loaded.name, device=runner.device, backend=backend.name,
                       weights=loaded.weights_mode, context=loaded.config.max_context,

@@ -17,7 +17,12 @@ freed pages are appended at the tail.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from crucible.step.batch import PAGE_SIZE
+
+if TYPE_CHECKING:
+    from crucible.engine.prefix_cache import PrefixCache
 
 
 def pages_for(num_positions: int) -> int:
@@ -93,14 +98,15 @@ class FreePageQueue:
 class PageAllocator:
     """Hands out physical page ids of a pool of ``num_pages`` pages, with refcounts."""
 
-    __slots__ = ("num_pages", "_refcount", "_free")
+    __slots__ = ("num_pages", "_refcount", "_free", "cache")
 
-    def __init__(self, num_pages: int) -> None:
+    def __init__(self, num_pages: int, cache: "PrefixCache | None" = None) -> None:
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {num_pages}")
         self.num_pages = num_pages
         self._refcount = [0] * num_pages
         self._free = FreePageQueue(num_pages)
+        self.cache = cache  # free pages it indexes stay findable until handed out again
 
     @property
     def num_free(self) -> int:
@@ -123,7 +129,17 @@ class PageAllocator:
         pages = [self._free.popleft() for _ in range(n)]
         for page in pages:
             self._refcount[page] = 1
+            if self.cache is not None:
+                self.cache.forget(page)  # it holds something else from now on
         return pages
+
+    def take(self, page: int) -> None:
+        """Own a cached page (a prefix hit): out of the free queue if nobody owned it."""
+        if self._refcount[page] == 0:
+            self._free.remove(page)
+            if self.cache is not None:
+                self.cache.acquired(page)
+        self._refcount[page] += 1
 
     def incref(self, page: int) -> None:
         """Share an owned page read-only (a prefix-cache hit adds an owner)."""
@@ -140,6 +156,8 @@ class PageAllocator:
             self._refcount[page] = count - 1
             if count == 1:
                 self._free.append(page)
+                if self.cache is not None:
+                    self.cache.released(page)
 
 
 class PageTable:
@@ -168,6 +186,8 @@ class PageTable:
         return True
 
     def release(self, allocator: PageAllocator) -> None:
-        """Give every page back (finish, abort, preemption); the table is empty after."""
-        allocator.free(self.pages)
+        """Give every page back (finish, abort, preemption); the table is empty after. Last
+        page first: the free queue then hands out a chain's deepest pages before its first
+        ones, so a cached prefix loses its children before its parents."""
+        allocator.free(self.pages[::-1])
         self.pages = []

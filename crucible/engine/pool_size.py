@@ -15,7 +15,6 @@ that leaves less than the reserve free is refused with a message that says how m
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from crucible.backend.protocol import Geometry
@@ -27,28 +26,6 @@ from crucible.step.batch import PAGE_SIZE
 GiB = 1 << 30
 MARGIN = 2 * GiB  # CUDA context, modules, allocator slack
 GRAPH_COPIES = 4  # captured graphs each keep a forward's working set
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
-UNITS_HELP = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d{1,9})?)\s*([A-Za-z]+)\s*$")
-
-
-def parse_bytes(text: str, what: str = "kv_cache_memory") -> int:
-    """'40GiB', '1.5 GB', '512MiB' -> bytes (fractional bytes round down). A unit is
-    required: a bare number, a negative or another unit is an error naming ``what``."""
-    m = _SIZE.match(str(text))
-    unit = m.group(2).upper() if m else ""
-    if not m or unit not in _UNITS:
-        raise ConfigError(f"{what} must be a size with a unit ({UNITS_HELP}), e.g. 40GiB; "
-                          f"got {text!r}")
-    whole, _, frac = m.group(1).partition(".")
-    value = int(whole) * _UNITS[unit] + (int(frac) * _UNITS[unit]) // 10 ** len(frac) \
-        if frac else int(whole) * _UNITS[unit]
-    if value <= 0:
-        raise ConfigError(f"{what} must be more than 0 bytes, got {text!r}")
-    return value
-
-
 def page_bytes(geometry: Geometry) -> int:
     """K and V of one page across every layer, f32."""
     return 2 * geometry.n_layers * PAGE_SIZE * geometry.kv_dim * 4

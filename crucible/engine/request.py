@@ -86,7 +86,8 @@ class Request:
         "num_computed_tokens", "page_table", "status", "finish_reason", "stop_ids",
         "logprobs", "prompt_logprobs", "num_preemptions", "output_text",
         "num_tokens_emitted", "num_logprobs_emitted", "prompt_logprobs_emitted", "plain",
-        "final_only", "argmax_from",
+        "final_only", "argmax_from", "cache_salt", "use_cache", "chain", "num_published",
+        "num_cached_tokens",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -116,6 +117,14 @@ class Request:
         self.output_text = OutputText(tokenizer, params.stop)
         # Streaming cursors: what has already been handed to the client.
         self.final_only = False  # one delta, when the request ends (LLMEngine.add_request)
+        # Prefix cache (engine/prefix_cache.py): whether it may look up and publish pages,
+        # its tenant salt, the keys of its full pages so far, how many of its pages are
+        # published, and the prompt positions its first admission found cached.
+        self.use_cache = True
+        self.cache_salt: str | None = None
+        self.chain: list[bytes] = []
+        self.num_published = 0
+        self.num_cached_tokens = 0
         self.num_tokens_emitted = 0
         self.num_logprobs_emitted = 0
         self.prompt_logprobs_emitted = False

@@ -106,6 +106,7 @@ class Scheduler:
         self.running.remove(victim)
         victim.page_table.release(self.allocator)
         victim.num_computed_tokens = 0
+        victim.num_published = 0  # what it published stays indexed for its return
         victim.status = RequestStatus.WAITING
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -166,16 +167,32 @@ class Scheduler:
             req.page_table.grow(alloc, req.num_computed_tokens + n)
             slices.append(self._slice(req, n))
             budget -= n
-        # 3. Admission, FIFO, only with pages for the whole next slice.
+        # 3. Admission, FIFO, only with pages for the whole next slice. Cached leading pages
+        #    are mapped, not computed: only the pages still needed count.
+        cache = alloc.cache
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             req = self.waiting[0]
-            n = self._cap(req.num_remaining, budget)
-            if not alloc.can_allocate(pages_for(n)):
+            hits: list[int] = []
+            if cache is not None and req.use_cache:
+                hits = cache.match(req.token_ids, req.cache_salt, req.chain)
+            done = len(hits) * PAGE_SIZE
+            n = self._cap(len(req.token_ids) - done, budget)
+            unowned = sum(1 for p in hits if alloc.refcount(p) == 0)  # leave the free queue
+            if not alloc.can_allocate(pages_for(done + n) - len(hits) + unowned):
                 break
             self.waiting.popleft()
+            if cache is not None and req.use_cache:
+                cache.record(hits)
+                for p in hits:
+                    alloc.take(p)
+                if req.num_preemptions == 0:
+                    req.num_cached_tokens = done
+            req.page_table.pages = hits
+            req.num_computed_tokens = done
+            req.num_published = len(hits)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            req.page_table.grow(alloc, n)
+            req.page_table.grow(alloc, done + n)
             slices.append(self._slice(req, n))
             budget -= n
         return slices

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 from crucible.backend.cpu_ext import MAX_THREADS
 from crucible.backend.options import BackendOptions
 from crucible.engine.scheduler import SchedulerConfig
+from crucible.engine.sizes import parse_bytes
 from crucible.errors import ConfigError
 from crucible.kernels.variants import DEFAULT_VARIANT, parse_variant
 
@@ -46,6 +47,22 @@ def _attention(name: str, raw: str) -> str:
     return parse_variant(raw).name if raw.strip() else DEFAULT_VARIANT
 
 
+def _cache_size(name: str, raw: str) -> int | None:
+    value = raw.strip()
+    if value.lower() in ("", "auto"):
+        return None
+    if value == "0":
+        return 0
+    return parse_bytes(value, name, units=("GB", "GiB"))
+
+
+def _positive(name: str, raw: str) -> int:
+    value = raw.strip()
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"{name} must be a whole number >= 1, got {raw!r}")
+    return int(value)
+
+
 def _path(name: str, raw: str) -> Path | None:
     return Path(raw).expanduser() if raw.strip() else None
 
@@ -60,6 +77,9 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_PIPELINE": ("pipeline", _switch),
     "CRUCIBLE_CPU_THREADS": ("cpu_threads", _threads),
     "CRUCIBLE_CACHE": ("cache_dir", _path),
+    "CRUCIBLE_PREFIX_CACHE_SIZE": ("prefix_cache_size", _cache_size),
+    "CRUCIBLE_PREFIX_CACHE_MAX_TOKENS": ("prefix_cache_max_tokens", _positive),
+    "CRUCIBLE_PREFIX_CACHE_ENTRIES": ("prefix_cache_entries", _positive),
 }
 
 
@@ -83,6 +103,9 @@ class Settings:
     max_queue: int = 64
     max_running: int | None = None  # None: half the token budget (default_max_running)
     seed: int = 0
+    prefix_cache_size: int | None = None  # bytes of cached pages; None: the pool; 0: off
+    prefix_cache_max_tokens: int = 8192  # longest retained prefix per chain
+    prefix_cache_entries: int = 4096  # most retained chains
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -96,8 +119,10 @@ class Settings:
         for name, low in (("cpu_threads", 1), ("num_pages", 1), ("chunk_cap", 1),
                           ("kv_cache_memory", 1), ("max_running", 1)):
             self._check_int(name, low, optional=True)
-        for name, low in (("token_budget", 1), ("max_queue", 1), ("seed", 0)):
+        for name, low in (("token_budget", 1), ("max_queue", 1), ("seed", 0),
+                          ("prefix_cache_max_tokens", 1), ("prefix_cache_entries", 1)):
             self._check_int(name, low)
+        self._check_int("prefix_cache_size", 0, optional=True)
         f = self.gpu_memory_fraction
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
                               or not 0 < f <= 1):

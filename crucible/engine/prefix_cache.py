@@ -1,0 +1,192 @@
+"""The prefix cache: full pages of finished (and running) requests, found again by content.
+
+Identity. A full 16-token page is keyed by a chained 128-bit XXH3 hash,
+``h_i = H(h_{i-1} || the page's 16 token ids as int32)``, ``h_-1 = H(namespace)``. The
+namespace covers the model fingerprint, the weight mode, the backend's arithmetic (attention
+variant, CPU kernel) and the request's ``cache_salt``, each length-prefixed; nothing goes
+through Python's ``hash``, ``repr`` or pickle. A hit is confirmed by comparing the page's
+stored token ids and its parent page, never by the hash alone.
+
+Sharing. A new request maps every leading matching page into its page table (one more
+owner) and computes only the rest, always at least its last token (its logits are needed).
+Only full pages are ever shared and a request only writes positions past its hits, so no
+page is written while another request can read it: no copy-on-write. A page is published
+when the step that completed it has returned its results (its K/V writes come before any
+later step in stream order); an aborted or preempted request publishes nothing more.
+
+Eviction. A page whose last owner leaves goes to the tail of the allocator's free queue and
+stays indexed. The allocator takes free pages from the head, and a request frees its pages
+last-first, so the oldest page goes first and a chain loses its children before its
+parents. A page handed out again leaves the index (``forget``). A hit on an unowned page
+pulls it out of the middle of the free queue (``FreePageQueue.remove``). Beyond the budget
+(resident pages, chain length, chains) nothing new is published, and when the resident
+budget is exceeded the least recently released unowned pages are forgotten first.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import xxhash
+
+from crucible.step.batch import PAGE_SIZE
+
+
+def namespace_key(*parts: str) -> bytes:
+    """The root of every chain: H(length-prefixed UTF-8 parts)."""
+    data = b"".join(struct.pack("<I", len(b)) + b for b in (p.encode() for p in parts))
+    return xxhash.xxh3_128_digest(data)
+
+
+def page_key(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """H(parent || 16 token ids as little-endian int32)."""
+    return xxhash.xxh3_128_digest(parent + np.asarray(tokens, dtype="<i4").tobytes())
+
+
+@dataclass
+class CacheStats:
+    queries: int = 0  # admissions that looked the cache up
+    hits: int = 0  # of them, those that reused at least one page
+    hit_tokens: int = 0  # positions not recomputed
+    admissions: int = 0  # pages published
+    evictions: int = 0  # pages forgotten (reused by the allocator, or over budget)
+
+
+@dataclass
+class _Entry:
+    key: bytes
+    parent: bytes
+    tokens: tuple[int, ...]
+    root: bool
+
+
+@dataclass
+class PrefixCache:
+    """The index over the page pool; the allocator calls ``forget`` before reusing a page."""
+
+    base: str  # the namespace without the salt (model, weights, arithmetic)
+    max_pages: int  # resident budget in pages
+    max_tokens: int = 8192  # longest retained prefix per chain
+    max_entries: int = 4096  # most retained chains (roots)
+    stats: CacheStats = field(default_factory=CacheStats)
+
+    def __post_init__(self) -> None:
+        self._pages: dict[bytes, int] = {}  # key -> page
+        self._entries: dict[int, _Entry] = {}  # page -> what it holds
+        self._unowned: OrderedDict[int, None] = OrderedDict()  # indexed, no owner, LRU first
+        self._roots = 0
+        self._roots_cache: dict[str | None, bytes] = {}
+
+    # -- identity --------------------------------------------------------------------------
+    def root(self, salt: str | None) -> bytes:
+        key = self._roots_cache.get(salt)
+        if key is None:
+            key = namespace_key(self.base, "salt", salt or "")
+            self._roots_cache[salt] = key
+        return key
+
+    @property
+    def num_pages(self) -> int:
+        return len(self._entries)
+
+    # -- lookups (admission) ---------------------------------------------------------------
+    def match(self, tokens: Sequence[int], salt: str | None, chain: list[bytes]) -> list[int]:
+        """The pages of ``tokens``' leading full pages that are cached, at most up to (not
+        including) the page of the last token. ``chain`` (the request's keys so far) is
+        extended with the keys it computes."""
+        limit = min((len(tokens) - 1) // PAGE_SIZE, self.max_tokens // PAGE_SIZE)
+        pages: list[int] = []
+        parent = chain[-1] if chain else self.root(salt)
+        for i in range(limit):
+            if i < len(chain):
+                key = chain[i]
+            else:
+                key = page_key(parent, tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
+                chain.append(key)
+            page = self._pages.get(key)
+            entry = self._entries.get(page) if page is not None else None
+            if entry is None or entry.parent != parent or \
+                    entry.tokens != tuple(tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE]):
+                break  # a miss, or a hash collision that the token ids expose
+            pages.append(page)
+            parent = key
+        return pages
+
+    def record(self, pages: Sequence[int]) -> None:
+        """An admission used ``pages`` from ``match`` (counted once, when it is admitted)."""
+        self.stats.queries += 1
+        if pages:
+            self.stats.hits += 1
+            self.stats.hit_tokens += len(pages) * PAGE_SIZE
+
+    # -- publishing (after a step) ---------------------------------------------------------
+    def publish(self, page: int, index: int, tokens: Sequence[int], salt: str | None,
+                chain: list[bytes]) -> None:
+        """Index ``page``, the request's page number ``index`` holding ``tokens``, if the
+        budget allows and no page with its content is indexed. ``chain`` holds the
+        request's keys of pages 0 .. index - 1 (extended here)."""
+        parent = chain[index - 1] if index else self.root(salt)
+        key = chain[index] if index < len(chain) else page_key(parent, tokens)
+        if index == len(chain):
+            chain.append(key)
+        if key in self._pages or page in self._entries:
+            return
+        if (index + 1) * PAGE_SIZE > self.max_tokens:
+            return
+        if index == 0 and self._roots >= self.max_entries:
+            return
+        if len(self._entries) >= self.max_pages and not self._shed(1):
+            return
+        self._pages[key] = page
+        self._entries[page] = _Entry(key, parent, tuple(tokens), index == 0)
+        self._roots += index == 0
+        self.stats.admissions += 1
+
+    def _shed(self, n: int) -> bool:
+        """Forget the ``n`` least recently released unowned pages; False if too few."""
+        if len(self._unowned) < n:
+            return False
+        for _ in range(n):
+            page, _ = self._unowned.popitem(last=False)
+            self.forget(page)
+        return True
+
+    # -- the allocator's side --------------------------------------------------------------
+    def forget(self, page: int) -> None:
+        """``page`` is about to hold something else: drop it from the index."""
+        entry = self._entries.pop(page, None)
+        if entry is None:
+            return
+        del self._pages[entry.key]
+        self._unowned.pop(page, None)
+        self._roots -= entry.root
+        self.stats.evictions += 1
+
+    def released(self, page: int) -> None:
+        """``page`` lost its last owner (it stays indexed until reused)."""
+        if page in self._entries:
+            self._unowned[page] = None
+
+    def acquired(self, page: int) -> None:
+        """``page`` gained an owner again (a hit)."""
+        self._unowned.pop(page, None)
+
+    def indexed(self, page: int) -> bool:
+        return page in self._entries
+
+    def clear(self) -> None:
+        """The namespace changed: nothing cached is valid any more."""
+        for page in list(self._entries):
+            self.forget(page)
+
+    def check(self) -> None:
+        """Internal consistency (tests call it after every step)."""
+        assert len(self._pages) == len(self._entries)
+        for page, entry in self._entries.items():
+            assert self._pages[entry.key] == page
+        assert set(self._unowned) <= set(self._entries)
+        assert self._roots == sum(e.root for e in self._entries.values())
