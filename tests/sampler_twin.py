@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.step.rows import (MASK, PEN, REP, ReadySample, RowSampling, SampleOutput,
-                                pack_rows, unpack_rows)
+from crucible.step.row_buffer import pack_rows, unpack_rows
+from crucible.step.rows import MASK, PEN, REP, ReadySample, RowSampling, SampleOutput
 from crucible.engine.rng import random_bits, uniform
 from crucible.engine.sampling import SamplingParams, sample_row
 

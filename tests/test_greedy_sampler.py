@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from crucible.kernels.sampling_greedy import SLICE, THREADS, greedy_only, slices_for
-from crucible.step.rows import (MASK, REP, ROW_WORDS, RowSampling,
-                                            plain_row_sampling, row_sampling)
+from crucible.step.row_buffer import ROW_WORDS
+from crucible.step.rows import MASK, REP, RowSampling, plain_row_sampling, row_sampling
 from crucible.engine.sampling import SamplingParams
 from crucible.kernels.source import cuda_source_dir
 
@@ -276,7 +276,7 @@ def test_gpu_without_metadata_reads_row_i() -> None:
     import cupy as cp
 
     from crucible.kernels.sampling_greedy import GreedyLauncher
-    from crucible.step.rows import pack_rows
+    from crucible.step.row_buffer import pack_rows
 
     x = planted(49152, 5, np.random.default_rng(3))
     d = cp.asarray(x)

@@ -11,9 +11,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from crucible.step.rows import (MASK, MASK64, PEN, REP, ROW_WORDS, RowSampling,
-                                            pack_rows, plain_row_sampling, row_sampling,
-                                            unpack_rows)
+from crucible.step.row_buffer import ROW_WORDS, pack_rows, unpack_rows
+from crucible.step.rows import (MASK, MASK64, PEN, REP, RowSampling, plain_row_sampling,
+                                row_sampling)
 from crucible.engine.sampling import SamplingParams, sample_row
 from sampler_twin import NumpyTwinSampler
 
@@ -162,7 +162,7 @@ def test_record_packing_equals_the_columnar_layout():
     """Steps whose rows carry no entries are packed record by record (struct); the words
     equal the columnar numpy path's for random rows (temperatures, top-k/p, min-p, seeds up
     to 2^64 - 1, counters, logprobs)."""
-    from crucible.step.rows import _pack_columnar, _pack_records
+    from crucible.step.row_buffer import _pack_columnar, _pack_records
 
     rng = np.random.default_rng(11)
     for n in (1, 2, 7, 64):

@@ -16,12 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend import stages
+from crucible.backend import cupy_stack, stages
 from crucible.backend.cupy_meta import CupyMeta, device_meta
 from crucible.backend.options import BackendOptions
 from crucible.backend.protocol import BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
-from crucible.kernels import decode_stack as ds
 from crucible.kernels import linear as ck
 from crucible.kernels import linear_chunks as cc
 from crucible.kernels import linear_rows as cf
@@ -119,41 +118,7 @@ class CupyBackend:
         """The embedding and every layer of a batch-1 decode step in three kernels per layer
         (kernels/decode_stack.py); None when the step is not its shape (the forward then
         embeds and runs the layers)."""
-        decode = meta.max_chunk == 1 and meta.segments.shape[0] == meta.num_rows
-        wbytes = 1 if self.mode == "int8" else 4
-        if not (self.use_stack and decode and ds.fits(self.cfg, meta.num_rows,
-                                                      meta.score_capacity, self.variant,
-                                                      wbytes)):
-            return None
-        return self._stack_layers(meta)
-
-    def _stack_layers(self, meta: CupyMeta) -> Any:
-        """Every layer of a decode step as the stack; returns the residual after the last.
-        The first QKV reads its row of the embedding itself (a ``Gather``): no embedding
-        kernel."""
-        cfg, new, pdl = self.cfg, self.new, self.options.pdl
-        t, d = meta.num_rows, cfg.hidden_size
-        first = cf.Gather(self.embedding, meta.token_ids, meta.feed, meta.fed)
-        h, parts, pscale = None, None, None  # the residual stream is h + parts
-        for i in range(cfg.n_layers):
-            r = new((t, d))
-            if parts is None:  # the first layer: the embedding is the residual
-                q = self.attn_in(first, i, meta, x_out=r)
-            else:
-                q = self.attn_in(h, i, meta, parts=parts, pscale=pscale, x_out=r)
-            wo = self._linear[f"l{i}.o"]
-            o_parts = new((cfg.n_heads, t, d))
-            ds.attention_o(q, self.k_pool, self.v_pool, i, meta, wo, new((t, cfg.q_dim)),
-                           o_parts, cfg.n_heads, cfg.n_kv_heads, pdl=pdl)
-            gu, down = self._linear[f"l{i}.gate_up"], self._linear[f"l{i}.down"]
-            h = new((t, d))
-            parts = new((gu.shape[0] // 128, t, d))
-            ds.decode_mlp(r, o_parts, wo.scale, h, self._norms[f"l{i}.ffn_norm"], cfg.rms_eps,
-                          gu, down, parts, pdl=pdl)
-            pscale = down.scale
-        out = new((t, d))
-        ds.combine_rows(h, parts, pscale, out, pdl=pdl)
-        return out
+        return cupy_stack.decode_stack(self, meta)
 
     def fed_ids(self, rows: int) -> Any:
         """Where a step's sampler should write its ``rows`` ids so that the next decode step

@@ -32,8 +32,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.step.rows import (LP_WORDS, RowSampling, SampleOutput, greedy_only,
-                                            greedy_rows_in_order, pack_rows)
+from crucible.step.row_buffer import LP_WORDS, pack_rows
+from crucible.step.rows import RowSampling, SampleOutput, greedy_only, greedy_rows_in_order
 from crucible.kernels.sampling_greedy import GreedyLauncher
 from crucible.backend.cupy_pinned import PinnedRing, device_buffer
 from crucible.kernels.loader import sm_count

@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from crucible.step.rows import MASK64, pack_rows, row_sampling
+from crucible.step.row_buffer import pack_rows
+from crucible.step.rows import MASK64, row_sampling
 from crucible.engine.sampling import SamplingParams, sample_row
 from crucible.checks.batch_check import Counts
 from crucible.checks.sampling_cases import case, chi_square_p, make_logits

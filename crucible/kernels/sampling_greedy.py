@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.step.rows import RowSampling, greedy_only, pack_rows
+from crucible.step.row_buffer import pack_rows
+from crucible.step.rows import RowSampling, greedy_only
 from crucible.kernels.source import compile_module
 
 THREADS = 256  # GREEDY_THREADS in sampling_greedy.cu
