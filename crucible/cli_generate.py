@@ -65,6 +65,7 @@ def stream(engine: LLMEngine, prompt_ids: list[int], params: SamplingParams,
     first = last = None
     n_out = 0
     reason = None
+    cached = 0
     try:
         while engine.has_unfinished():
             for delta in engine.step():
@@ -76,6 +77,7 @@ def stream(engine: LLMEngine, prompt_ids: list[int], params: SamplingParams,
                     n_out += len(delta.new_token_ids)
                 out.write(delta.new_text)
                 out.flush()
+                cached = delta.num_cached_tokens
                 if delta.finished:
                     reason = delta.finish_reason
     except KeyboardInterrupt:
@@ -85,7 +87,7 @@ def stream(engine: LLMEngine, prompt_ids: list[int], params: SamplingParams,
     # A rate needs two tokens: with 0 or 1 generated (or both in one step) there is none.
     decode = (n_out - 1) / (last - first) if n_out > 1 and last > first else None
     return {"prompt_tokens": len(prompt_ids), "generated_tokens": n_out, "ttft_s": ttft,
-            "decode_tok_s": decode, "finish_reason": reason}
+            "decode_tok_s": decode, "finish_reason": reason, "cached_tokens": cached}
 
 
 def stats_line(stats: dict, engine: LLMEngine) -> str:
@@ -93,7 +95,9 @@ def stats_line(stats: dict, engine: LLMEngine) -> str:
     runner = engine.runner
     rate = stats["decode_tok_s"]
     decode = "-" if rate is None else f"{rate:.1f}"
-    return (f"[prompt {stats['prompt_tokens']} tok | generated {stats['generated_tokens']} tok "
+    cached = f" ({stats['cached_tokens']} cached)" if stats.get("cached_tokens") else ""
+    return (f"[prompt {stats['prompt_tokens']} tok{cached} | generated "
+            f"{stats['generated_tokens']} tok "
             f"({stats['finish_reason']}) | ttft {stats['ttft_s'] * 1000:.0f} ms | decode "
             f"{decode} tok/s | device {runner.device} | weights {runner.model.weights_mode}]")
 

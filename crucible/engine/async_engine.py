@@ -35,8 +35,10 @@ class AsyncLLMEngine:
 
     # -- called from the event loop ----------------------------------------------------
     def add(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-            request_id: str | None = None) -> tuple[str, asyncio.Queue]:
-        """Register a request; raises at once if it is invalid or the queue is full."""
+            request_id: str | None = None,
+            cache_salt: str | None = None) -> tuple[str, asyncio.Queue]:
+        """Register a request; raises at once if it is invalid or the queue is full.
+        ``cache_salt``: it shares prefix-cache pages only with requests of the same salt."""
         params = params or SamplingParams()
         self.engine.check_request(prompt_token_ids, params)  # reads immutable config only
         rid = request_id if request_id is not None else f"async-{next(self._ids)}"
@@ -49,7 +51,7 @@ class AsyncLLMEngine:
                 raise QueueFullError(f"waiting queue is full ({self.engine.config.max_queue} "
                                      f"requests); retry later")
             self._streams[rid] = (asyncio.get_running_loop(), queue)
-            self._adds.append((rid, [int(t) for t in prompt_token_ids], params))
+            self._adds.append((rid, [int(t) for t in prompt_token_ids], params, cache_salt))
         self._ensure_worker()
         self._wake.set()
         return rid, queue
@@ -122,16 +124,16 @@ class AsyncLLMEngine:
         with self._lock:
             adds, self._adds = self._adds, []
             aborts, self._aborts = set(self._aborts), []
-            for rid, prompt, params in adds:
+            for rid, prompt, params, salt in adds:
                 if rid in aborts:
                     continue  # aborted before it ever reached the engine
                 try:
-                    self.engine.add_request(prompt, params, request_id=rid)
+                    self.engine.add_request(prompt, params, request_id=rid, cache_salt=salt)
                 except Exception as e:  # a duplicate id, a race on the queue bound...
                     failed.append((rid, e))
         for rid, e in failed:
             self._push(rid, e, True)
-        for rid, _, _ in adds:
+        for rid, *_ in adds:
             if rid in aborts:
                 aborts.discard(rid)
                 self._push(rid, RequestDelta(rid, (), "", None, None, True, "abort", 0), True)

@@ -294,8 +294,10 @@ class LLMEngine:
         c = self.prefix_cache
         if c is None:
             return dict.fromkeys(("cache_queries", "cache_hits", "cache_hit_tokens",
-                                  "cache_admissions", "cache_evictions", "cache_pages"), 0)
+                                  "cache_admissions", "cache_evictions", "cache_pages",
+                                  "cache_resident_bytes"), 0)
         s = c.stats
         return {"cache_queries": s.queries, "cache_hits": s.hits,
                 "cache_hit_tokens": s.hit_tokens, "cache_admissions": s.admissions,
-                "cache_evictions": s.evictions, "cache_pages": c.num_pages}
+                "cache_evictions": s.evictions, "cache_pages": c.num_pages,
+                "cache_resident_bytes": c.num_pages * c.page_bytes}

@@ -73,7 +73,7 @@ def prefix_cache(settings: Settings, model: LoadedModel, backend: Backend,
     base = namespace_key(CACHE_FORMAT, model.fingerprint, model.weights_mode,
                          arithmetic(backend, settings)).hex()
     return PrefixCache(base, pages, settings.prefix_cache_max_tokens,
-                       settings.prefix_cache_entries)
+                       settings.prefix_cache_entries, page_bytes(model.config))
 
 
 def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngine, EngineInfo]:

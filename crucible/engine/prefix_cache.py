@@ -72,6 +72,7 @@ class PrefixCache:
     max_pages: int  # resident budget in pages
     max_tokens: int = 8192  # longest retained prefix per chain
     max_entries: int = 4096  # most retained chains (roots)
+    page_bytes: int = 0  # K/V bytes of one page (for the resident-bytes figure)
     stats: CacheStats = field(default_factory=CacheStats)
 
     def __post_init__(self) -> None:

@@ -19,13 +19,13 @@ from crucible.server import sse
 from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json
 from crucible.server.openai_common import read_model
-from crucible.server.params import sampling_params
+from crucible.server.params import cache_salt, sampling_params
 from crucible.server.state import REQUEST_ID, STATE, ServerState
 from crucible.server.stream import EngineFailure, RequestStream
 
 routes = web.RouteTableDef()
 _FIELDS = ("model", "messages", "system", "max_tokens", "stop_sequences", "temperature",
-           "top_k", "top_p", "stream", "tools", "tool_choice", "thinking",
+           "top_k", "top_p", "stream", "tools", "tool_choice", "thinking", "cache_salt",
            # Sent by newer SDKs; nothing here depends on them, so they are accepted and ignored.
            "metadata", "service_tier", "cache_control", "inference_geo", "speed",
            "user_profile_id", "workspace_id", "diagnostics", "output_config", "container")
@@ -109,9 +109,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return {"id": mid, "type": "message", "role": "assistant", "model": model,
                 "content": content, "stop_reason": reason, "stop_sequence": seq,
                 "usage": {"input_tokens": len(ids),
+                          "cache_read_input_tokens": s.num_cached_tokens if s else 0,
                           "output_tokens": s.num_output_tokens if s else 0}}
 
-    async with state.run([(ids, params)], "msg") as (s,):
+    async with state.run([(ids, params)], "msg", cache_salt(body)) as (s,):
         if not body.bool("stream", False):
             await s.wait()
             reason, seq = _stop(state, s)
@@ -138,7 +139,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
         await sse.send(resp, {"type": "content_block_stop", "index": 0}, "content_block_stop")
         await sse.send(resp, {"type": "message_delta",
                               "delta": {"stop_reason": reason, "stop_sequence": seq},
-                              "usage": {"output_tokens": s.num_output_tokens}}, "message_delta")
+                              "usage": {"output_tokens": s.num_output_tokens,
+                                        "cache_read_input_tokens": s.num_cached_tokens}},
+                       "message_delta")
         await sse.send(resp, {"type": "message_stop"}, "message_stop")
         await sse.close(resp)
         return resp

@@ -99,12 +99,12 @@ class EngineLoop:
         return 0
 
     async def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-                     request_id: str) -> RequestStream:
+                     request_id: str, cache_salt: str | None = None) -> RequestStream:
         """Queue one request; raises QueueFullError / RequestError at once, as the engine does."""
         if not self.running:
             raise EngineUnavailable(self.unhealthy_reason or "the engine is not running")
         try:
-            rid, queue = self.async_engine.add(prompt_token_ids, params, request_id)
+            rid, queue = self.async_engine.add(prompt_token_ids, params, request_id, cache_salt)
         except QueueFullError:
             self._sample()  # a refusal is when the queue is fullest: count it in the peak
             raise

@@ -116,6 +116,16 @@ class Metrics:
                self.prompt_tokens)
         metric("crucible_generation_tokens_total", "counter",
                "Generated tokens of ended requests.", self.generation_tokens)
+        for key, kind, text in (
+                ("queries", "counter", "Admissions that looked the prefix cache up."),
+                ("hits", "counter", "Admissions that reused cached pages."),
+                ("hit_tokens", "counter", "Prompt positions read from the prefix cache."),
+                ("admissions", "counter", "Pages published to the prefix cache."),
+                ("evictions", "counter", "Cached pages forgotten (reused or over budget)."),
+                ("pages", "gauge", "Pages the prefix cache indexes."),
+                ("resident_bytes", "gauge", "K/V bytes of the pages it indexes.")):
+            name = f"crucible_prefix_cache_{key}" + ("_total" if kind == "counter" else "")
+            metric(name, kind, text, stats.get(f"cache_{key}", 0))
         for reason in sorted(set(self.finished) | {"stop", "length", "abort", "error"}):
             metric("crucible_requests_finished_total", "counter", "Ended requests by reason.",
                    self.finished[reason], {"reason": reason})

@@ -16,7 +16,7 @@ from aiohttp import web
 from crucible.server import sse
 from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json, token_id_list
-from crucible.server.params import SAMPLING_FIELDS, sampling_params
+from crucible.server.params import SAMPLING_FIELDS, cache_salt, sampling_params
 from crucible.server.state import REQUEST_ID, STATE, ServerState
 from crucible.server.stream import EngineFailure, RequestStream
 
@@ -65,7 +65,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     params = sampling_params(body, body.int("max_tokens", 16, lo=1),
                              logprobs=body.int("logprobs", None, lo=0, hi=20))
     stream = body.bool("stream", False)
-    async with state.run([(ids, params)], "gen") as (s,):
+    async with state.run([(ids, params)], "gen", cache_salt(body)) as (s,):
         if not stream:
             await s.wait()
             return web.json_response(_result(s))

@@ -17,8 +17,8 @@ from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json
 from crucible.server.openai_common import (IGNORED_FIELDS, chat_logprobs, finish_reason,
                                            new_id, now, read_model, usage)
-from crucible.server.params import (MAX_N, SAMPLING_FIELDS, choice_params, max_tokens_field,
-                                    sampling_params)
+from crucible.server.params import (MAX_N, SAMPLING_FIELDS, cache_salt, choice_params,
+                                    max_tokens_field, sampling_params)
 from crucible.server.state import REQUEST_ID, STATE, ServerState
 from crucible.server.stream import EngineFailure, merged
 
@@ -89,7 +89,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     params = sampling_params(body, max_tokens, logprobs=n_top if want_lp else None, max_stop=4)
     cid, created = new_id("chatcmpl"), now()
 
-    async with state.run([(ids, p) for p in choice_params(params, n)], "chat") as streams:
+    async with state.run([(ids, p) for p in choice_params(params, n)], "chat",
+                         cache_salt(body)) as streams:
         if not stream:
             for s in streams:
                 await s.wait()

@@ -73,10 +73,17 @@ def now() -> int:
 
 
 def usage(streams: list[RequestStream], num_prompt: int) -> dict:
-    """Prompt tokens count once per distinct prompt, completion tokens over all choices."""
+    """Prompt tokens count once per distinct prompt, completion tokens over all choices;
+    ``cached_tokens``: the prompt tokens read from the prefix cache (per distinct prompt, the
+    most any of its choices found)."""
     completion = sum(s.num_output_tokens for s in streams)
+    cached: dict[int, int] = {}
+    for s in streams:
+        key = id(s.prompt_token_ids)
+        cached[key] = max(cached.get(key, 0), s.num_cached_tokens)
     return {"prompt_tokens": num_prompt, "completion_tokens": completion,
-            "total_tokens": num_prompt + completion}
+            "total_tokens": num_prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(cached.values())}}
 
 
 def finish_reason(s: RequestStream) -> str | None:

@@ -13,8 +13,8 @@ from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json, token_id_list
 from crucible.server.openai_common import (IGNORED_FIELDS, completion_logprobs, finish_reason,
                                            new_id, now, read_model, usage)
-from crucible.server.params import (MAX_N, SAMPLING_FIELDS, choice_params, max_tokens_field,
-                                    sampling_params)
+from crucible.server.params import (MAX_N, SAMPLING_FIELDS, cache_salt, choice_params,
+                                    max_tokens_field, sampling_params)
 from crucible.server.state import REQUEST_ID, STATE, ServerState
 from crucible.server.stream import EngineFailure, RequestStream, merged
 
@@ -96,7 +96,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return {"index": i, "text": prefix(i) + s.text, "logprobs": lp,
                 "finish_reason": finish_reason(s)}
 
-    async with state.run(jobs, "cmpl") as streams:
+    async with state.run(jobs, "cmpl", cache_salt(body)) as streams:
         if not stream:
             for s in streams:
                 await s.wait()

@@ -18,7 +18,7 @@ from crucible.server.fields import MAX_STOP, MAX_STOP_TOKEN_IDS, Body
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
                    "presence_penalty", "frequency_penalty", "repetition_penalty",
-                   "min_tokens", "ignore_eos")
+                   "min_tokens", "ignore_eos", "cache_salt")
 MAX_N = 16
 
 
@@ -77,3 +77,18 @@ def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
     if n == 1 or params.seed is None:
         return [params] * n
     return [replace(params, seed=params.seed + i) for i in range(n)]
+
+
+MAX_SALT = 256  # characters of a cache_salt
+
+
+def cache_salt(body: Body) -> str | None:
+    """``cache_salt`` (OpenAI and vLLM spell it so): requests share prefix-cache pages only
+    with requests of the same salt."""
+    salt = body.raw("cache_salt", None)
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not 0 < len(salt) <= MAX_SALT:
+        raise bad_request(f"'cache_salt' must be a non-empty string of at most {MAX_SALT} "
+                          "characters", "cache_salt")
+    return salt

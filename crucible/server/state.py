@@ -185,7 +185,8 @@ class ServerState:
 
     @asynccontextmanager
     async def run(self, prompts: Sequence[tuple[list[int], SamplingParams]],
-                  prefix: str) -> AsyncIterator[list[RequestStream]]:
+                  prefix: str, cache_salt: str | None = None
+                  ) -> AsyncIterator[list[RequestStream]]:
         """Submit every (prompt, params) pair; all are aborted if the caller leaves early.
 
         Leaving early covers a client disconnect (the handler is cancelled), an error while
@@ -203,7 +204,8 @@ class ServerState:
             for ids, params in prompts:
                 self.check_context(len(ids), params.max_tokens)
                 try:
-                    streams.append(await loop.submit(ids, params, loop.next_id(prefix)))
+                    streams.append(await loop.submit(ids, params, loop.next_id(prefix),
+                                                     cache_salt))
                 except QueueFullError as exc:
                     raise ApiError(429, str(exc), code="queue_full") from None
                 except RequestError as exc:

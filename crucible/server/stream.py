@@ -40,6 +40,7 @@ class RequestStream:
         self.prompt_logprobs: tuple[Logprobs | None, ...] | None = None
         self.finished = False
         self.finish_reason: str | None = None
+        self.num_cached_tokens = 0  # prompt positions found in the prefix cache
         self.error: EngineFailure | None = None
         # Timing (time.monotonic seconds). Token times are step-completion times.
         self.t_submit = time.monotonic()
@@ -69,6 +70,7 @@ class RequestStream:
                 self.inter_token.extend([gap] * len(delta.new_token_ids))
             self.t_last = t
         self.token_ids.extend(delta.new_token_ids)
+        self.num_cached_tokens = delta.num_cached_tokens
         self.text += delta.new_text
         if delta.new_logprobs:
             self.logprobs.extend(delta.new_logprobs)
