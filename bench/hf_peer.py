@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="bench/hf-peer.json")
     args = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    loaded = load_model(args.model, args.weights)
+    loaded = load_model(args.model, args.weights, use_prepared=False)  # it reads the f32 weights
     model = hf_model(loaded, device)
     runner = ModelRunner(loaded, num_pages=max(64, 32 * 16 + 16),
                          device="cuda" if device == "cuda" else "cpu")

