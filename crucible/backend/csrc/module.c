@@ -133,6 +133,23 @@ fail:
     return NULL;
 }
 
+/* Run the attention work units of ``a`` on the pool, each part with its own score buffer
+   of ``longest`` positions (rounded up to 8); -1 with a Python error when out of memory. */
+static int run_attention(cru_attn_args *a, long units, int threads, long longest) {
+    const int parts = cru_parts(units, threads);
+    a->scratch_len = (longest + 7) & ~7L;
+    a->scratch = PyMem_RawMalloc(sizeof(float) * a->scratch_len * parts);
+    if (!a->scratch) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    cru_pool_run(cru_attn_part, a, parts, threads);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(a->scratch);
+    return 0;
+}
+
 static PyObject *py_attention(PyObject *self, PyObject *args) {
     PyObject *q, *k, *v, *out;
     int n, L, H, KV, hd, first, threads, avx2;
@@ -163,17 +180,8 @@ static PyObject *py_attention(PyObject *self, PyObject *args) {
         goto fail;
     }
     a.q = qp, a.k = kp, a.v = vp, a.out = op;
-    const int parts = cru_parts((long)n * KV, threads);
-    a.scratch_len = ((long)first + n + 7) & ~7L;
-    a.scratch = PyMem_RawMalloc(sizeof(float) * a.scratch_len * parts);
-    if (!a.scratch) {
-        PyErr_NoMemory();
+    if (run_attention(&a, (long)n * KV, threads, (long)first + n) < 0)
         goto fail;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    cru_pool_run(cru_attn_part, &a, parts, threads);
-    Py_END_ALLOW_THREADS
-    PyMem_RawFree(a.scratch);
     release(&vw);
     Py_RETURN_NONE;
 fail:
@@ -268,19 +276,8 @@ static PyObject *py_paged_attention(PyObject *self, PyObject *args) {
     a.q = qp, a.out = op, a.tables = tab, a.rows = rows;
     a.k = (const float *)kp + (size_t)layer * 16 * kvd;
     a.v = (const float *)vp + (size_t)layer * 16 * kvd;
-    if (T > 0) {
-        const int parts = cru_parts((long)T * KV, threads);
-        a.scratch_len = (longest + 7) & ~7L;
-        a.scratch = PyMem_RawMalloc(sizeof(float) * a.scratch_len * parts);
-        if (!a.scratch) {
-            PyErr_NoMemory();
-            goto fail;
-        }
-        Py_BEGIN_ALLOW_THREADS
-        cru_pool_run(cru_attn_part, &a, parts, threads);
-        Py_END_ALLOW_THREADS
-        PyMem_RawFree(a.scratch);
-    }
+    if (T > 0 && run_attention(&a, (long)T * KV, threads, longest) < 0)
+        goto fail;
     PyMem_RawFree(rows);
     release(&vw);
     Py_RETURN_NONE;
