@@ -72,6 +72,7 @@ class LLM:
         else:
             settings = settings.replace(**{k: v for k, v in given.items() if v is not None})
         self.settings = settings
+        self._async: AsyncLLMEngine | None = None
         self.engine, self.info = build_engine(model or DEFAULT_MODEL, settings)
         self.model = self.engine.runner.model
 
@@ -83,7 +84,12 @@ class LLM:
         return self.engine.stats()
 
     def async_engine(self) -> AsyncLLMEngine:
-        return AsyncLLMEngine(self.engine)
+        """The streaming front of this LLM's engine: always the same one, since two would
+        both step the engine from their own threads. Do not call ``generate`` while it is
+        serving requests."""
+        if self._async is None:
+            self._async = AsyncLLMEngine(self.engine)
+        return self._async
 
     def _prompts(self, prompts: Prompt | Sequence[Prompt]) -> list[tuple[str | None, list[int]]]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):

@@ -10,6 +10,6 @@ git clone -q "$repo" "$work/src"
 python3 -m venv "$work/venv"
 py="$work/venv/bin/python"
 cd "$work/src"
-"$py" -m pip install -q -e '.[dev]'
+"$py" -m pip install -q -c constraints.txt -e '.[dev]'
 "$py" -m pytest -q
 "$py" -m crucible generate --prompt "The capital of France is" --max-tokens 8 --temperature 0

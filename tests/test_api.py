@@ -207,8 +207,9 @@ def test_generate_text_equals_the_streamed_text(llm):
              greedy(24, ignore_eos=True, stop=[base.text[4:6] or "x"])]
     outs = llm.generate([PROMPTS[1]] * 3, cases)
 
+    eng = llm.async_engine()  # one: two async engines would both step the same engine
+
     async def stream(params):
-        eng = llm.async_engine()
         ids = llm.tokenizer.encode(PROMPTS[1])
         return "".join([d.new_text async for d in eng.generate(ids, params)])
 
@@ -216,3 +217,22 @@ def test_generate_text_equals_the_streamed_text(llm):
         assert out.text == asyncio.run(stream(params))
     assert outs[1].finish_reason == "stop" and outs[2].finish_reason == "stop"
     assert len(outs[1].text) < len(outs[0].text)
+
+
+def test_one_async_engine_that_restarts_after_shutdown(llm):
+    """One streaming front per LLM (two would step one engine from two threads), and a
+    request after ``shutdown`` starts its worker again."""
+    import asyncio
+
+    ae = llm.async_engine()
+    assert llm.async_engine() is ae
+    ids = llm.tokenizer.encode(PROMPTS[0])
+
+    async def once():
+        out = [d async for d in ae.generate(ids, greedy(4))]
+        await ae.shutdown()
+        return out
+
+    first, second = asyncio.run(once()), asyncio.run(once())
+    assert [d.new_token_ids for d in first] == [d.new_token_ids for d in second]
+    assert first[-1].finished and second[-1].finished

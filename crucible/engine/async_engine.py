@@ -104,6 +104,7 @@ class AsyncLLMEngine:
     # -- the worker thread ---------------------------------------------------------------
     def _ensure_worker(self) -> None:
         if self._thread is None or not self._thread.is_alive():
+            self._stop = False  # after a shutdown, a new request starts the worker again
             self._thread = threading.Thread(target=self._run, name="crucible-engine", daemon=True)
             self._thread.start()
 
