@@ -35,7 +35,8 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)".strip()
 
 
-def _int_at_least(minimum: int):
+def int_in(minimum: int, maximum: int | None = None):
+    """An argparse type: a whole number in [minimum, maximum]."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -43,13 +44,15 @@ def _int_at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
         return value
 
     return parse
 
 
-positive_int = _int_at_least(1)
-non_negative_int = _int_at_least(0)
+positive_int = int_in(1)
+non_negative_int = int_in(0)
 
 
 def _float(text: str) -> float:
@@ -91,13 +94,6 @@ def byte_size(text: str) -> int:
                                          f"40GiB; got {text!r}") from None
 
 
-def fraction(text: str) -> float:
-    value = _float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
-
-
 def add_pool_options(g: argparse._ArgumentGroup) -> None:
     """The KV pool and scheduler limits (generate, chat and serve share them)."""
     pool = g.add_mutually_exclusive_group()
@@ -107,7 +103,7 @@ def add_pool_options(g: argparse._ArgumentGroup) -> None:
     pool.add_argument("--kv-cache-memory", type=byte_size, default=None, metavar="SIZE",
                       help="CUDA: the KV pool's size, e.g. 40GiB or 30GB (default: from "
                            "--gpu-memory-fraction)")
-    pool.add_argument("--gpu-memory-fraction", type=fraction, default=None, metavar="F",
+    pool.add_argument("--gpu-memory-fraction", type=probability, default=None, metavar="F",
                       help="CUDA: the fraction of the memory free after weights and step "
                            "scratch that the KV pool takes (default: 0.9)")
     g.add_argument("--token-budget", type=positive_int, default=1024,

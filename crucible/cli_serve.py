@@ -13,7 +13,8 @@ import signal
 import sys
 
 from crucible.backend.select import resolve_device
-from crucible.cli_args import Parser, add_pool_options
+from crucible.cli_args import (Parser, add_pool_options, int_in, non_negative_int, positive_float,
+                               positive_int)
 from crucible.engine.factory import build_engine
 from crucible.engine.settings import Settings
 from crucible.errors import CrucibleError
@@ -25,45 +26,11 @@ from crucible.server.state import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_RESPONSE
 log = logging.getLogger("crucible.server")
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return v
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-
-
-def _port(text: str) -> int:
-    v = _int(text)
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {v}")
-    return v
-
-
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="llm-engine serve",
                description="Serve a model over HTTP (native, OpenAI and Anthropic APIs).")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=_port, default=8000, help="TCP port; 0 picks a free one")
+    p.add_argument("--port", type=int_in(0, 65535), default=8000, help="TCP port; 0 picks a free one")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="model name, .gguf path or HF directory")
     p.add_argument("--served-model-name", default=None,
@@ -73,22 +40,23 @@ def parser() -> argparse.ArgumentParser:
                         "before listening")
     p.add_argument("--weights", default="int8", choices=("int8", "f32"),
                    help="linear-layer weights: int8 per-channel or f32")
-    p.add_argument("--max-queue", type=_positive, default=64,
+    p.add_argument("--max-queue", type=positive_int, default=64,
                    help="waiting-queue bound; beyond it requests get 429 at once")
     add_pool_options(p.add_argument_group("pool and scheduler"))
-    p.add_argument("--seed", type=_int, default=0, help="base seed for unseeded requests")
+    p.add_argument("--seed", type=non_negative_int, default=0,
+                   help="base seed for unseeded requests")
     p.add_argument("--api-key", default=None,
                    help="require this key (Bearer or x-api-key); without one the API is open")
     lim = p.add_argument_group("request limits (docs/serving.md)")
-    lim.add_argument("--max-body-bytes", type=_positive, default=MAX_BODY_BYTES,
+    lim.add_argument("--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES,
                      help="largest request body, after Content-Encoding (413 beyond it)")
-    lim.add_argument("--read-timeout", type=_seconds, default=READ_TIMEOUT_S,
+    lim.add_argument("--read-timeout", type=positive_float, default=READ_TIMEOUT_S,
                      help="seconds for a request's headers to arrive, for a body to make "
                           "progress, and for an idle keep-alive connection")
-    lim.add_argument("--max-connections", type=_positive, default=MAX_CONNECTIONS,
+    lim.add_argument("--max-connections", type=positive_int, default=MAX_CONNECTIONS,
                      help="open connections; beyond it the oldest idle one is closed, or the "
                           "new one gets 503 when all are busy")
-    lim.add_argument("--max-response-entries", type=_positive, default=MAX_RESPONSE_ENTRIES,
+    lim.add_argument("--max-response-entries", type=positive_int, default=MAX_RESPONSE_ENTRIES,
                      help="per-request budget of n x max_tokens x (1 + top_logprobs)")
     p.add_argument("--log-level", default="info", type=str.lower,
                    choices=("debug", "info", "warning", "error", "critical"),
