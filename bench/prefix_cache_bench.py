@@ -97,8 +97,7 @@ def fresh_llm(model: LoadedModel, args: argparse.Namespace, cache_size: int | No
 
 def collect() -> None:
     """Once the last LLM is dropped: collect it before the next is built, so on CUDA its
-    pool is free to size the next one's (build_engine's gc.freeze would keep cycles)."""
-    gc.unfreeze()
+    pool is free to size the next one's."""
     gc.collect()
 
 

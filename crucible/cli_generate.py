@@ -23,6 +23,7 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
                                  token_budget=args.token_budget, chunk_cap=args.chunk_cap,
                                  max_running=args.max_running)
     engine, info = factory.build_engine(args.model, settings)
+    factory.freeze_startup()
     print(f"crucible: {info.pool}", file=sys.stderr)
     if info.device == "cuda":  # say which attention kernel runs
         print(f"crucible: {startup_report(parse_variant(info.attention))}", file=sys.stderr)

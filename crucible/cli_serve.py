@@ -15,7 +15,7 @@ import sys
 from crucible.backend.select import resolve_device
 from crucible.cli_args import (Parser, add_pool_options, int_in, non_negative_int, positive_float,
                                positive_int)
-from crucible.engine.factory import build_engine
+from crucible.engine.factory import build_engine, freeze_startup
 from crucible.engine.settings import Settings
 from crucible.errors import CrucibleError
 from crucible.model.fetch import DEFAULT_MODEL
@@ -64,6 +64,12 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _built(model: str, settings: Settings):
+    built = build_engine(model, settings)
+    freeze_startup()  # this process serves one engine for its whole life
+    return built
+
+
 async def _serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env(device=args.device, weights=args.weights,
                                  num_pages=args.num_pages, kv_cache_memory=args.kv_cache_memory,
@@ -78,7 +84,7 @@ async def _serve(args: argparse.Namespace) -> int:
                                      max_connections=args.max_connections,
                                      max_response_entries=args.max_response_entries))
     runner, port, load = await start_server(state, args.host, args.port,
-                                            lambda: build_engine(args.model, settings))
+                                            lambda: _built(args.model, settings))
     log.info("listening on http://%s:%d (loading %s on %s, %s weights)", args.host, port,
              args.model, args.resolved_device, args.weights)
     stop = asyncio.Event()

@@ -101,9 +101,14 @@ def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngin
                       max_queue=cfg.max_queue, max_running=cfg.max_running,
                       attention=settings.attention if device == "cuda"
                       else "numpy reference order")
-    # The model, tokenizer and tables are hundreds of thousands of long-lived objects; every
-    # full collection during serving would walk them again. Freezing what exists now keeps
-    # the collector to what steps allocate (the same reason other engines do it at start).
+    return engine, info
+
+
+def freeze_startup() -> None:
+    """For a process that owns its engine (the CLI, the server), once it is built: the
+    model, tokenizer and tables are long-lived objects that every full collection would
+    walk again; frozen, the collector sees only what steps allocate. Not done for an
+    embedded ``LLM``: frozen objects in reference cycles are never freed, so an
+    application that drops an engine would keep its memory (its GPU pool included)."""
     gc.collect()
     gc.freeze()
-    return engine, info
