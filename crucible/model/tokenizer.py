@@ -60,11 +60,13 @@ class Tokenizer:
         """Token ids of ``text``; special tokens in it parse as their ids.
 
         ``add_bos=None`` follows the model. A BOS already at the start (e.g. written by the
-        chat template) is not doubled.
+        chat template) is not doubled. Encoded through the batch call, which gives the same
+        ids and releases the GIL while it runs (the single-text call holds it), so a long
+        text encoded in a worker thread does not stall the event loop.
         """
         if not isinstance(text, str):
             raise RequestError(f"text to encode must be a string, got {type(text).__name__}")
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
         want_bos = self.add_bos if add_bos is None else add_bos
         if want_bos:
             if self.bos_token_id is None:

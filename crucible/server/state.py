@@ -44,21 +44,6 @@ class ServerConfig:
     max_response_entries: int = MAX_RESPONSE_ENTRIES
 
 
-def encode_releasing_gil(tok: Any, text: str, add_bos: bool | None = None) -> list[int]:
-    """``tok.encode(text, add_bos)`` with the same ids, through the Rust tokenizer's batch call,
-    which releases the GIL while it runs (its single-text encode does not), so a long prompt
-    tokenised in a worker thread does not stall the event loop."""
-    backend = getattr(tok, "backend", None)
-    want_bos = getattr(tok, "add_bos", False) if add_bos is None else add_bos
-    bos = getattr(tok, "bos_token_id", None)
-    if backend is None or not hasattr(backend, "encode_batch") or (want_bos and bos is None):
-        return tok.encode(text, add_bos=add_bos)
-    ids = list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
-    if want_bos and (not ids or ids[0] != bos):
-        ids.insert(0, bos)
-    return ids
-
-
 class RequestTokens:
     """Token counts of one HTTP request, for its access-log line (app.access_mw).
 
@@ -135,7 +120,7 @@ class ServerState:
             if len(text) < TOKENIZE_IN_THREAD_CHARS:
                 return tok.encode(text, add_bos=add_bos)
             return await asyncio.get_running_loop().run_in_executor(
-                self.tokenize_pool, encode_releasing_gil, tok, text, add_bos)
+                self.tokenize_pool, tok.encode, text, add_bos)
         except (TypeError, UnicodeError):  # read_json refuses lone surrogates; belt and braces
             raise bad_request(f"'{field}' is not valid Unicode text", field) from None
 
