@@ -56,6 +56,12 @@ class AsyncLLMEngine:
         self._wake.set()
         return rid, queue
 
+    @property
+    def num_pending(self) -> int:
+        """Accepted requests the worker has not moved into the scheduler yet (a racy read,
+        for monitoring: the queue bound counts them)."""
+        return len(self._adds)
+
     def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
                  request_id: str | None = None) -> AsyncIterator[RequestDelta]:
         """Register now (so a refusal raises here, at once) and stream the increments."""

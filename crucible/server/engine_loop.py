@@ -80,7 +80,7 @@ class EngineLoop:
         preempted = self._preempted_waiting()
         # Accepted adds the worker has not moved into the scheduler yet (it is inside a
         # step) wait too: the queue bound counts them, so the peaks must as well.
-        pending = len(getattr(self.async_engine, "_adds", ()))
+        pending = self.async_engine.num_pending
         waiting = st["waiting"] + pending
         self.pages_peak = max(self.pages_peak, used)
         self.waiting_peak = max(self.waiting_peak, waiting)
