@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from crucible.step.rows import RowSampling, plain_row
+from crucible.step.rows import RowSampling
 from crucible.step.batch import SegmentSpec
 from crucible.engine.request import RequestStatus
 from crucible.engine.scheduler import ScheduledSlice
@@ -68,13 +68,13 @@ def plan_chained(cur: Launched, running: list, has_waiting: bool, allocator: Any
         k += 1
         if num_output >= req.params.max_tokens or pos + 1 >= max_context:
             continue  # step t ends this request for sure
-        if req.plain is None or num_output < req.params.min_tokens \
-                or not req.page_table.grow(allocator, pos + 1):
+        row = req.plain_row(len(rows), num_output)
+        if row is None or not req.page_table.grow(allocator, pos + 1):
             return None  # penalties / min_tokens read the new token; or no page is free
         slices.append(ScheduledSlice(req, pos, 1, (), True))
         # Token 0 stands in for the id the device feeds; the page list is shared as usual.
         specs.append(SegmentSpec(req.request_id, [0], pos, req.page_table.pages, (0,)))
-        rows.append(plain_row(req.plain, len(rows), num_output))
+        rows.append(row)
         feed.append(k - 1)
     if not slices or len(slices) > max_rows:
         return None

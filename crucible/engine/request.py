@@ -14,7 +14,7 @@ from typing import Any
 
 from crucible.engine.pages import PageTable
 from crucible.engine.sampling import SamplingParams
-from crucible.step.rows import plain_fields
+from crucible.step.rows import RowSampling, plain_fields, plain_row
 
 
 class RequestStatus(enum.Enum):
@@ -136,6 +136,14 @@ class Request:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    def plain_row(self, logits_row: int, num_output: int) -> RowSampling | None:
+        """Its sampling row after ``num_output`` generated tokens when the row carries no
+        entries (no penalty, ``min_tokens`` met), else None (``row_sampling`` reads the
+        history then)."""
+        if self.plain is None or num_output < self.params.min_tokens:
+            return None
+        return plain_row(self.plain, logits_row, num_output)
 
     def sampler_history(self) -> tuple[list[int], list[int]]:
         """(prompt, output) as a sampler reads them. The prompt matters only to the

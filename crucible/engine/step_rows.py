@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from crucible.step.rows import RowSampling, plain_row, row_sampling
+from crucible.step.rows import RowSampling, row_sampling
 from crucible.step.batch import PackedBatch
 from crucible.engine.request import Request
 from crucible.engine.sampling import SampleResult, sample_row
@@ -70,11 +70,8 @@ def sampling_rows(slices: Sequence[ScheduledSlice], vocab_size: int
             host_rows += range(row, row + n)
         if sl.sample:
             req = sl.request
-            num_output = len(req.token_ids) - req.num_prompt_tokens
-            meta = None
-            if req.plain is not None and num_output >= req.params.min_tokens:
-                meta = plain_row(req.plain, row + n, num_output)
-            else:  # penalties or min_tokens masking: they read the history
+            meta = req.plain_row(row + n, len(req.token_ids) - req.num_prompt_tokens)
+            if meta is None:  # penalties or min_tokens masking: they read the history
                 prompt, output = req.sampler_history()
                 meta = row_sampling(row + n, req.params, prompt=prompt, output=output,
                                     seed=req.seed, stop_ids=req.stop_ids,
