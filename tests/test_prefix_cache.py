@@ -235,3 +235,19 @@ def test_cache_settings() -> None:
         for bad in ("0", "-3", "many", ""):
             with pytest.raises(ConfigError, match=f"{var} must be a whole number >= 1"):
                 Settings.from_env({var: bad})
+
+
+def test_d10_a_change_of_arithmetic_clears_the_cache(model, monkeypatch) -> None:
+    """Switching how the backend computes (on the GPU: the attention variant) empties the
+    cache before the next step, so no page of the old arithmetic is ever read."""
+    rng = np.random.default_rng(8)
+    shared = ids(rng, 48, model.config.vocab_size)
+    warm = llm(model)
+    eng = warm.engine
+    warm.generate([shared + [1]], GREEDY)
+    assert eng.prefix_cache.num_pages > 0
+    same = warm.generate([shared + [2]], GREEDY)
+    assert same[0].num_cached_tokens == 48  # the control: unchanged, it hits
+    monkeypatch.setattr(type(eng.runner.backend), "arithmetic", property(lambda self: "other"))
+    got = warm.generate([shared + [3]], GREEDY)
+    assert got[0].num_cached_tokens == 0 and eng.cache_stats()["cache_evictions"] > 0

@@ -50,6 +50,10 @@ class CupyBackend:
         self._linear: dict[str, DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
+    @property
+    def arithmetic(self) -> str:
+        return f"cupy-{self.variant.name}"
+
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
         cp = _cp()
         cfg = self.cfg = geometry

@@ -69,6 +69,11 @@ class NumpyBackend:
         self.v_pool: np.ndarray | None = None
 
     @property
+    def arithmetic(self) -> str:
+        # AVX2 and the portable kernels give the same bits; the BLAS tiles do not.
+        return "numpy-compiled" if self.compiled else "numpy-blas-tiles"
+
+    @property
     def kernel(self) -> str:
         """'avx2', 'scalar' (compiled) or 'blas-tiles': what the forward runs on."""
         return cpu_ext.kernel_name(self.scalar) if self.compiled else "blas-tiles"

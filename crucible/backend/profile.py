@@ -48,6 +48,10 @@ class ProfiledBackend:
         self.marks: list[tuple[str, Any, Any]] = []
         self.totals: dict[str, float] = defaultdict(float)
 
+    @property
+    def arithmetic(self) -> str:
+        return self.be.arithmetic
+
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
         self.be.load_weights(geometry, weights)
 

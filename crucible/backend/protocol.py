@@ -77,6 +77,11 @@ class Backend(Protocol):
     name: str  # "numpy" | "cupy" (a wrapper reports the backend it wraps)
     device: str  # "cpu" | "cuda"
 
+    @property
+    def arithmetic(self) -> str:
+        """What decides the bits of its results besides the model (kernel family, attention
+        variant): two backends with the same value compute the same bits."""
+
     # --- set-up (once) ---
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None: ...
     def allocate_pool(self, num_pages: int) -> None: ...

@@ -151,6 +151,8 @@ class LLMEngine:
         while True:
             cur = self._inflight
             if cur is None:
+                if self.prefix_cache is not None:
+                    self.prefix_cache.follow(self.runner.backend.arithmetic)
                 plan = self.scheduler.schedule()
                 if not plan.slices:
                     return []

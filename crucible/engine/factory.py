@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from crucible.backend.select import make_backend, resolve_device
 from crucible.backend.protocol import Backend
 from crucible.engine.engine import LLMEngine
-from crucible.backend.numpy_backend import NumpyBackend
 from crucible.engine.pool_size import PoolSize, page_bytes, pool_size
-from crucible.engine.prefix_cache import PrefixCache, namespace_key
+from crucible.engine.prefix_cache import PrefixCache
 from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
 from crucible.errors import ConfigError
@@ -53,13 +52,6 @@ def load(model: str | LoadedModel, settings: Settings) -> LoadedModel:
     return load_model(model, settings.weights, settings.cache_dir)
 
 
-def arithmetic(backend: Backend, settings: Settings) -> str:
-    """What decides a cached page's bits besides the model: the backend and its kernels."""
-    if isinstance(backend, NumpyBackend):
-        return "numpy-compiled" if backend.compiled else "numpy-blas-tiles"
-    return f"{backend.name}-{settings.attention}"
-
-
 def prefix_cache(settings: Settings, model: LoadedModel, backend: Backend,
                  num_pages: int) -> PrefixCache | None:
     """The prefix cache the settings ask for (None: off), its namespace this model, its
@@ -70,9 +62,8 @@ def prefix_cache(settings: Settings, model: LoadedModel, backend: Backend,
     pages = num_pages if size is None else min(num_pages, size // page_bytes(model.config))
     if pages < 1:
         return None
-    base = namespace_key(CACHE_FORMAT, model.fingerprint, model.weights_mode,
-                         arithmetic(backend, settings)).hex()
-    return PrefixCache(base, pages, settings.prefix_cache_max_tokens,
+    return PrefixCache((CACHE_FORMAT, model.fingerprint, model.weights_mode),
+                       backend.arithmetic, pages, settings.prefix_cache_max_tokens,
                        settings.prefix_cache_entries, page_bytes(model.config))
 
 

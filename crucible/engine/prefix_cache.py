@@ -68,7 +68,8 @@ class _Entry:
 class PrefixCache:
     """The index over the page pool; the allocator calls ``forget`` before reusing a page."""
 
-    base: str  # the namespace without the salt (model, weights, arithmetic)
+    parts: tuple[str, ...]  # the namespace's fixed parts: format, model, weight mode
+    arithmetic: str  # the backend's (Backend.arithmetic); a change clears the cache
     max_pages: int  # resident budget in pages
     max_tokens: int = 8192  # longest retained prefix per chain
     max_entries: int = 4096  # most retained chains (roots)
@@ -83,6 +84,19 @@ class PrefixCache:
         self._roots_cache: dict[str | None, bytes] = {}
 
     # -- identity --------------------------------------------------------------------------
+    @property
+    def base(self) -> str:
+        """The namespace without the salt."""
+        return namespace_key(*self.parts, self.arithmetic).hex()
+
+    def follow(self, arithmetic: str) -> None:
+        """The backend now computes with ``arithmetic`` (an attention variant switch): when
+        that changed, nothing cached is valid any more."""
+        if arithmetic != self.arithmetic:
+            self.clear()
+            self.arithmetic = arithmetic
+            self._roots_cache.clear()
+
     def root(self, salt: str | None) -> bytes:
         key = self._roots_cache.get(salt)
         if key is None:
