@@ -6,9 +6,11 @@
 // segs int4[S] = (packed_start, chunk_len, absolute_start, table_index); tables
 // int32[S][table_stride]. Query head h reads KV head h / (n_heads / n_kv_heads).
 //
-// Thread mapping: grid (n_heads / G, T), 256 threads; one CTA per (G consecutive query heads
-// of one KV head, row). G = 1 is one CTA per (head, row) like the reference, best when the
-// step has few rows; G = the group size reads each K/V row once for all the heads sharing
+// Thread mapping: grid (n_heads / G, S), 256 threads; one CTA per (G consecutive query heads
+// of one KV head, one-row segment). Segment i's row is q/out row segs[i].x: in a decode step
+// that is row i; a mixed step launches this kernel over its one-row segments alone.
+// G = 1 is one CTA per (head, row) like the reference, best when the step has few rows;
+// G = the group size reads each K/V row once for all the heads sharing
 // it, best for large batches. What changes is who computes what, never the arithmetic:
 //   - page-table entries of the row's history are staged in shared memory once;
 //   - QK: thread j loads key j's 64 floats (16 float4) once and replays, for the G heads
@@ -63,7 +65,10 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     __shared__ CruSoftmaxScratch<G> sm;
     const int head0 = blockIdx.x * G, row = blockIdx.y, tid = threadIdx.x;
     if (row >= n_segs) return;
-    const int4 sd = segs[row];  // decode: segment `row` is row `row` (one row each)
+    // Segment `row` is one row, packed at sd.x: in a decode step sd.x == row; in a mixed
+    // step the host hands this kernel only the one-row segments, wherever they are packed.
+    const int4 sd = segs[row];
+    const long long prow = sd.x;
     const int len = sd.z + 1;
     const int kvh = head0 / (n_heads / n_kv_heads), kv_dim = n_kv_heads * CRU_HEAD_DIM;
     const int* table = tables + (long long)sd.w * table_stride;
@@ -97,7 +102,7 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     cru_pdl_trigger();
     if (tid < G * CRU_HEAD_DIM)
         q_s[tid >> 6][cru_dec_q_slot(tid & 63)] =
-            q[((long long)row * n_heads + head0) * CRU_HEAD_DIM + tid];
+            q[(prow * n_heads + head0) * CRU_HEAD_DIM + tid];
     if (G == 1) cru_dec_load_v(vr, v_pool, tab, 0, hist, len, n_layers, layer, kv_dim, kvh);
     // QK: thread j scores keys j, j + 256, ... The first key's loads are issued before the
     // barrier that publishes q_s, so their latency overlaps q's instead of following it.
@@ -147,7 +152,7 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
 #pragma unroll
         for (int g = 0; g < G; ++g) {
             const float o = __fmul_rn(acc[g], sm.inv[g]);
-            out[((long long)row * n_heads + head0 + g) * CRU_HEAD_DIM + d] = o;
+            out[(prow * n_heads + head0 + g) * CRU_HEAD_DIM + d] = o;
             if (OW != 0) q_s[g][d] = o;  // q is dead: its slots now hold the output
         }
     }

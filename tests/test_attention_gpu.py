@@ -55,3 +55,46 @@ def test_online_is_a_real_negative_control() -> None:
     assert bool((exact.view(cp.uint32) == ref.view(cp.uint32)).all())
     assert not bool((online.view(cp.uint32) == ref.view(cp.uint32)).all())
     assert float(cp.abs(online - ref).max()) < 1e-4
+
+
+# Decode rows interleaved with prefill slices, as the scheduler packs a busy step: the split
+# launch (decode kernel + tiled kernel) must give the single launch's and the reference's
+# bits; nothing may stay unwritten (outputs start as NaN).
+MIXED = Case("mixed", 9, 3, ((300, 1), (0, 70), (811, 1), (5, 1), (64, 33), (1000, 1),
+                             (129, 1)), pages="interleaved", seed=7)
+
+
+def _split(segs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    one = segs[:, 1] == 1
+    return np.ascontiguousarray(segs[one]), np.ascontiguousarray(segs[~one])
+
+
+def _capacity(segs: np.ndarray) -> int:
+    from crucible.kernels.variants import score_capacity
+
+    return score_capacity(int((segs[:, 2] + segs[:, 1]).max()))
+
+
+def test_mixed_step_split_matches_one_launch() -> None:
+    from crucible.checks.attention_cases import LAYER, build
+    from crucible.checks.attention_check import run_variant, to_device
+    from crucible.kernels.attention import paged_attention_mixed
+
+    host = build(MIXED)
+    d = to_device(host)
+    single, multi = _split(host.segments)
+    ref, _ = run_variant(Variant("reference"), d)
+    one, plan = run_variant(parse_variant("exact-q4-k64"), d)
+    assert not plan.decode  # the single launch is the tiled kernel over every segment
+    out = cp.full(d["q"].shape, cp.nan, dtype=cp.float32)
+    tiled, dec = paged_attention_mixed(
+        d["q"], d["k"], d["v"], LAYER, cp.asarray(single), cp.asarray(multi), d["tables"], out,
+        n_heads=9, n_kv_heads=3, multi_max_chunk=int(multi[:, 1].max()),
+        single_capacity=_capacity(single), multi_capacity=_capacity(multi))
+    assert dec.decode and not tiled.decode
+    assert bool(cp.isfinite(out).all())
+    assert bool((out.view(cp.uint32) == one.view(cp.uint32)).all())
+    assert bool((out.view(cp.uint32) == ref.view(cp.uint32)).all())
+    # Negative control: the online variant over the same step differs from those bits.
+    online, _ = run_variant(Variant("online", 2, 32), d)
+    assert not bool((online.view(cp.uint32) == out.view(cp.uint32)).all())

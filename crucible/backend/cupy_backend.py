@@ -262,10 +262,21 @@ class CupyBackend:
         return q
 
     def attention(self, q: Any, layer: int, meta: CupyMeta) -> Any:
-        from crucible.kernels.attention import paged_attention
+        from crucible.kernels.attention import paged_attention, paged_attention_mixed
 
         cfg = self.cfg
         out = self.new(q.shape)
+        mixed = meta.mixed
+        if mixed is not None and self.variant.family == "exact":
+            # Decode rows to the decode kernel, prefill slices to the tiled one (same bits).
+            paged_attention_mixed(q, self.k_pool, self.v_pool, layer, mixed.single,
+                                  mixed.multi, meta.page_tables, out, n_heads=cfg.n_heads,
+                                  n_kv_heads=cfg.n_kv_heads,
+                                  multi_max_chunk=mixed.multi_max_chunk,
+                                  single_capacity=mixed.single_capacity,
+                                  multi_capacity=mixed.multi_capacity, variant=self.variant,
+                                  pdl=self.options.pdl)
+            return out
         paged_attention(q, self.k_pool, self.v_pool, layer, meta.segments, meta.page_tables,
                         out, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                         max_chunk=meta.max_chunk, score_capacity=meta.score_capacity,

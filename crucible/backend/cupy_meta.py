@@ -17,6 +17,20 @@ from crucible.step.batch import PackedBatch
 
 
 @dataclass(frozen=True)
+class MixedSegments:
+    """A mixed step's segments cut in two for attention (kernels/attention.py
+    ``paged_attention_mixed``): the one-row segments (running decodes) go to the decode
+    kernel, the rest (prefill slices) to the tiled one. Each keeps its own longest chunk
+    and score capacity, so neither launch is sized by the other's rows."""
+
+    single: Any  # int32 [D, 4] device view
+    multi: Any  # int32 [S - D, 4] device view
+    multi_max_chunk: int
+    single_capacity: int
+    multi_capacity: int
+
+
+@dataclass(frozen=True)
 class CupyMeta:
     num_rows: int
     token_ids: Any
@@ -34,6 +48,7 @@ class CupyMeta:
     # feed[t] >= 0, i.e. from the previous step's sampled ids still on the device.
     feed: Any = None
     fed: Any = None
+    mixed: MixedSegments | None = None  # set when the step has both kinds of segment
 
 
 def split(dev: Any, sizes: Sequence[int]) -> list[Any]:
@@ -45,6 +60,12 @@ def split(dev: Any, sizes: Sequence[int]) -> list[Any]:
     return views
 
 
+def _capacity(segments: np.ndarray) -> int:
+    from crucible.kernels.variants import score_capacity
+
+    return score_capacity(int((segments[:, 2] + segments[:, 1]).max()))
+
+
 def device_meta(batch: PackedBatch) -> CupyMeta:
     """An eager step's metadata: built on the host, uploaded in one copy."""
     import cupy as cp
@@ -52,13 +73,24 @@ def device_meta(batch: PackedBatch) -> CupyMeta:
     from crucible.kernels.variants import score_capacity
 
     slots = batch.slot_mapping()
+    segs = batch.segments
     parts = [batch.token_ids, batch.positions, (slots >> 4), (slots & 15),
-             batch.segments.ravel(), batch.page_tables.ravel(), batch.final_rows]
+             segs.ravel(), batch.page_tables.ravel(), batch.final_rows]
+    one = segs[:, 1] == 1
+    n_single = int(one.sum())
+    cut = 0 < n_single < segs.shape[0]
+    if cut:  # the two halves ride in the same upload
+        single, multi = segs[one], segs[~one]
+        parts += [single.ravel(), multi.ravel()]
     host = np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
     v = split(cp.asarray(host), [len(p) for p in parts])  # the step's one upload
     t = batch.num_rows
     finals = np.asarray(batch.final_rows)
     all_final = finals.shape[0] == t and bool((finals == np.arange(t)).all())
-    return CupyMeta(t, v[0], v[1], v[2], v[3], v[4].reshape(batch.segments.shape),
+    mixed = None
+    if cut:
+        mixed = MixedSegments(v[7].reshape(single.shape), v[8].reshape(multi.shape),
+                              int(multi[:, 1].max()), _capacity(single), _capacity(multi))
+    return CupyMeta(t, v[0], v[1], v[2], v[3], v[4].reshape(segs.shape),
                     v[5].reshape(batch.page_tables.shape), v[6], int(finals.shape[0]),
-                    batch.max_chunk, score_capacity(batch.max_end), all_final)
+                    batch.max_chunk, score_capacity(batch.max_end), all_final, mixed=mixed)

@@ -114,14 +114,13 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
     requested = parse_variant(variant) if isinstance(variant, str) else variant
     plan = plan_launch(requested, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=HEAD_DIM,
                        capacity=score_capacity, smem_limit=smem_optin_limit(),
-                       decode=max_chunk == 1 and segments.shape[0] == q.shape[0],
-                       rows=q.shape[0], sm_count=sm_count())
+                       decode=max_chunk == 1, rows=segments.shape[0], sm_count=sm_count())
     kernel = decode_kernel(plan.decode_heads) if plan.decode else attention_kernel(plan.variant)
     ensure_dynamic_smem(kernel, plan.smem_bytes)
     i32 = np.int32
     n_layers, stride = k_pool.shape[1], page_tables.shape[1]
     if plan.decode:
-        grid = (n_heads // plan.decode_heads, q.shape[0], 1)
+        grid = (n_heads // plan.decode_heads, segments.shape[0], 1)
         args = decode_args(q, k_pool, v_pool, layer, segments, page_tables, out, n_heads,
                            n_kv_heads, score_capacity)
     elif plan.variant.family == "reference":
@@ -138,6 +137,27 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
     else:
         kernel(grid, (plan.threads, 1, 1), args, shared_mem=plan.smem_bytes)
     return plan
+
+
+def paged_attention_mixed(q: Any, k_pool: Any, v_pool: Any, layer: int, single: Any,
+                          multi: Any, page_tables: Any, out: Any, *, n_heads: int,
+                          n_kv_heads: int, multi_max_chunk: int, single_capacity: int,
+                          multi_capacity: int, variant: Variant | str = DEFAULT_VARIANT,
+                          pdl: bool = False) -> tuple[LaunchPlan, LaunchPlan]:
+    """A mixed step's attention as two launches over its two kinds of segment: ``single``
+    (one row each: the decode kernel) and ``multi`` (prefill slices: the tiled kernel, sized
+    by their own longest chunk). One launch over all segments would give every decode row
+    a CTA per row tile of the longest prefill chunk, all but one idle, and the tiled
+    kernel's Q-row tiles hold one live row out of Q. Both kernels are bit-identical to the
+    reference, and each row's result depends only on its own segment, so the bits are
+    those of the single launch."""
+    first = paged_attention(q, k_pool, v_pool, layer, multi, page_tables, out,
+                            n_heads=n_heads, n_kv_heads=n_kv_heads, max_chunk=multi_max_chunk,
+                            score_capacity=multi_capacity, variant=variant)
+    second = paged_attention(q, k_pool, v_pool, layer, single, page_tables, out,
+                             n_heads=n_heads, n_kv_heads=n_kv_heads, max_chunk=1,
+                             score_capacity=single_capacity, variant=variant, pdl=pdl)
+    return first, second
 
 
 def decode_args(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,

@@ -1,0 +1,129 @@
+"""Where a packed mixed step's time goes on the GPU (random weights of the default model's
+shapes, so no model file is needed).
+
+    python3 bench/mixed_step.py [--rounds 3] [--json PATH]
+
+Cases: the steps the throughput workload (bench/throughput.py) is made of under load, a
+token budget's worth of decode rows with long histories plus a prefill chunk, and for
+comparison a lone 1,024-token prefill and a pure decode step of 256 rows. Per case:
+  stages   GPU ms per forward stage summed over layers (ProfiledBackend: a spin kernel
+           holds the GPU while the host queues, so these are kernel times back to back),
+           with TFLOP/s for the GEMM stages;
+  gpu_ms   their sum;
+  eager_ms one eager forward's wall time through ModelRunner.forward_device, synchronized
+           (host launches and GPU together: what an eager step costs the engine);
+  host_ms  the host time of queuing that forward (no synchronization);
+  graph_ms the same step through the backend's run_step (a graph replay where the backend
+           has one for its shape), synchronized.
+Figures: min and median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from common import SMOLLM2, stat, write_json
+
+from crucible.backend.profile import ProfiledBackend
+from crucible.engine.runner import ModelRunner
+from crucible.model import llama
+from crucible.model.tiny import tiny_random_model
+from crucible.step.batch import PackedBatch, SegmentSpec, build_packed_batch
+
+# (name, decode rows, their history range, prefill chunk lengths)
+CASES = (
+    ("mixed 1024: 496 decode + 528 prefill", 496, (400, 1200), (528,)),
+    ("mixed 2048: 768 decode + 2x640 prefill", 768, (400, 1200), (640, 640)),
+    ("prefill 1024", 0, (0, 0), (1024,)),
+    ("decode 256", 256, (400, 1200), ()),
+)
+PAGES_PER_ROW = 80  # 1,280 positions: every history above plus its token
+
+
+def make_batch(rng: np.random.Generator, decode: int, hist: tuple[int, int],
+               chunks: tuple[int, ...], vocab: int) -> PackedBatch:
+    specs, page = [], 0
+    for i in range(decode):
+        pos = int(rng.integers(hist[0], hist[1]))
+        specs.append(SegmentSpec(f"d{i}", [int(rng.integers(vocab))], pos,
+                                 list(range(page, page + PAGES_PER_ROW)), [0]))
+        page += PAGES_PER_ROW
+    for j, n in enumerate(chunks):
+        specs.append(SegmentSpec(f"p{j}", rng.integers(0, vocab, n).tolist(), 0,
+                                 list(range(page, page + PAGES_PER_ROW)), [n - 1]))
+        page += PAGES_PER_ROW
+    return build_packed_batch(specs)
+
+
+def gemm_flops(stage: str, t: int, f: int) -> float:
+    h, kv, ffn, layers, vocab = 576, 192, 1536, 30, 49152
+    shapes = {"qkv": (t, h, h + 2 * kv), "o": (t, h, h), "gate_up": (t, h, 2 * ffn),
+              "down": (t, ffn, h), "final": (f, h, vocab)}
+    if stage not in shapes:
+        return 0.0
+    m, k, n = shapes[stage]
+    return 2.0 * m * k * n * (1 if stage == "final" else layers)
+
+
+def measure(runner: ModelRunner, batch: PackedBatch) -> dict[str, Any]:
+    import cupy as cp
+
+    cfg, be = runner.config, runner.backend
+    pb = ProfiledBackend(be)
+    llama.forward(cfg, pb, batch)  # warm-up (compiles)
+    pb.stage_ms()
+    llama.forward(cfg, pb, batch)
+    stages = pb.stage_ms()
+    dev = cp.cuda.Device()
+    runner.forward_device(batch)
+    dev.synchronize()
+    t = time.perf_counter()
+    runner.forward_device(batch)
+    host = time.perf_counter() - t
+    dev.synchronize()
+    eager = time.perf_counter() - t
+    f = int(batch.final_rows.shape[0])
+    out = {"gpu_ms": sum(stages.values()), "eager_ms": eager * 1e3, "host_ms": host * 1e3}
+    for k, v in stages.items():
+        out[f"{k} ms"] = v
+        fl = gemm_flops(k, batch.num_rows, f)
+        if fl:
+            out[f"{k} TFLOP/s"] = fl / (v * 1e-3) / 1e12
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", default="bench/mixed-step.json")
+    args = p.parse_args(argv)
+    model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
+    runner = ModelRunner(model, num_pages=PAGES_PER_ROW * 800, device="cuda")
+    rng = np.random.default_rng(0)
+    batches = {name: make_batch(rng, d, h, c, runner.config.vocab_size)
+               for name, d, h, c in CASES}
+    res: dict[str, dict[str, list[float]]] = {}
+    for r in range(args.rounds):
+        order = list(batches) if r % 2 == 0 else list(batches)[::-1]
+        for name in order:
+            for k, v in measure(runner, batches[name]).items():
+                res.setdefault(name, {}).setdefault(k, []).append(v)
+        print(f"round {r} done", file=sys.stderr, flush=True)
+    summary = {name: {k: stat(v) for k, v in d.items()} for name, d in res.items()}
+    for name, d in summary.items():
+        print(f"{name}: gpu {d['gpu_ms']['median']:.2f} ms, eager {d['eager_ms']['median']:.2f}"
+              f" ms, host {d['host_ms']['median']:.2f} ms", file=sys.stderr)
+    write_json(args.json, {"command": "python3 bench/mixed_step.py "
+                           + " ".join(argv if argv is not None else sys.argv[1:]),
+                           "cases": {n: {"decode_rows": d, "history": list(h),
+                                         "prefill_chunks": list(c)} for n, d, h, c in CASES},
+                           "results": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
