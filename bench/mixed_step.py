@@ -13,8 +13,10 @@ comparison a lone 1,024-token prefill and a pure decode step of 256 rows. Per ca
   eager_ms one eager forward's wall time through ModelRunner.forward_device, synchronized
            (host launches and GPU together: what an eager step costs the engine);
   host_ms  the host time of queuing that forward (no synchronization);
-  graph_ms the same step through the backend's run_step (a graph replay where the backend
-           has one for its shape), synchronized.
+Each mixed case runs twice per round, alternating: as the backend runs it (attention in two
+launches, decode rows and prefill slices apart: kernels/attention.py) and, as the baseline
+"one launch", with the metadata's split removed on this instance so one tiled launch covers
+every segment (the code before the split).
 Figures: min and median over rounds.
 """
 
@@ -69,10 +71,15 @@ def gemm_flops(stage: str, t: int, f: int) -> float:
     return 2.0 * m * k * n * (1 if stage == "final" else layers)
 
 
-def measure(runner: ModelRunner, batch: PackedBatch) -> dict[str, Any]:
+def measure(runner: ModelRunner, batch: PackedBatch, one_launch: bool) -> dict[str, Any]:
+    import dataclasses
+
     import cupy as cp
 
     cfg, be = runner.config, runner.backend
+    if one_launch:
+        prepare = type(be).prepare
+        be.prepare = lambda b: dataclasses.replace(prepare(be, b), mixed=None)
     pb = ProfiledBackend(be)
     llama.forward(cfg, pb, batch)  # warm-up (compiles)
     pb.stage_ms()
@@ -87,6 +94,8 @@ def measure(runner: ModelRunner, batch: PackedBatch) -> dict[str, Any]:
     dev.synchronize()
     eager = time.perf_counter() - t
     f = int(batch.final_rows.shape[0])
+    if one_launch:
+        del be.prepare
     out = {"gpu_ms": sum(stages.values()), "eager_ms": eager * 1e3, "host_ms": host * 1e3}
     for k, v in stages.items():
         out[f"{k} ms"] = v
@@ -106,14 +115,22 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     batches = {name: make_batch(rng, d, h, c, runner.config.vocab_size)
                for name, d, h, c in CASES}
+    runs = [(name, False) for name in batches]
+    runs += [(name, True) for name, d, _, c in CASES if d and c]  # mixed: the baseline
     res: dict[str, dict[str, list[float]]] = {}
     for r in range(args.rounds):
-        order = list(batches) if r % 2 == 0 else list(batches)[::-1]
-        for name in order:
-            for k, v in measure(runner, batches[name]).items():
-                res.setdefault(name, {}).setdefault(k, []).append(v)
+        for name, one in runs if r % 2 == 0 else runs[::-1]:
+            label = name + (" (one launch)" if one else "")
+            for k, v in measure(runner, batches[name], one).items():
+                res.setdefault(label, {}).setdefault(k, []).append(v)
         print(f"round {r} done", file=sys.stderr, flush=True)
-    summary = {name: {k: stat(v) for k, v in d.items()} for name, d in res.items()}
+    summary: dict[str, Any] = {name: {k: stat(v) for k, v in d.items()}
+                               for name, d in res.items()}
+    for name, d, _, c in CASES:
+        if d and c:
+            a, b = res[name], res[name + " (one launch)"]
+            summary[name]["one_launch_over_split"] = stat(
+                [x / y for x, y in zip(b["gpu_ms"], a["gpu_ms"])])
     for name, d in summary.items():
         print(f"{name}: gpu {d['gpu_ms']['median']:.2f} ms, eager {d['eager_ms']['median']:.2f}"
               f" ms, host {d['host_ms']['median']:.2f} ms", file=sys.stderr)
