@@ -74,14 +74,14 @@ def device_meta(batch: PackedBatch) -> CupyMeta:
 
     slots = batch.slot_mapping()
     segs = batch.segments
-    parts = [batch.token_ids, batch.positions, (slots >> 4), (slots & 15),
-             segs.ravel(), batch.page_tables.ravel(), batch.final_rows]
     one = segs[:, 1] == 1
     n_single = int(one.sum())
     cut = 0 < n_single < segs.shape[0]
-    if cut:  # the two halves ride in the same upload
-        single, multi = segs[one], segs[~one]
-        parts += [single.ravel(), multi.ravel()]
+    # The kernels read segments as int4: every segment array starts 16-byte aligned, so
+    # they all follow the four [T] columns (4T ints) back to back, before anything else.
+    single, multi = (segs[one], segs[~one]) if cut else (segs[:0], segs[:0])
+    parts = [batch.token_ids, batch.positions, (slots >> 4), (slots & 15), segs.ravel(),
+             single.ravel(), multi.ravel(), batch.page_tables.ravel(), batch.final_rows]
     host = np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
     v = split(cp.asarray(host), [len(p) for p in parts])  # the step's one upload
     t = batch.num_rows
@@ -89,8 +89,8 @@ def device_meta(batch: PackedBatch) -> CupyMeta:
     all_final = finals.shape[0] == t and bool((finals == np.arange(t)).all())
     mixed = None
     if cut:
-        mixed = MixedSegments(v[7].reshape(single.shape), v[8].reshape(multi.shape),
+        mixed = MixedSegments(v[5].reshape(single.shape), v[6].reshape(multi.shape),
                               int(multi[:, 1].max()), _capacity(single), _capacity(multi))
     return CupyMeta(t, v[0], v[1], v[2], v[3], v[4].reshape(segs.shape),
-                    v[5].reshape(batch.page_tables.shape), v[6], int(finals.shape[0]),
+                    v[7].reshape(batch.page_tables.shape), v[8], int(finals.shape[0]),
                     batch.max_chunk, score_capacity(batch.max_end), all_final, mixed=mixed)
