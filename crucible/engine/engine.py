@@ -69,6 +69,9 @@ class LLMEngine:
         self.max_context = runner.config.max_context
         self.vocab_size = runner.config.vocab_size
         self.eos_ids: tuple[int, ...] = tuple(tokenizer.stop_token_ids) if tokenizer else ()
+        # False: deltas carry ids only and stop strings are not checked here, because the
+        # caller detokenises itself (the server's engine process: its front does both).
+        self.detokenize = True
         self.requests: dict[str, Request] = {}  # unfinished requests only
         self._seed_base = seed
         self._counter = itertools.count()  # arrivals: request ids and derived seeds
@@ -122,7 +125,8 @@ class LLMEngine:
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use")
         seed = params.seed if params.seed is not None else derive_seed(self._seed_base, arrival)
-        text = self.tokenizer if not final_only or params.stop else None
+        text = self.tokenizer if self.detokenize and (not final_only or params.stop) \
+            else None
         req = Request(rid, [int(t) for t in prompt_token_ids], params, seed=seed,
                       arrival=arrival, eos_ids=self.eos_ids, tokenizer=text)
         req.final_only = final_only
