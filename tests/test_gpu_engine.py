@@ -89,8 +89,9 @@ def test_mixed_step_split_attention_equals_one_launch() -> None:
     vocab, specs, page = runner.config.vocab_size, [], 0
     for i, (start, n) in enumerate(((301, 1), (0, 37), (77, 1), (16, 21), (500, 1), (9, 1))):
         tok = rng.integers(0, vocab, n).tolist()
-        specs.append(SegmentSpec(f"r{i}", tok, start, list(range(page, page + 40)), [n - 1]))
-        page += 40
+        # 32 pages: the tiny model's whole context (512), the widest table a graph holds
+        specs.append(SegmentSpec(f"r{i}", tok, start, list(range(page, page + 32)), [n - 1]))
+        page += 32
     batch = build_packed_batch(specs)
     # Histories: every row's earlier positions hold K/V written by a prefill of its own.
     for s in specs:
