@@ -3,8 +3,9 @@
 gpu-graph-check   decode steps replayed from CUDA graphs (padded up to a bucket), and lone
                   prefills replayed from singleton prefill graphs, == the same steps run
                   eagerly, bitwise. Two runners (graphs on / graphs off) run the
-                  same schedule: the live batch walks through sizes 1..64 across the bucket
-                  edges (8/9, 15/16/17, 23/24/25, 31/32/33, 47/48/49, 63/64) for ``--steps``
+                  same schedule: the live batch walks through sizes 1..512 across the bucket
+                  edges (8/9, 15/16/17, ..., 63/64/65, 96/97, 128/129, 256/257,
+                  384/385, 512) for ``--steps``
                   decode steps each; between steps requests finish (their budget is spent, or
                   one is cut off) and new ones join on the freed pages at once, their prefill in
                   a step of its own. On the GPU every decode step must also be a replay. Where
@@ -34,7 +35,7 @@ from crucible.checks.pipeline_check import check_pipeline
 from crucible.engine.runner import ModelRunner
 
 GRAPH_SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 32, 33, 47, 48, 49, 63, 64,
-               17, 1)
+               65, 96, 97, 129, 200, 257, 384, 385, 512, 17, 1)
 PROMPT_LENGTHS = (1, 2, 5, 15, 16, 17, 31, 33, 64, 100)
 NO_GRAPHS = "graphs: not available on this device, checked eager only"
 
@@ -144,7 +145,7 @@ def graph_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llm-engine gpu-graph-check")
     add_common(p, steps=3)
     p.add_argument("--sizes", type=int, nargs="+", default=list(GRAPH_SIZES),
-                   help="live batch sizes in order (at most 64: the largest bucket)")
+                   help="live batch sizes in order (at most 512: the largest bucket)")
     args = p.parse_args(argv)
     t0 = time.time()
     model = load(args)
