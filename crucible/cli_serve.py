@@ -1,5 +1,8 @@
 """``llm-engine serve``: parse flags, start the HTTP server, load the model, serve forever.
 
+The engine runs in a process of its own (crucible/server/engine_client.py), so the HTTP
+front's tokenising, detokenising and JSON/SSE never compete with the step loop for one
+interpreter; ``--engine-in-process`` keeps it in a worker thread of the server instead.
 ``--model tiny-random`` (hidden from --help) serves the tiny random model of
 crucible/model/tiny.py: no download, fast on CPU, for tests and the load generator.
 """
@@ -19,7 +22,8 @@ from crucible.engine.factory import build_engine, freeze_startup
 from crucible.engine.settings import Settings
 from crucible.errors import CrucibleError
 from crucible.model.fetch import DEFAULT_MODEL
-from crucible.server.launch import start_server, stop_server
+from crucible.server.engine_client import EngineProcessConfig
+from crucible.server.launch import EngineSource, start_server, stop_server
 from crucible.server.state import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_RESPONSE_ENTRIES,
                                    READ_TIMEOUT_S, ServerConfig, ServerState)
 
@@ -58,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
                           "new one gets 503 when all are busy")
     lim.add_argument("--max-response-entries", type=positive_int, default=MAX_RESPONSE_ENTRIES,
                      help="per-request budget of n x max_tokens x (1 + top_logprobs)")
+    p.add_argument("--engine-in-process", action="store_true",
+                   help="run the engine in a thread of the server process instead of a "
+                        "process of its own (the default); for debugging and comparison")
     p.add_argument("--log-level", default="info", type=str.lower,
                    choices=("debug", "info", "warning", "error", "critical"),
                    help="info logs one access line per request (logger crucible.server.access)")
@@ -83,10 +90,13 @@ async def _serve(args: argparse.Namespace) -> int:
                                      read_timeout=args.read_timeout,
                                      max_connections=args.max_connections,
                                      max_response_entries=args.max_response_entries))
-    runner, port, load = await start_server(state, args.host, args.port,
-                                            lambda: _built(args.model, settings))
-    log.info("listening on http://%s:%d (loading %s on %s, %s weights)", args.host, port,
-             args.model, args.resolved_device, args.weights)
+    source: EngineSource = (  # the lambda runs in an executor thread of this process
+        (lambda: _built(args.model, settings)) if args.engine_in_process
+        else EngineProcessConfig(args.model, settings))
+    runner, port, load = await start_server(state, args.host, args.port, source)
+    log.info("listening on http://%s:%d (loading %s on %s, %s weights, engine %s)",
+             args.host, port, args.model, args.resolved_device, args.weights,
+             "in this process" if args.engine_in_process else "in its own process")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

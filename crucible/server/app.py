@@ -19,7 +19,8 @@ from aiohttp import web
 
 from crucible.server import anthropic_api, native, openai_chat, openai_common, \
     openai_completions
-from crucible.server.errors import ApiError, api_flavor, error_response, from_exception
+from crucible.server.errors import (RETRY_AFTER_S, ApiError, api_flavor, error_response,
+                                    from_exception)
 from crucible.server.state import ACCESS, REQUEST_ID, STATE, RequestTokens, ServerState
 
 log = logging.getLogger("crucible.server")
@@ -123,7 +124,8 @@ def _key_matches(request: web.Request, key: str) -> bool:
 async def ready_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
     state: ServerState = request.app[STATE]
     if request.path not in _OPEN_PATHS and not state.ready:
-        raise ApiError(503, f"the server is not ready: {state.health()[1]}")
+        raise ApiError(503, f"the server is not ready: {state.health()[1]}",
+                       retry_after=RETRY_AFTER_S if state.loading else None)
     return await handler(request)
 
 

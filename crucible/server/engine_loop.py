@@ -1,4 +1,6 @@
-"""The server's view of the engine: AsyncLLMEngine plus what serving needs on top.
+"""The in-process engine for the server: AsyncLLMEngine plus what serving needs on top
+(``llm-engine serve --engine-in-process``, tests, embedding; the default runs the engine in
+its own process, engine_client.py). It implements serving_engine.ServingEngine.
 
 ``crucible.engine.async_engine.AsyncLLMEngine`` owns the worker thread: it applies adds and
 aborts before each step, refuses at once when the waiting queue is full, and ends every
@@ -6,13 +8,9 @@ live request with the exception when a step raises. This thin adapter adds, on t
 loop side only:
 - one pump task per request that moves deltas from the engine's queue into a
   ``RequestStream``, stamped with their arrival time (TTFT / inter-token metrics);
-- queue and page-use peaks for /metrics, sampled at each submission, at each refusal and
-  at most once per millisecond while deltas arrive (a step delivers all its deltas at once);
-  requests accepted but not yet handed to the scheduler (the worker is mid-step) count as
-  waiting, as they do for the queue bound.
-  The scheduler re-queues preempted requests at the head of the waiting queue, beyond the
-  bound if need be (they were accepted already), so two peaks are kept: new requests
-  waiting (never above the bound) and all waiting requests;
+- queue and page-use peaks for /metrics (serving_engine.LoadPeaks), sampled at each
+  submission, at each refusal and at most once per millisecond while deltas arrive (a step
+  delivers all its deltas at once);
 - health: after a failed step, once no request is live, every page must be free again;
   if not, the pool can no longer be trusted and the loop reports unhealthy (503).
 """
@@ -28,19 +26,21 @@ from crucible.engine.async_engine import AsyncLLMEngine
 from crucible.engine.engine import LLMEngine, RequestDelta
 from crucible.engine.sampling import SamplingParams
 from crucible.errors import QueueFullError, RequestError
+from crucible.server.serving_engine import EngineUnavailable, LoadPeaks
 from crucible.server.stream import EngineFailure, RequestStream
 
 log = logging.getLogger("crucible.server")
-
-
-class EngineUnavailable(Exception):
-    """The engine loop has stopped or is unhealthy; requests get 503."""
+__all__ = ["EngineLoop", "EngineUnavailable"]
 
 
 class EngineLoop:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.async_engine = AsyncLLMEngine(engine)
+        self.tokenizer = engine.tokenizer
+        self.max_context = engine.max_context
+        self.num_pages = engine.allocator.num_pages
+        self.max_queue = engine.config.max_queue
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pumps: set[asyncio.Task] = set()
         self._ids = 0
@@ -48,9 +48,7 @@ class EngineLoop:
         self.healthy = True
         self.unhealthy_reason = ""
         self.num_failures = 0  # failed requests seen (each failed step fails >= 1)
-        self.queue_peak = 0  # new (never admitted) requests waiting: <= the bound
-        self.waiting_peak = 0  # all waiting requests, preempted ones included
-        self.pages_peak = 0
+        self.peaks = LoadPeaks()
         self._last_sample = 0.0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -72,23 +70,18 @@ class EngineLoop:
     def stats(self) -> dict[str, Any]:
         return self._sample()
 
+    @property
+    def num_pending(self) -> int:
+        return self.async_engine.num_pending
+
+    async def fresh_stats(self) -> dict[str, Any]:
+        return self._sample()  # read in place: always current
+
     def _sample(self) -> dict[str, Any]:
         # Plain reads of ints/lengths owned by the worker: a monitoring snapshot, not a lock.
         self._last_sample = time.monotonic()
-        st: dict[str, Any] = dict(self.engine.stats())
-        used = st["pages_total"] - st["pages_free"]
-        preempted = self._preempted_waiting()
-        # Accepted adds the worker has not moved into the scheduler yet (it is inside a
-        # step) wait too: the queue bound counts them, so the peaks must as well.
-        pending = self.async_engine.num_pending
-        waiting = st["waiting"] + pending
-        self.pages_peak = max(self.pages_peak, used)
-        self.waiting_peak = max(self.waiting_peak, waiting)
-        self.queue_peak = max(self.queue_peak, waiting - preempted)
-        st.update(pages_used=used, queue_peak=self.queue_peak, pages_peak=self.pages_peak,
-                  waiting_preempted=preempted, waiting_peak=self.waiting_peak,
-                  failures=self.num_failures)
-        return st
+        return self.peaks.sample(dict(self.engine.stats()), self.async_engine.num_pending,
+                                 self._preempted_waiting(), self.num_failures)
 
     def _preempted_waiting(self) -> int:
         for _ in range(3):  # copying the deque races with the worker; retry, then give up

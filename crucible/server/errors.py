@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from crucible.errors import QueueFullError, RequestError
+from crucible.server.stream import EngineGone
 
 RETRY_AFTER_S = 1  # a full queue usually drains within a few steps; ask for a short wait
 
@@ -39,6 +40,7 @@ class ApiError(Exception):
     message: str
     param: str | None = None
     code: str | None = None
+    retry_after: int | None = None  # seconds, sent as Retry-After (429 always has one)
 
     def __str__(self) -> str:
         return self.message
@@ -56,12 +58,15 @@ def from_exception(exc: BaseException, request_id: str | None = None) -> ApiErro
     if isinstance(exc, ApiError):
         return exc
     cause = getattr(exc, "cause", None)  # EngineFailure: the worker's refusal, if it was one
-    if isinstance(cause, (QueueFullError, RequestError)):
+    if isinstance(cause, (QueueFullError, RequestError, EngineGone)):
         exc = cause
     if isinstance(exc, QueueFullError):
         return ApiError(429, str(exc), code="queue_full")
     if isinstance(exc, RequestError):
         return ApiError(400, str(exc))
+    if isinstance(exc, EngineGone):  # our own words ("exited with code -9"), no internals
+        rid = f" (request id {request_id})" if request_id else ""
+        return ApiError(500, f"{exc}; this request did not finish{rid}", code="engine_exited")
     return internal_error(request_id, "the engine failed while running this request",
                           "engine_failure")
 
@@ -97,8 +102,8 @@ def error_response(err: ApiError, flavor: str, headers: dict[str, str] | None = 
                    ) -> web.Response:
     status = err.status
     hdrs = dict(headers or {})
-    if status == 429:
-        hdrs["Retry-After"] = str(RETRY_AFTER_S)
+    if status == 429 or err.retry_after is not None:
+        hdrs["Retry-After"] = str(err.retry_after or RETRY_AFTER_S)
         if flavor == "anthropic":
             status = 529  # Anthropic's "overloaded" status; the SDK raises OverloadedError
     return web.Response(status=status, text=json.dumps(error_body(err, flavor)),

@@ -1,9 +1,11 @@
 """Running a server (foreground or in a thread) around an engine built by engine/factory.py.
 
-The HTTP listener starts before the model loads, so /health can answer 503 ("loading")
-while weights are read; the model then loads in an executor thread and the engine loop
-starts. ``ServerThread`` runs the same server on its own event loop in a daemon thread:
-tests and the load generator use it to get a real server on an ephemeral loopback port.
+The engine runs either in its own process (an ``EngineProcessConfig``: the model spec
+and Settings the child builds it from, engine_client.py) or in this one (a function that
+builds it, run in an executor thread; then engine_loop.py drives it). Either way the HTTP
+listener starts before the model loads, so /health can answer 503 ("loading") while
+weights are read. ``ServerThread`` runs the same server on its own event loop in a daemon
+thread: tests and the load generator use it to get a real server on an ephemeral port.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import asyncio
 import logging
 import threading
 from dataclasses import asdict
-from typing import Callable
+from typing import Any, Callable, Union
 
 from aiohttp import web
 
@@ -20,15 +22,19 @@ from crucible.engine.engine import LLMEngine
 from crucible.engine.factory import EngineInfo
 from crucible.errors import CrucibleError
 from crucible.server.app import build_app
+from crucible.server.engine_client import EngineClient, EngineLoadError, EngineProcessConfig
 from crucible.server.engine_loop import EngineLoop
+from crucible.server.serving_engine import ServingEngine
 from crucible.server.state import ServerConfig, ServerState
+from crucible.server.stream import EngineGone
 from crucible.server.transport import CrucibleRunner
 
 log = logging.getLogger("crucible.server")
+# In its own process, or built here by this function (an in-process engine).
+EngineSource = Union[EngineProcessConfig, Callable[[], tuple[LLMEngine, EngineInfo]]]
 
 
-async def start_server(state: ServerState, host: str, port: int,
-                       make_engine: Callable[[], tuple[LLMEngine, EngineInfo]]
+async def start_server(state: ServerState, host: str, port: int, source: EngineSource
                        ) -> tuple[web.AppRunner, int, asyncio.Task]:
     """Listen now; load the engine in the background. Returns (runner, port, load task)."""
     # handler_cancellation: a client that disconnects cancels its handler, whose finally
@@ -42,41 +48,71 @@ async def start_server(state: ServerState, host: str, port: int,
     site = web.TCPSite(runner, host, port, backlog=min(1024, max(128, cfg.max_connections)))
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    loop = asyncio.get_running_loop()
 
     async def load() -> None:
         try:
-            engine, built = await loop.run_in_executor(None, make_engine)
+            engine, info = await (_start_process(state, source)
+                                  if isinstance(source, EngineProcessConfig)
+                                  else _start_here(source))
         except Exception as exc:
-            if isinstance(exc, CrucibleError):  # a user-facing problem: the message says it
-                log.error("model load failed: %s", exc)
-            else:
-                log.exception("model load failed")
-            state.load_error = f"{type(exc).__name__}: {exc}"
+            state.load_error = _load_failed(exc)
+            if state.starting is not None:
+                await state.starting.stop()
             return
-        engine_loop = EngineLoop(engine)
-        engine_loop.start(loop)
-        info = asdict(built)
-        state.attach(engine_loop, info)
+        state.attach(engine, info)
         log.info("ready: %s", ", ".join(f"{k}={v}" for k, v in info.items()))
 
     return runner, bound, asyncio.create_task(load())
 
 
+async def _start_process(state: ServerState, cfg: EngineProcessConfig
+                         ) -> tuple[ServingEngine, dict[str, Any]]:
+    client = EngineClient(cfg)
+    state.starting = client  # so a shutdown during the load stops the process too
+    info = await client.start()
+    log.info("engine process %d", client.pid)
+    return client, info
+
+
+async def _start_here(make_engine: Callable[[], tuple[LLMEngine, EngineInfo]]
+                      ) -> tuple[ServingEngine, dict[str, Any]]:
+    loop = asyncio.get_running_loop()
+    engine, built = await loop.run_in_executor(None, make_engine)
+    engine_loop = EngineLoop(engine)
+    engine_loop.start(loop)
+    return engine_loop, asdict(built)
+
+
+def _load_failed(exc: Exception) -> str:
+    """Log a load failure once; return what /health reports. A user-facing problem (a bad
+    path or file, the engine process dying) is its message alone, anything else comes
+    with its traceback."""
+    if isinstance(exc, EngineLoadError):  # raised in the engine process: its own words
+        log.error("model load failed: %s%s", exc, "" if exc.expected else "\n" + exc.details)
+        return str(exc)
+    if isinstance(exc, EngineGone):
+        log.error("model load failed: %s", exc)
+        return str(exc)
+    log.error("model load failed: %s", exc,
+              exc_info=None if isinstance(exc, CrucibleError) else exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
 async def stop_server(state: ServerState, runner: web.AppRunner) -> None:
     await runner.cleanup()
-    if state.engine_loop is not None:
-        await state.engine_loop.stop()
+    for engine in (state.engine_loop, state.starting):
+        if engine is not None:
+            await engine.stop()
     state.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
 
 class ServerThread:
     """A real server on 127.0.0.1:<ephemeral> in a background thread (tests, benchmarks)."""
 
-    def __init__(self, make_engine: Callable[[], tuple[LLMEngine, EngineInfo]],
-                 config: ServerConfig | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(self, source: EngineSource, config: ServerConfig | None = None,
+                 host: str = "127.0.0.1") -> None:
         self.state = ServerState(config or ServerConfig())
-        self._make_engine = make_engine
+        self._source = source
         self._host = host
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -108,7 +144,7 @@ class ServerThread:
 
         async def boot() -> None:
             self._runner, self.port, self.load_task = await start_server(
-                self.state, self._host, 0, self._make_engine)
+                self.state, self._host, 0, self._source)
             self._ready.set()
 
         self._loop.run_until_complete(boot())
@@ -120,6 +156,13 @@ class ServerThread:
             return fn()
 
         return asyncio.run_coroutine_threadsafe(wrapper(), self._loop).result(30)
+
+    def engine_stats(self) -> dict[str, Any]:
+        """The engine's counters now, wherever it runs (a round trip to its process)."""
+        engine = self.state.engine_loop
+        if engine is None:
+            raise RuntimeError("the engine is not loaded")
+        return asyncio.run_coroutine_threadsafe(engine.fresh_stats(), self._loop).result(30)
 
     def stop(self) -> None:
         if self._runner is not None:

@@ -14,7 +14,7 @@ import asyncio
 from aiohttp import web
 
 from crucible.server import sse
-from crucible.server.errors import bad_request, error_body, from_exception
+from crucible.server.errors import RETRY_AFTER_S, bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json, token_id_list
 from crucible.server.params import SAMPLING_FIELDS, cache_salt, sampling_params
 from crucible.server.state import REQUEST_ID, STATE, ServerState
@@ -84,9 +84,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 @routes.get("/health")
 async def health(request: web.Request) -> web.Response:
-    ok, reason = _state(request).health()
+    state = _state(request)
+    ok, reason = state.health()
+    # While the engine loads, a retry soon will find it ready (load balancers honour it).
+    hdrs = {"Retry-After": str(RETRY_AFTER_S)} if state.loading else None
     return web.json_response({"status": "ok" if ok else "unavailable", "detail": reason},
-                             status=200 if ok else 503)
+                             status=200 if ok else 503, headers=hdrs)
 
 
 @routes.get("/metrics")

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from crucible.engine.sampling import SamplingParams
 from crucible.errors import QueueFullError, RequestError
-from crucible.server.engine_loop import EngineLoop, EngineUnavailable
+from crucible.server.serving_engine import EngineUnavailable, ServingEngine
 from crucible.server.errors import ApiError, bad_request
 from crucible.server.metrics import Metrics
 from crucible.server.stream import RequestStream
@@ -66,7 +66,9 @@ class ServerState:
         self.config = config
         self.metrics = Metrics()
         self.created = int(time.time())
-        self.engine_loop: EngineLoop | None = None  # None until the model is loaded
+        # The engine (in this process or its own: serving_engine.py); None until loaded.
+        self.engine_loop: ServingEngine | None = None
+        self.starting: ServingEngine | None = None  # the engine while it loads
         self.tokenizer: Any = None
         self.max_context = 0
         self.load_error: str | None = None
@@ -74,11 +76,16 @@ class ServerState:
         # Long prompts are tokenised here, never on the event loop (2 threads: 2 at a time).
         self.tokenize_pool = ThreadPoolExecutor(2, thread_name_prefix="crucible-tokenize")
 
-    def attach(self, engine_loop: EngineLoop, info: dict[str, Any]) -> None:
-        self.engine_loop = engine_loop
-        self.tokenizer = engine_loop.engine.tokenizer
-        self.max_context = engine_loop.engine.max_context
+    def attach(self, engine: ServingEngine, info: dict[str, Any]) -> None:
+        self.engine_loop = engine
+        self.starting = None
+        self.tokenizer = engine.tokenizer
+        self.max_context = engine.max_context
         self.info = info
+
+    @property
+    def loading(self) -> bool:
+        return self.engine_loop is None and not self.load_error
 
     @property
     def ready(self) -> bool:
@@ -97,7 +104,7 @@ class ServerState:
         """When a chat gives no limit: the rest of the context, capped by what the pool holds
         (a request must fit the pool alone), so an omitted max_tokens never becomes a 400."""
         assert self.engine_loop is not None
-        pool_tokens = self.engine_loop.engine.allocator.num_pages * 16
+        pool_tokens = self.engine_loop.num_pages * 16
         return max(1, min(self.max_context, pool_tokens) - num_prompt)
 
     @property
@@ -141,7 +148,7 @@ class ServerState:
           budget (--max-response-entries).
         """
         assert self.engine_loop is not None
-        bound = self.engine_loop.engine.config.max_queue
+        bound = self.engine_loop.max_queue
         k = len(prompts)
         if k > bound:
             raise bad_request(

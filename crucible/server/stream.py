@@ -27,6 +27,11 @@ class EngineFailure(Exception):
         self.cause = cause
 
 
+class EngineGone(Exception):
+    """The engine process exited (killed, crashed, failed to load) while this request was
+    live: an ``EngineFailure`` with this cause answers 500 naming how it ended."""
+
+
 class RequestStream:
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  params: SamplingParams) -> None:
