@@ -5,14 +5,18 @@ shapes, so no model file is needed).
 
 Cases: the steps the throughput workload (bench/throughput.py) is made of under load, a
 token budget's worth of decode rows with long histories plus a prefill chunk, and for
-comparison a lone 1,024-token prefill and a pure decode step of 256 rows. Per case:
+comparison a lone 1,024-token prefill and a pure decode step of 256 rows; then two small
+mixed steps of moderate load (tens of running requests, a prompt arriving). Per case:
   stages   GPU ms per forward stage summed over layers (ProfiledBackend: a spin kernel
            holds the GPU while the host queues, so these are kernel times back to back),
            with TFLOP/s for the GEMM stages;
   gpu_ms   their sum;
-  eager_ms one eager forward's wall time through ModelRunner.forward_device, synchronized
+  eager_ms one eager forward's wall time (the backend's prepare + the forward), synchronized
            (host launches and GPU together: what an eager step costs the engine);
   host_ms  the host time of queuing that forward (no synchronization);
+  run_step_ms / run_step_host_ms  the same through ModelRunner.forward_device, i.e. the
+           backend's run_step: a graph replay where the step has one (mixed steps up to 512
+           rows, decode steps up to 512 rows), else the same eager forward;
 Each mixed case runs twice per round, alternating: as the backend runs it (attention in two
 launches, decode rows and prefill slices apart: kernels/attention.py) and, as the baseline
 "one launch", with the metadata's split removed on this instance so one tiled launch covers
@@ -42,6 +46,8 @@ CASES = (
     ("mixed 2048: 768 decode + 2x640 prefill", 768, (400, 1200), (640, 640)),
     ("prefill 1024", 0, (0, 0), (1024,)),
     ("decode 256", 256, (400, 1200), ()),
+    ("mixed 256: 32 decode + 224 prefill", 32, (100, 900), (224,)),
+    ("mixed 96: 16 decode + 2x40 prefill", 16, (100, 900), (40, 40)),
 )
 PAGES_PER_ROW = 80  # 1,280 positions: every history above plus its token
 
@@ -86,17 +92,23 @@ def measure(runner: ModelRunner, batch: PackedBatch, one_launch: bool) -> dict[s
     llama.forward(cfg, pb, batch)
     stages = pb.stage_ms()
     dev = cp.cuda.Device()
-    runner.forward_device(batch)
-    dev.synchronize()
-    t = time.perf_counter()
-    runner.forward_device(batch)
-    host = time.perf_counter() - t
-    dev.synchronize()
-    eager = time.perf_counter() - t
+
+    def timed(fn: Any) -> tuple[float, float]:
+        fn()  # warm-up (a graph's capture)
+        dev.synchronize()
+        t = time.perf_counter()
+        fn()
+        host = time.perf_counter() - t
+        dev.synchronize()
+        return host * 1e3, (time.perf_counter() - t) * 1e3
+
     f = int(batch.final_rows.shape[0])
-    if one_launch:
+    host, eager = timed(lambda: runner._forward_meta(be.prepare(batch)))
+    out = {"gpu_ms": sum(stages.values()), "eager_ms": eager, "host_ms": host}
+    if not one_launch:  # through run_step: a graph replay where the step has one
+        out["run_step_host_ms"], out["run_step_ms"] = timed(lambda: runner.forward_device(batch))
+    else:
         del be.prepare
-    out = {"gpu_ms": sum(stages.values()), "eager_ms": eager * 1e3, "host_ms": host * 1e3}
     for k, v in stages.items():
         out[f"{k} ms"] = v
         fl = gemm_flops(k, batch.num_rows, f)
@@ -132,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             summary[name]["one_launch_over_split"] = stat(
                 [x / y for x, y in zip(b["gpu_ms"], a["gpu_ms"])])
     for name, d in summary.items():
+        rs = d.get("run_step_ms", {}).get("median", float("nan"))
         print(f"{name}: gpu {d['gpu_ms']['median']:.2f} ms, eager {d['eager_ms']['median']:.2f}"
-              f" ms, host {d['host_ms']['median']:.2f} ms", file=sys.stderr)
+              f" ms, host {d['host_ms']['median']:.2f} ms, run_step {rs:.2f} ms",
+              file=sys.stderr)
     write_json(args.json, {"command": "python3 bench/mixed_step.py "
                            + " ".join(argv if argv is not None else sys.argv[1:]),
                            "cases": {n: {"decode_rows": d, "history": list(h),

@@ -16,7 +16,7 @@ build, validation, host sampling, updates). On CUDA, when cupy imports, a CUDA e
 recorded on the current stream at the start and end of each step call; GPU ms is the time
 between them on the device (it includes device idle while the host prepares, and with
 pipelining a call's span includes the decode step it queued ahead). Graph counters (CuPy
-backend): decode and prefill graph replays and captures; eager steps = steps - replays.
+backend): decode, prefill and mixed graph replays and captures; eager steps = steps - replays.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def graph_counters(llm: LLM) -> dict[str, int]:
     out: dict[str, int] = {}
     for prefix, attr, fields in (("decode", "graphs", ("num_replays", "num_captures")),
                                  ("prefill", "prefill_graphs",
-                                  ("num_replays", "num_captures", "num_eager"))):
+                                  ("num_replays", "num_captures", "num_eager")),
+                                 ("mixed", "mixed_graphs", ("num_replays", "num_captures"))):
         g = getattr(be, attr, None)
         if g is not None:
             for f in fields:
@@ -159,11 +160,11 @@ def timed_generate(llm: LLM, probe: Probe, prompts: list[list[int]],
         "graphs": graphs,
     }
     if graphs:
-        replays = graphs.get("decode_replays", 0) + graphs.get("prefill_replays", 0)
+        replays = sum(graphs.get(f"{k}_replays", 0) for k in ("decode", "prefill", "mixed"))
         r["graph_replays"] = replays
         r["eager_steps"] = steps - replays
-        r["captures_in_timed_run"] = (graphs.get("decode_captures", 0)
-                                      + graphs.get("prefill_captures", 0))
+        r["captures_in_timed_run"] = sum(graphs.get(f"{k}_captures", 0)
+                                         for k in ("decode", "prefill", "mixed"))
     r["_samples"] = list(probe.samples)
     r["_outs"] = outs
     return r

@@ -9,6 +9,7 @@
 // Thread mapping: grid (n_heads / G, S), 256 threads; one CTA per (G consecutive query heads
 // of one KV head, one-row segment). Segment i's row is q/out row segs[i].x: in a decode step
 // that is row i; a mixed step launches this kernel over its one-row segments alone.
+// An entry with chunk_len 0 is empty (its CTAs exit at once).
 // G = 1 is one CTA per (head, row) like the reference, best when the step has few rows;
 // G = the group size reads each K/V row once for all the heads sharing
 // it, best for large batches. What changes is who computes what, never the arithmetic:
@@ -68,6 +69,9 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     // Segment `row` is one row, packed at sd.x: in a decode step sd.x == row; in a mixed
     // step the host hands this kernel only the one-row segments, wherever they are packed.
     const int4 sd = segs[row];
+    // A mixed-step graph sizes its one-row list for the most it may hold (backend
+    // cupy_mixed_graphs.py); the entries past this step's are empty: uniform early exit.
+    if (sd.y == 0) return;
     const long long prow = sd.x;
     const int len = sd.z + 1;
     const int kvh = head0 / (n_heads / n_kv_heads), kv_dim = n_kv_heads * CRU_HEAD_DIM;

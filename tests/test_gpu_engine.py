@@ -45,6 +45,19 @@ def test_decode_graphs_equal_eager() -> None:
     assert t.failed == 0 and t.passed > 0
 
 
+def test_mixed_graphs_equal_eager() -> None:
+    """Mixed steps replayed from padded graphs == the same steps eagerly, every row bitwise,
+    and every qualifying step a replay (gpu-graph-check's mixed part on the tiny model)."""
+    from crucible.checks.graph_check import check_mixed, make_pair
+    from crucible.model.tiny import tiny_random_model
+
+    model = tiny_random_model(seed=3, weights="int8", n_heads=9, n_kv_heads=3, head_dim=64,
+                              hidden_size=576)
+    cand, ref = make_pair(model, "cuda", 2000)
+    passed, failed = check_mixed(cand, ref, 30, 100, seed=1)
+    assert failed == 0 and passed > 0 and cand.backend.mixed_graphs.num_replays > 0
+
+
 @pytest.mark.parametrize("weights", ["f32", "int8"])
 def test_decode_stack_equals_layers(weights: str) -> None:
     """The batch-1 decode stack == the five-kernel layers, per kernel (with the descending

@@ -11,8 +11,8 @@ from crucible.backend.numpy_backend import NumpyBackend
 from crucible.engine.settings import ENV, Settings
 from crucible.errors import ConfigError
 
-SWITCHES = ("CRUCIBLE_DECODE_GRAPHS", "CRUCIBLE_PREFILL_GRAPHS", "CRUCIBLE_PDL",
-            "CRUCIBLE_DECODE_STACK", "CRUCIBLE_PIPELINE")
+SWITCHES = ("CRUCIBLE_DECODE_GRAPHS", "CRUCIBLE_PREFILL_GRAPHS", "CRUCIBLE_MIXED_GRAPHS",
+            "CRUCIBLE_PDL", "CRUCIBLE_DECODE_STACK", "CRUCIBLE_PIPELINE")
 
 
 def test_defaults_without_environment() -> None:

@@ -47,6 +47,7 @@ class CupyBackend:
         self.cfg: Geometry | None = None
         self.graphs = None  # DecodeGraphs once the pool exists (decode_graphs off: None)
         self.prefill_graphs = None  # PrefillGraphs likewise
+        self.mixed_graphs = None  # MixedGraphs likewise
         self._linear: dict[str, DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
@@ -75,6 +76,7 @@ class CupyBackend:
 
     def allocate_pool(self, num_pages: int) -> None:
         from crucible.backend.cupy_graphs import DecodeGraphs
+        from crucible.backend.cupy_mixed_graphs import MixedGraphs
         from crucible.backend.cupy_prefill_graphs import PrefillGraphs
 
         cp, cfg = _cp(), self.cfg
@@ -84,11 +86,13 @@ class CupyBackend:
         self.k_pool = cp.zeros(shape, dtype=cp.float32)
         self.v_pool = cp.zeros(shape, dtype=cp.float32)
         width = -(-cfg.max_context // 16)
-        self.graphs = self.prefill_graphs = None
+        self.graphs = self.prefill_graphs = self.mixed_graphs = None
         if self.options.decode_graphs:
             self.graphs = DecodeGraphs(cfg.vocab_size, table_width=width, scratch_page=num_pages)
         if self.options.prefill_graphs:
             self.prefill_graphs = PrefillGraphs(table_width=width, scratch_page=num_pages)
+        if self.options.mixed_graphs:
+            self.mixed_graphs = MixedGraphs(table_width=width, scratch_page=num_pages)
 
     def memory_info(self) -> tuple[int, int]:
         cp = _cp()
@@ -144,17 +148,19 @@ class CupyBackend:
 
     def _drop_graphs(self) -> None:
         _cp().cuda.Device().synchronize()
-        for g in (self.graphs, self.prefill_graphs):
+        for g in (self.graphs, self.prefill_graphs, self.mixed_graphs):
             if g is not None:
                 g.clear()
 
     def run_step(self, batch: PackedBatch, forward: Forward,
                  feed: np.ndarray | None = None) -> Any:
-        """Logits [R, vocab] of the final rows as a device array. Decode steps and singleton
-        prefills replay CUDA graphs of ``forward``; everything else runs it eagerly. The
+        """Logits [R, vocab] of the final rows as a device array. Decode steps, singleton
+        prefills and mixed steps up to a size replay CUDA graphs of ``forward`` (the mixed
+        ones with the exact family's split attention); the rest runs eagerly. The
         array belongs to the backend and is only valid until the next step (a graph reuses
         its buffer). ``feed``: see ``fed_ids``; only decode graphs take it."""
         from crucible.backend.cupy_graphs import is_decode_step
+        from crucible.backend.cupy_mixed_graphs import is_mixed_graph_step
         from crucible.backend.cupy_prefill_graphs import is_singleton_prefill
         from crucible.kernels.variants import score_capacity
 
@@ -168,6 +174,9 @@ class CupyBackend:
             out = self.prefill_graphs.run(batch, score_capacity(batch.max_end), forward)
             if out is not None:
                 return out
+        if (self.mixed_graphs is not None and self.variant.family == "exact"
+                and is_mixed_graph_step(batch)):
+            return self.mixed_graphs.run(batch, forward)
         return forward(self.prepare(batch))
 
     def new(self, shape: tuple[int, ...]) -> Any:
@@ -262,25 +271,12 @@ class CupyBackend:
         return q
 
     def attention(self, q: Any, layer: int, meta: CupyMeta) -> Any:
-        from crucible.kernels.attention import paged_attention, paged_attention_mixed
+        from crucible.kernels.attention import step_attention
 
-        cfg = self.cfg
         out = self.new(q.shape)
-        mixed = meta.mixed
-        if mixed is not None and self.variant.family == "exact":
-            # Decode rows to the decode kernel, prefill slices to the tiled one (same bits).
-            paged_attention_mixed(q, self.k_pool, self.v_pool, layer, mixed.single,
-                                  mixed.multi, meta.page_tables, out, n_heads=cfg.n_heads,
-                                  n_kv_heads=cfg.n_kv_heads,
-                                  multi_max_chunk=mixed.multi_max_chunk,
-                                  single_capacity=mixed.single_capacity,
-                                  multi_capacity=mixed.multi_capacity, variant=self.variant,
-                                  pdl=self.options.pdl)
-            return out
-        paged_attention(q, self.k_pool, self.v_pool, layer, meta.segments, meta.page_tables,
-                        out, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
-                        max_chunk=meta.max_chunk, score_capacity=meta.score_capacity,
-                        variant=self.variant, pdl=self.options.pdl)
+        step_attention(q, self.k_pool, self.v_pool, layer, meta, out, n_heads=self.cfg.n_heads,
+                       n_kv_heads=self.cfg.n_kv_heads, variant=self.variant,
+                       pdl=self.options.pdl)
         return out
 
     def swiglu(self, gate_up: Any) -> Any:

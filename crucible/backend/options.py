@@ -12,6 +12,7 @@ class BackendOptions:
     attention: str = DEFAULT_VARIANT  # attention variant name (kernels/variants.py); CuPy
     decode_graphs: bool = True  # decode steps replay CUDA graphs
     prefill_graphs: bool = True  # singleton prefills replay CUDA graphs
+    mixed_graphs: bool = True  # mixed steps (prefill slices + decodes) replay CUDA graphs
     pdl: bool = True  # programmatic dependent launch inside decode graphs
     decode_stack: bool = True  # batch-1 decode as three kernels per layer (same bits)
     cpu_threads: int | None = None  # the CPU kernels' threads (None: the available cores)

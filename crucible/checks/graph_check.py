@@ -11,6 +11,8 @@ gpu-graph-check   decode steps replayed from CUDA graphs (padded up to a bucket)
                   a step of its own. On the GPU every decode step must also be a replay. Where
                   there are no graphs (the numpy backend, CRUCIBLE_DECODE_GRAPHS=0) it says so
                   and compares eager against eager: the harness and pool reuse still run.
+                  Then mixed steps (running decodes and joiners' prompt chunks in one
+                  forward: mixed graphs) against the same steps run eagerly.
                   Then the pipelined engine against the plain one (checks/pipeline_check.py),
                   and an all-greedy pipelined engine (its ids from the decode graphs'
                   argmax) against an engine without graphs (ids from the sampler's kernel).
@@ -45,8 +47,7 @@ def make_pair(model: object, device: str, num_pages: int) -> tuple[ModelRunner, 
     cand = ModelRunner(model, num_pages=num_pages, device=device)
     ref = ModelRunner(model, num_pages=num_pages, device=device)
     if hasattr(ref.backend, "graphs"):
-        ref.backend.graphs = None
-        ref.backend.prefill_graphs = None
+        ref.backend.graphs = ref.backend.prefill_graphs = ref.backend.mixed_graphs = None
     return cand, ref
 
 
@@ -110,6 +111,50 @@ def check_graphs(cand: ModelRunner, ref: ModelRunner, sizes: list[int], steps: i
     return c.result()
 
 
+def check_mixed(cand: ModelRunner, ref: ModelRunner, steps: int, max_prompt: int,
+                seed: int) -> tuple[int, int]:
+    """Mixed steps (running decodes + 1-3 joiners' prompt chunks in one forward) on the
+    candidate (mixed graphs: padded replays) == the eager reference, every logits row
+    bitwise; on the GPU every qualifying step must be a replay."""
+    from crucible.backend.cupy_mixed_graphs import MAX_SLICES, MAX_TOKENS
+
+    rng = np.random.default_rng(seed + 7)
+    vocab, mixed = cand.config.vocab_size, getattr(cand.backend, "mixed_graphs", None)
+    c = Counts()
+    free = rng.permutation(cand.num_pages).tolist()
+    live: list[tuple[Req, Req, int]] = []  # candidate's, reference's, tokens to generate
+    serial = replays = 0
+    for s in range(steps):
+        for x in [x for x in live if len(x[0].tokens) - x[0].prompt_len >= x[2]]:
+            live.remove(x)
+            free.extend(x[0].pages)
+        for _ in range(int(rng.integers(1, 4)) if len(live) < 40 else 0):
+            toks = rng.integers(0, vocab, int(rng.integers(2, max_prompt + 1))).tolist()
+            a, b = Req(f"m{serial}", list(toks), []), Req(f"m{serial}", list(toks), [])
+            b.pages = a.pages  # one list shared by both runners' Req
+            live.append((a, b, int(rng.integers(1, 12))))
+            serial += 1
+        chunk = int(rng.integers(2, max_prompt + 1))
+        for a, _, _ in live:
+            while len(a.pages) * 16 < min(len(a.tokens), a.done + chunk):
+                a.pages.append(free.pop())
+        fed = [min(chunk, len(a.tokens) - a.done) for a, _, _ in live]
+        qualifies = (sum(fed) <= MAX_TOKENS and 0 < sum(n > 1 for n in fed) <= MAX_SLICES)
+        before = mixed.num_replays if mixed is not None else 0
+        run_step(cand, [x[0] for x in live], chunk=chunk)
+        run_step(ref, [x[1] for x in live], chunk=chunk)
+        if mixed is not None and qualifies:
+            replays += 1
+            c.check(mixed.num_replays == before + 1, f"mixed step {s}: not replayed")
+        for a, b, _ in live:
+            c.compare(f"mixed step {s}: {a.rid} at {a.done}", a.logits[-1], b.logits[-1])
+    if mixed is not None:
+        print(f"mixed graphs: {mixed.num_captures} captured, {mixed.num_replays} replays "
+              f"({replays} qualifying steps of {steps})")
+        c.check(replays > 0, "no mixed step qualified for a graph")
+    return c.result()
+
+
 def check_decode_prefill(runner: ModelRunner, lengths: list[int], steps: int,
                          seed: int) -> tuple[int, int]:
     rng = np.random.default_rng(seed)
@@ -156,6 +201,8 @@ def graph_main(argv: list[str]) -> int:
     if graphs is None:
         print(NO_GRAPHS)
     passed, failed = check_graphs(cand, ref, args.sizes, args.steps, max_prompt, args.seed)
+    more = check_mixed(cand, ref, 12 * args.steps, max_prompt, args.seed)
+    passed, failed = passed + more[0], failed + more[1]
     if graphs is not None:
         print(f"graphs: {graphs.num_captures} captures, {graphs.num_replays} replays")
     for greedy in (False, True):

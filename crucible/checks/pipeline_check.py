@@ -69,7 +69,7 @@ def check_pipeline(model: object, device: str, seed: int, requests: int = 24,
     plain = ModelRunner(model, num_pages=requests * 8 + 8, device=device)
     plain.pipeline = False
     if greedy and getattr(plain.backend, "graphs", None) is not None:
-        plain.backend.graphs = plain.backend.prefill_graphs = None
+        plain.backend.graphs = plain.backend.prefill_graphs = plain.backend.mixed_graphs = None
     got, eng = _run(piped, model.tokenizer, prompts, stop, greedy)
     want, _ = _run(plain, model.tokenizer, prompts, stop, greedy)
     bad = [rid for rid, w in want.items() if got.get(rid) != w]

@@ -72,6 +72,7 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_PREFILL_ATTN": ("attention", _attention),
     "CRUCIBLE_DECODE_GRAPHS": ("decode_graphs", _switch),
     "CRUCIBLE_PREFILL_GRAPHS": ("prefill_graphs", _switch),
+    "CRUCIBLE_MIXED_GRAPHS": ("mixed_graphs", _switch),
     "CRUCIBLE_PDL": ("pdl", _switch),
     "CRUCIBLE_DECODE_STACK": ("decode_stack", _switch),
     "CRUCIBLE_PIPELINE": ("pipeline", _switch),
@@ -90,6 +91,7 @@ class Settings:
     attention: str = DEFAULT_VARIANT  # the GPU's attention variant (kernels/variants.py)
     decode_graphs: bool = True
     prefill_graphs: bool = True
+    mixed_graphs: bool = True
     pdl: bool = True
     decode_stack: bool = True
     pipeline: bool = True
@@ -113,7 +115,8 @@ class Settings:
         if self.weights not in WEIGHTS:
             raise ConfigError(f"weights must be 'int8' or 'f32', got {self.weights!r}")
         object.__setattr__(self, "attention", parse_variant(self.attention).name)
-        for name in ("decode_graphs", "prefill_graphs", "pdl", "decode_stack", "pipeline"):
+        for name in ("decode_graphs", "prefill_graphs", "mixed_graphs", "pdl", "decode_stack",
+                     "pipeline"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name, low in (("cpu_threads", 1), ("num_pages", 1), ("chunk_cap", 1),
@@ -169,7 +172,8 @@ class Settings:
 
     def backend_options(self) -> BackendOptions:
         return BackendOptions(attention=self.attention, decode_graphs=self.decode_graphs,
-                              prefill_graphs=self.prefill_graphs, pdl=self.pdl,
+                              prefill_graphs=self.prefill_graphs,
+                              mixed_graphs=self.mixed_graphs, pdl=self.pdl,
                               decode_stack=self.decode_stack, cpu_threads=self.cpu_threads)
 
     def scheduler_config(self) -> SchedulerConfig:

@@ -160,6 +160,24 @@ def paged_attention_mixed(q: Any, k_pool: Any, v_pool: Any, layer: int, single: 
     return first, second
 
 
+def step_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, out: Any, *,
+                   n_heads: int, n_kv_heads: int, variant: Variant, pdl: bool) -> None:
+    """One step's attention from its device metadata (backend/cupy_meta.py's CupyMeta, read
+    by attribute): split when the step holds both kinds of segment and the variant is of
+    the exact family (the one with a decode kernel), else one launch."""
+    mixed = meta.mixed
+    if mixed is not None and variant.family == "exact":
+        paged_attention_mixed(q, k_pool, v_pool, layer, mixed.single, mixed.multi,
+                              meta.page_tables, out, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                              multi_max_chunk=mixed.multi_max_chunk,
+                              single_capacity=mixed.single_capacity,
+                              multi_capacity=mixed.multi_capacity, variant=variant, pdl=pdl)
+        return
+    paged_attention(q, k_pool, v_pool, layer, meta.segments, meta.page_tables, out,
+                    n_heads=n_heads, n_kv_heads=n_kv_heads, max_chunk=meta.max_chunk,
+                    score_capacity=meta.score_capacity, variant=variant, pdl=pdl)
+
+
 def decode_args(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
                 page_tables: Any, out: Any, n_heads: int, n_kv_heads: int,
                 score_capacity: int, o_weight: Any = None, o_parts: Any = None) -> tuple:

@@ -1,0 +1,168 @@
+"""CUDA graphs for packed mixed steps: prefill slices and decode rows in one forward.
+
+Under moderate load (tens of running requests, a chat turn's prompt arriving) most steps
+hold a few prefill slices beside the running decodes. Eagerly such a step costs ~9 ms of
+host-side launches whatever its size (bench/mixed-step-h200.json), several times its GPU
+time when it is small. A graph replays it with one launch.
+
+A step qualifies when it has at most ``MAX_TOKENS`` rows and at most ``MAX_SLICES``
+segments of more than one row. It is padded to a graph's shape, the key
+``(tokens, finals, slices, chunk, single capacity, slice capacity)``, each rounded up to a
+bucket:
+- rows: real rows first as packed, then padding rows (token 0 at position 0 on the scratch
+  page past the pool, like the decode graphs' padding requests);
+- one-row segments: a list of ``tokens`` entries: the step's decode rows, then one per
+  padding row (attending to its one scratch position), then empty entries (chunk_len 0,
+  whose CTAs exit at once: cuda/attention_decode.cu);
+- slices: ``slices`` entries, the empty ones again of chunk_len 0 (the tiled kernel skips
+  row tiles past a segment's end); the grid covers ``chunk`` rows of each;
+- final rows: ``finals`` entries, the padding ones pointing at row 0 (computed, not read);
+- page tables: one row per real segment, then the scratch row; only the rows in use are
+  uploaded (the rest of the buffer is never read: no segment points at it).
+Attention runs split as in eager mixed steps (kernels/attention.py paged_attention_mixed),
+so every real row's arithmetic is the eager step's, and padding rows only ever read and
+write the scratch page: replay == eager bit for bit (``gpu-graph-check`` checks it).
+Steps of more than ``MAX_TOKENS`` rows run eagerly: their GPU time (~24 ms for 1,024 rows
+with 500 decodes) already hides the launches, and each graph of that size would cost a
+capture of a whole step. At most ``MAX_GRAPHS`` are kept, the least recently used dropped.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable
+
+import numpy as np
+
+from crucible.backend.cupy_graphs import BUCKETS, Captured, capture_forward
+from crucible.backend.cupy_meta import CupyMeta, MixedSegments, split
+from crucible.backend.cupy_pinned import PinnedRing
+from crucible.step.batch import PackedBatch
+
+MAX_TOKENS = 512
+MAX_SLICES = 4
+MAX_GRAPHS = 48
+TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
+SLICE_BUCKETS = (1, 2, 4)
+CAPACITY_BUCKETS = (256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+
+Key = tuple[int, int, int, int, int, int]
+
+
+def _up(x: int, buckets: tuple[int, ...]) -> int:
+    return next((b for b in buckets if b >= x), -(-x // buckets[-1]) * buckets[-1])
+
+
+def _capacity(segments: np.ndarray) -> int:
+    if segments.shape[0] == 0:
+        return 256
+    return _up(int((segments[:, 2] + segments[:, 1]).max()), CAPACITY_BUCKETS)
+
+
+def is_mixed_graph_step(batch: PackedBatch) -> bool:
+    """Whether a step can replay a mixed graph: some slice of more than one row, at most
+    MAX_SLICES of them, at most MAX_TOKENS rows (decode steps and lone prefills have graphs
+    of their own, tried first)."""
+    if not 0 < batch.num_rows <= MAX_TOKENS:
+        return False
+    n_multi = int((batch.segments[:, 1] > 1).sum())
+    return 0 < n_multi <= MAX_SLICES
+
+
+class MixedGraphs:
+    def __init__(self, table_width: int, scratch_page: int) -> None:
+        import cupy as cp
+
+        self.width = table_width  # pages of one full context
+        self.scratch = scratch_page
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.ring = PinnedRing()
+        self.graphs: OrderedDict[Key, Captured] = OrderedDict()
+        self.num_captures = 0
+        self.num_replays = 0
+
+    def clear(self) -> None:
+        self.stream.synchronize()
+        self.graphs.clear()
+
+    def key(self, batch: PackedBatch) -> Key:
+        segs = batch.segments
+        one = segs[:, 1] == 1
+        t = _up(batch.num_rows, TOKEN_BUCKETS)
+        f = min(t, _up(int(batch.final_rows.shape[0]), BUCKETS))
+        multi = segs[~one]
+        chunk = min(t, 1 << max(4, int(multi[:, 1].max() - 1).bit_length()))
+        return (t, f, _up(multi.shape[0], SLICE_BUCKETS), chunk, _capacity(segs[one]),
+                _capacity(multi))
+
+    def _sizes(self, key: Key) -> tuple[int, int, list[int]]:
+        """(table width, table rows, the buffer's part sizes: 4 row columns, one-row
+        segments, slices, final rows, page tables)."""
+        t, f, s, _, cap1, capm = key
+        w = min(self.width, max(cap1, capm) // 16)
+        rows = t + s + 1  # at most: every one-row entry and slice its own, the scratch row
+        return w, rows, [t] * 4 + [4 * t, 4 * s, f, rows * w]
+
+    def host_meta(self, batch: PackedBatch | None, key: Key) -> np.ndarray:
+        """The step's buffer, only as far as the table rows in use (the upload's length)."""
+        t, f, s, _, _, _ = key
+        w, rows, sizes = self._sizes(key)
+        fixed = sum(sizes[:-1])
+        if batch is None:  # capture stand-in: every entry empty, all tables on the scratch
+            out = np.zeros(fixed + rows * w, np.int32)
+            out[2 * t : 3 * t] = self.scratch
+            out[fixed:] = self.scratch
+            return out
+        n, segs = batch.num_rows, batch.segments
+        one = segs[:, 1] == 1
+        single, multi = segs[one], segs[~one]
+        d, m = single.shape[0], multi.shape[0]
+        used = d + m + 1
+        out = np.zeros(fixed + used * w, np.int32)
+        slots = batch.slot_mapping()
+        out[0:n] = batch.token_ids
+        out[t : t + n] = batch.positions
+        out[2 * t : 2 * t + n] = slots >> 4
+        out[2 * t + n : 3 * t] = self.scratch  # padding rows: position 0 on the scratch page
+        out[3 * t : 3 * t + n] = slots & 15
+        sg = out[4 * t : 8 * t].reshape(t, 4)
+        sg[:d, 0], sg[:d, 1], sg[:d, 2], sg[:d, 3] = single[:, 0], 1, single[:, 2], np.arange(d)
+        pad = t - n
+        sg[d : d + pad, 0], sg[d : d + pad, 1], sg[d : d + pad, 3] = np.arange(n, t), 1, d + m
+        ms = out[8 * t : 8 * t + 4 * s].reshape(s, 4)
+        ms[:m, :3], ms[:m, 3] = multi[:, :3], d + np.arange(m)
+        out[8 * t + 4 * s : 8 * t + 4 * s + batch.final_rows.shape[0]] = batch.final_rows
+        tables = out[fixed:].reshape(used, w)
+        src = batch.page_tables[:, :w]
+        tables[:d, : src.shape[1]] = src[single[:, 3]]
+        tables[d : d + m, : src.shape[1]] = src[multi[:, 3]]
+        tables[d + m] = self.scratch
+        return out
+
+    def _views(self, meta_dev: Any, key: Key) -> CupyMeta:
+        t, f, s, chunk, cap1, capm = key
+        w, rows, sizes = self._sizes(key)
+        v = split(meta_dev, sizes)
+        single, multi = v[4].reshape(t, 4), v[5].reshape(s, 4)
+        return CupyMeta(t, v[0], v[1], v[2], v[3], single, v[7].reshape(rows, w), v[6], f,
+                        chunk, max(cap1, capm),
+                        mixed=MixedSegments(single, multi, chunk, cap1, capm))
+
+    def run(self, batch: PackedBatch, forward: Callable[[Any], Any]) -> Any:
+        """The step's logits [final rows, vocab] on the device (valid until the next step)."""
+        import cupy as cp
+
+        key = self.key(batch)
+        cap = self.graphs.get(key)
+        if cap is None:
+            meta_dev = cp.asarray(self.host_meta(None, key))
+            cap = capture_forward(forward, self.stream, meta_dev, self._views(meta_dev, key))
+            self.graphs[key] = cap
+            self.num_captures += 1
+            if len(self.graphs) > MAX_GRAPHS:
+                self.graphs.popitem(last=False)
+        else:
+            self.graphs.move_to_end(key)
+        logits = cap.replay(self.stream, self.host_meta(batch, key), self.ring)
+        self.num_replays += 1
+        return logits[: batch.final_rows.shape[0]]

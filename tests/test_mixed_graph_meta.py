@@ -1,0 +1,118 @@
+"""The mixed-step graphs' metadata (backend/cupy_mixed_graphs.py), on the host: for random
+mixed steps, every real row must see exactly what the eager step gives it (token, position,
+K/V slot, its segment's start and page table up to its own causal end), padding rows only
+the scratch page, and every entry past the step's must be empty. No GPU needed: the host
+side of the graphs is plain numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from crucible.backend.cupy_mixed_graphs import (
+    MAX_SLICES,
+    MAX_TOKENS,
+    MixedGraphs,
+    is_mixed_graph_step,
+)
+from crucible.step.batch import PackedBatch, SegmentSpec, build_packed_batch
+
+SCRATCH = 9000
+
+
+def graphs() -> MixedGraphs:
+    g = MixedGraphs.__new__(MixedGraphs)  # host side only: no device, no stream
+    g.width, g.scratch = 512, SCRATCH
+    return g
+
+
+def random_step(rng: np.random.Generator) -> PackedBatch:
+    n_dec, n_pre = int(rng.integers(0, 60)), int(rng.integers(1, MAX_SLICES + 1))
+    kinds = ["d"] * n_dec + ["p"] * n_pre
+    rng.shuffle(kinds)  # decode rows and slices interleaved, as a scheduler may pack them
+    specs, budget = [], MAX_TOKENS - n_dec
+    for i, kind in enumerate(kinds):
+        n = 1 if kind == "d" else int(rng.integers(2, max(3, budget // n_pre)))
+        start = int(rng.integers(0, 3000))
+        pages = rng.permutation(8000)[: (start + n + 15) // 16].tolist()
+        finals = [0] if kind == "d" else ([n - 1] if rng.random() < 0.6 else [])
+        specs.append(SegmentSpec(f"r{i}", rng.integers(0, 999, n).tolist(), start, pages,
+                                 finals))
+    return build_packed_batch(specs)
+
+
+def decode(g: MixedGraphs, key: tuple, out: np.ndarray) -> dict:
+    t, f, s, _, _, _ = key
+    w, rows, sizes = g._sizes(key)
+    offs = np.cumsum([0] + sizes)
+    part = lambda k: out[offs[k] : offs[k + 1]]  # noqa: E731
+    used = (out.size - offs[7]) // w
+    return dict(tok=part(0), pos=part(1), page=part(2), slot=part(3),
+                single=part(4).reshape(t, 4), multi=part(5).reshape(s, 4), finals=part(6),
+                tables=out[offs[7]:].reshape(used, w), w=w, rows=rows)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_real_row_sees_its_eager_inputs(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    batch = random_step(rng)
+    assert is_mixed_graph_step(batch)
+    g = graphs()
+    key = g.key(batch)
+    t, f, s, chunk, cap1, capm = key
+    n, segs = batch.num_rows, batch.segments
+    assert t >= n and f >= batch.final_rows.shape[0] and s >= int((segs[:, 1] > 1).sum())
+    assert chunk >= int(segs[:, 1].max()) and cap1 % 256 == 0 and capm % 256 == 0
+    m = decode(g, key, g.host_meta(batch, key))
+    slots = batch.slot_mapping()
+    assert (m["tok"][:n] == batch.token_ids).all() and (m["pos"][:n] == batch.positions).all()
+    assert (m["page"][:n] == slots >> 4).all() and (m["slot"][:n] == slots & 15).all()
+    assert (m["page"][n:] == SCRATCH).all() and (m["slot"][n:] == 0).all()
+    assert (m["pos"][n:] == 0).all()
+    # Each real row is covered by exactly one live entry, with its own start and pages.
+    live = [(e, "single") for e in m["single"] if e[1] > 0]
+    live += [(e, "multi") for e in m["multi"] if e[1] > 0]
+    covered = np.zeros(t, int)
+    for e, _ in live:
+        covered[e[0] : e[0] + e[1]] += 1
+    assert (covered == 1).all()  # real rows and padding rows, each once
+    for k in range(segs.shape[0]):
+        start, length, absolute, table = segs[k]
+        e, kind = next((e, kind) for e, kind in live if e[0] == start)
+        assert e[1] == length and e[2] == absolute
+        end = absolute + length  # the longest causal length in this segment
+        need = -(-end // 16)
+        assert need <= m["w"]
+        assert (m["tables"][e[3], :need] == batch.page_tables[table, :need]).all()
+        assert kind == ("single" if length == 1 else "multi")  # which kernel serves it
+    # Padding rows: one-row entries at position 0 whose table is the scratch row.
+    for e, kind in live:
+        if e[0] >= n:
+            assert e[1] == 1 and e[2] == 0 and m["tables"][e[3], 0] == SCRATCH
+    assert (m["finals"][: batch.final_rows.shape[0]] == batch.final_rows).all()
+    assert (m["finals"][batch.final_rows.shape[0] :] == 0).all()
+    # Capacities bound every live entry's causal length (the kernels' score buffers).
+    for e in m["single"][m["single"][:, 1] > 0]:
+        assert e[2] + 1 <= cap1
+    for e in m["multi"][m["multi"][:, 1] > 0]:
+        assert e[2] + e[1] <= capm
+
+
+def test_capture_stand_in_is_all_empty_on_the_scratch_page() -> None:
+    g = graphs()
+    key = (64, 16, 2, 32, 512, 1024)
+    m = decode(g, key, g.host_meta(None, key))
+    assert m["tables"].shape[0] == m["rows"]  # the stand-in fills every table row
+    assert (m["single"][:, 1] == 0).all() and (m["multi"][:, 1] == 0).all()
+    assert (m["page"] == SCRATCH).all() and (m["tables"] == SCRATCH).all()
+
+
+def test_steps_outside_the_graphs_run_eagerly() -> None:
+    def step(lengths: list[int]) -> PackedBatch:
+        return build_packed_batch([SegmentSpec(f"r{i}", [1] * n, 0, list(range(40)),
+                                               [n - 1]) for i, n in enumerate(lengths)])
+
+    assert is_mixed_graph_step(step([1, 1, 30]))
+    assert not is_mixed_graph_step(step([1, 1, 1]))  # a decode step: the decode graphs'
+    assert not is_mixed_graph_step(step([1] * 10 + [MAX_TOKENS]))  # too many rows
+    assert not is_mixed_graph_step(step([3] * (MAX_SLICES + 1)))  # too many slices
