@@ -139,7 +139,9 @@ def check_mixed(cand: ModelRunner, ref: ModelRunner, steps: int, max_prompt: int
             while len(a.pages) * 16 < min(len(a.tokens), a.done + chunk):
                 a.pages.append(free.pop())
         fed = [min(chunk, len(a.tokens) - a.done) for a, _, _ in live]
-        qualifies = (sum(fed) <= MAX_TOKENS and 0 < sum(n > 1 for n in fed) <= MAX_SLICES)
+        # (A lone prompt is a singleton prefill: the prefill graphs take it first.)
+        qualifies = (len(fed) > 1 and sum(fed) <= MAX_TOKENS
+                     and 0 < sum(n > 1 for n in fed) <= MAX_SLICES)
         before = mixed.num_replays if mixed is not None else 0
         run_step(cand, [x[0] for x in live], chunk=chunk)
         run_step(ref, [x[1] for x in live], chunk=chunk)
