@@ -1,10 +1,12 @@
 """``llm-engine serve`` as a real process: starts, logs its configuration, serves, stops
-cleanly on SIGINT; a model that cannot load exits non-zero instead of serving."""
+cleanly on SIGINT or SIGTERM (its engine process gone too; ``--engine-in-process`` has
+none); a model that cannot load exits non-zero instead of serving."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -13,6 +15,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,11 +33,15 @@ def serve(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_serve_starts_serves_and_stops_on_sigint():
+@pytest.mark.parametrize("mode, sig", [("process", signal.SIGINT), ("process", signal.SIGTERM),
+                                       ("in-process", signal.SIGINT)],
+                         ids=["process-SIGINT", "process-SIGTERM", "in-process-SIGINT"])
+def test_serve_starts_serves_and_stops_on_a_signal(mode, sig):
     port = free_port()
     proc = serve("--model", "tiny-random", "--port", str(port), "--max-queue", "3",
                  "--token-budget", "256", "--chunk-cap", "64", "--num-pages", "100",
-                 "--weights", "f32", "--device", "cpu")
+                 "--weights", "f32", "--device", "cpu",
+                 *(["--engine-in-process"] if mode == "in-process" else []))
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -54,9 +62,13 @@ def test_serve_starts_serves_and_stops_on_sigint():
             text = r.read().decode()
         assert "crucible_queue_bound 3" in text and "crucible_pages_total 100" in text
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
+    child = re.search(r"engine process (\d+)", out)
+    assert (child is None) == (mode == "in-process"), out
+    if child:  # the engine process was told to stop and waited for, not left behind
+        assert not Path(f"/proc/{child.group(1)}").exists()
     assert "token_budget=256" in out and "chunk_cap=64" in out and "weights=f32" in out
     # one access line per request, with its tokens (the server logs at info by default)
     assert "crucible.server.access: POST /generate 200 prompt_tokens=" in out

@@ -99,10 +99,12 @@ def _load_failed(exc: Exception) -> str:
 
 
 async def stop_server(state: ServerState, runner: web.AppRunner) -> None:
-    await runner.cleanup()
+    """Stop the engine first: live requests end as aborted, so their handlers finish and
+    the runner's cleanup does not wait out its timeout behind a long stream."""
     for engine in (state.engine_loop, state.starting):
         if engine is not None:
             await engine.stop()
+    await runner.cleanup()
     state.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
 
