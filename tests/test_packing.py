@@ -101,3 +101,21 @@ def test_quick_init_refuses_what_it_cannot_keep() -> None:
     for cls in (WithDefault, NotFrozen, Slotted):
         with pytest.raises(TypeError):
             quick_init(cls)
+def test_pack_decodes_equals_the_spec_packing() -> None:
+    """The pipelined step's direct packing == packing one-row specs of token 0 (every
+    column, the request ids), across table widths and page counts."""
+    from crucible.step.batch import pack_decodes
+
+    rng = np.random.default_rng(11)
+    for n in (1, 7, 8, 300):
+        pos = rng.integers(0, 5000, n).tolist()
+        pages = [rng.permutation(9000)[: p // 16 + 1].tolist() for p in pos]
+        ids = [f"r{i}" for i in range(n)]
+        got = pack_decodes(ids, pos, pages)
+        want = build_packed_batch([SegmentSpec(r, [0], p, pg, [0])
+                                   for r, p, pg in zip(ids, pos, pages)])
+        for f in ("token_ids", "positions", "segments", "page_tables", "table_lengths",
+                  "final_rows"):
+            a, b = getattr(got, f), getattr(want, f)
+            assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all(), f
+        assert got.request_ids == want.request_ids

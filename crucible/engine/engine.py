@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from crucible.step.rows import RowSampling
-from crucible.step.batch import build_packed_batch
+from crucible.step.batch import PackedBatch, build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import Launched, plan_chained
 from crucible.engine.prefix_cache import PrefixCache
@@ -160,16 +160,16 @@ class LLMEngine:
                 plan = self.scheduler.schedule()
                 if not plan.slices:
                     return []
-                cur = self._launch(plan.slices, [s.segment() for s in plan.slices])
+                cur = self._launch(plan.slices,
+                                   build_packed_batch([s.segment() for s in plan.slices]))
             self._inflight = self._chain(cur)
             deltas, live = self._collect(cur)
             if live:  # else every row of cur belonged to requests that ended meanwhile
                 return deltas
 
-    def _launch(self, slices: Sequence[ScheduledSlice], specs: Sequence[Any],
+    def _launch(self, slices: Sequence[ScheduledSlice], batch: PackedBatch,
                 rows: Sequence[RowSampling] | None = None,
                 feed: np.ndarray | None = None) -> Launched:
-        batch = build_packed_batch(specs)
         validate_packed_batch(batch, num_pages=self.allocator.num_pages,
                               vocab_size=self.vocab_size,
                               max_pages_per_table=pages_for(self.max_context))
@@ -193,7 +193,7 @@ class LLMEngine:
         if nxt is None:
             return None
         self.num_chained += 1
-        return self._launch(nxt.slices, nxt.specs, nxt.rows, nxt.feed)
+        return self._launch(nxt.slices, nxt.batch, nxt.rows, nxt.feed)
 
     def _collect(self, cur: Launched) -> tuple[list[RequestDelta], bool]:
         updates = cur.updates if cur.updates is not None else device_updates(cur, self.vocab_size)

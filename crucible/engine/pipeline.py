@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from crucible.step.rows import RowSampling
-from crucible.step.batch import SegmentSpec
+from crucible.step.batch import PackedBatch, pack_decodes
 from crucible.engine.request import RequestStatus
 from crucible.engine.scheduler import ScheduledSlice
 
@@ -44,7 +44,7 @@ class Launched:
 @dataclass(frozen=True)
 class ChainedStep:
     slices: tuple[ScheduledSlice, ...]
-    specs: tuple[SegmentSpec, ...]
+    batch: PackedBatch
     rows: tuple[RowSampling, ...]
     feed: np.ndarray  # per row: its token's index among the previous step's sampled ids
 
@@ -56,7 +56,7 @@ def plan_chained(cur: Launched, running: list, has_waiting: bool, allocator: Any
     if (not max_rows or cur.pending is None or has_waiting or cur.num_sampled > max_rows
             or len(cur.slices) != len(running)):
         return None
-    slices, specs, rows, feed = [], [], [], []
+    slices, rows, feed, ids, positions, pages = [], [], [], [], [], []
     k = 0  # index of the slice's sampled id in step t
     for sl in cur.slices:
         req = sl.request
@@ -72,10 +72,12 @@ def plan_chained(cur: Launched, running: list, has_waiting: bool, allocator: Any
         if row is None or not req.page_table.grow(allocator, pos + 1):
             return None  # penalties / min_tokens read the new token; or no page is free
         slices.append(ScheduledSlice(req, pos, 1, (), True))
-        # Token 0 stands in for the id the device feeds; the page list is shared as usual.
-        specs.append(SegmentSpec(req.request_id, [0], pos, req.page_table.pages, (0,)))
+        ids.append(req.request_id)
+        positions.append(pos)
+        pages.append(req.page_table.pages)  # packed into arrays below, before any change
         rows.append(row)
         feed.append(k - 1)
     if not slices or len(slices) > max_rows:
         return None
-    return ChainedStep(tuple(slices), tuple(specs), tuple(rows), np.asarray(feed, np.int32))
+    return ChainedStep(tuple(slices), pack_decodes(ids, positions, pages), tuple(rows),
+                       np.asarray(feed, np.int32))

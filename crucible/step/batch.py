@@ -140,6 +140,25 @@ def _pack_vectorised(specs: Sequence[SegmentSpec]) -> PackedBatch:
                   finals)
 
 
+def pack_decodes(request_ids: Sequence[str], positions: Sequence[int],
+                 pages: Sequence[Sequence[int]]) -> PackedBatch:
+    """A decode step (one row per request, every row final) straight from its columns, no
+    SegmentSpec per row: the pipelined step's packing (engine/pipeline.py), whose tokens
+    the device feeds (token 0 stands in for each)."""
+    n = len(request_ids)
+    pos = np.asarray(positions, dtype=np.int32)
+    n_pages = np.fromiter(map(len, pages), np.int64, n)
+    width = max(int(n_pages.max()), 1) if n else 1
+    tables = np.zeros((n, width), dtype=np.int32)
+    tables[np.arange(width)[None, :] < n_pages[:, None]] = np.fromiter(
+        chain.from_iterable(pages), np.int32, int(n_pages.sum()))
+    rows = np.arange(n, dtype=np.int32)
+    segments = np.stack([rows, np.ones(n, np.int32), pos, rows], axis=1)
+    return PackedBatch(token_ids=np.zeros(n, np.int32), positions=pos, segments=segments,
+                       page_tables=tables, table_lengths=n_pages.astype(np.int32),
+                       final_rows=rows, request_ids=tuple(request_ids))
+
+
 def _batch(specs: Sequence[SegmentSpec], token_ids: np.ndarray, positions: np.ndarray,
            segments: np.ndarray, tables: np.ndarray, lengths: np.ndarray,
            finals: list[int]) -> PackedBatch:
