@@ -16,7 +16,7 @@ from crucible.errors import CrucibleError
 # name -> (module, function, one-line help); modules load only when their command runs.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "generate": ("crucible.cli_generate", "generate_main", "generate text from a prompt"),
-    "chat": ("crucible.cli_generate", "chat_main", "interactive chat in the terminal"),
+    "chat": ("crucible.chat.main", "chat_main", "interactive chat in the terminal"),
     "serve": ("crucible.cli_serve", "serve_main", "serve the HTTP APIs"),
     "gpu-engine-check": ("crucible.checks.engine_check", "main",
                          "check the CuPy backend against the numpy oracle and itself"),

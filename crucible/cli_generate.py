@@ -1,4 +1,5 @@
-"""``llm-engine generate`` and ``llm-engine chat``: stream text from the engine."""
+"""``llm-engine generate``: stream text from the engine (the chat, crucible/chat/, shares
+build_engine, sampling_from_args and stats_line)."""
 
 from __future__ import annotations
 
@@ -133,57 +134,3 @@ def generate_main(argv: list[str]) -> int:
     if (line := profile_line(engine)) is not None:
         print(line, file=sys.stderr)
     return 0
-
-
-def chat_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="llm-engine chat", description="Chat in the terminal. Empty line or "
-               "Ctrl-D quits; /reset starts over.")
-    p.add_argument("--system", default=None, help="system message")
-    p.add_argument("--stats", action="store_true", help="print a stats line after each answer")
-    p.set_defaults(profile=False)
-    add_sampling_options(p, max_tokens=512)
-    add_model_options(p)
-    return p
-
-
-def chat_main(argv: list[str]) -> int:
-    args = chat_parser().parse_args(argv)
-    engine = build_engine(args)
-    tok = engine.tokenizer
-    history: list[dict[str, str]] = []
-    if args.system:
-        history.append({"role": "system", "content": args.system})
-    base = list(history)
-    while True:
-        try:
-            line = input("you> ").strip()
-        except EOFError:
-            print()
-            return 0
-        if not line:
-            return 0
-        if line == "/reset":
-            history = list(base)
-            continue
-        history.append({"role": "user", "content": line})
-        sys.stdout.write("assistant> ")
-        collected: list[str] = []
-
-        class Tee:
-            def write(self, text: str) -> None:
-                collected.append(text)
-                sys.stdout.write(text)
-
-            def flush(self) -> None:
-                sys.stdout.flush()
-
-        try:
-            stats = stream(engine, tok.encode_chat(history), sampling_from_args(args), Tee())
-        except KeyboardInterrupt:
-            print("\n[stopped]")
-            history.pop()
-            continue
-        print()
-        history.append({"role": "assistant", "content": "".join(collected)})
-        if args.stats:
-            print(stats_line(stats, engine), file=sys.stderr)

@@ -23,7 +23,7 @@ LAYERS = ("cli", "checks", "server", "api", "engine", "model", "backend", "kerne
 PLACES = {
     "crucible": "api",  # the package itself: ``from crucible import LLM``
     "crucible.__main__": "cli", "crucible.cli": "cli", "crucible.cli_args": "cli",
-    "crucible.cli_generate": "cli", "crucible.cli_serve": "cli",
+    "crucible.cli_generate": "cli", "crucible.cli_serve": "cli", "crucible.chat": "cli",
     "crucible.checks": "checks", "crucible.server": "server", "crucible.api": "api",
     "crucible.engine": "engine", "crucible.model": "model", "crucible.backend": "backend",
     "crucible.kernels": "kernels", "crucible.step": "step", "crucible.errors": "base",
