@@ -1,6 +1,7 @@
 """The tiled GEMM (cuda/linear.cu), compiled once, and ``linear``: the one entry that picks
 the kernel by shape (the chunk kernel, linear_chunks.py, at decode-size M; the row kernels,
-linear_rows.py, up to 128 rows; else the tiled one). All keep linear.cu's canonical order,
+linear_rows.py, up to 128 rows; else the large-M kernel, linear_wide.py, where it measured
+faster, or the tiled one, which stays the baseline). All keep linear.cu's canonical order,
 so the pick never changes the bits. Arguments are checked before every launch.
 """
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from crucible.kernels import linear_chunks as cc
 from crucible.kernels import linear_rows as cf
+from crucible.kernels import linear_wide as lw
 from crucible.kernels.device_weight import DeviceWeight, check_out, check_x, ctype, cupy
 from crucible.kernels.source import cached_module
 
@@ -46,6 +48,8 @@ def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
         return cc.linear_chunks(x, wd, out, residual, pdl=pdl)  # decode-size M: K chunks
     if cf.use_rows(m, k) and not tiled:
         return cf.linear_rows(x, wd, out, residual=residual, pdl=pdl)
+    if lw.use_wide(m, n, k) and lw.aligned(x, wd.wt, wd.scale, out, residual):
+        return lw.linear_wide(x, wd, out, residual)  # same bits as linear_tiled, faster
     return linear_tiled(x, wd, out, residual)
 
 
