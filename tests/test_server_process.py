@@ -163,3 +163,13 @@ def test_anthropic_messages_match(servers):
     assert frames[0][0] == "message_start" and frames[-1][0] == "message_stop"
     stopped, _ = same(servers, "/v1/messages", {**body, "stop_sequences": [text[3:5]]})
     assert stopped["stop_reason"] == "stop_sequence"
+
+
+def test_refusals_come_at_once_as_in_process(servers):
+    """The engine's own checks run on the front: a stream the engine would refuse is a
+    400 JSON, never a 200 stream with an error in it."""
+    for body in ({"prompt_token_ids": [65, 99999], "max_tokens": 4},
+                 {"prompt_token_ids": [65] * 2040, "max_tokens": 9},
+                 {"prompt": "x", "max_tokens": 4, "temperature": -1}):
+        got = [post(srv, "/generate", {**body, "stream": True}) for srv in servers]
+        assert got[0] == got[1] and got[0][0] == 400, got

@@ -20,31 +20,18 @@ import itertools
 import logging
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any, Callable, NamedTuple, Sequence
 
 from crucible.engine import core_wire as wire
-from crucible.engine.engine import LLMEngine, RequestDelta
+from crucible.engine.engine import RequestDelta
 from crucible.engine.sampling import SamplingParams
 from crucible.errors import QueueFullError, RequestError
 from crucible.server.core_link import CoreLink, EngineLoadError, EngineProcessConfig
 from crucible.server.front_output import FrontOutput
-from crucible.server.serving_engine import EngineUnavailable, LoadPeaks
+from crucible.server.serving_engine import EngineLimits, EngineUnavailable, LoadPeaks
 from crucible.server.stream import EngineFailure, EngineGone, RequestStream
 
 log = logging.getLogger("crucible.server")
-
-
-class _Limits:
-    """The engine's fixed limits from its ready message. ``check_request`` is LLMEngine's
-    own, so the front refuses at once exactly what the engine would refuse."""
-
-    check_request = LLMEngine.check_request
-
-    def __init__(self, max_context: int, vocab_size: int, num_pages: int) -> None:
-        self.max_context = max_context
-        self.vocab_size = vocab_size
-        self.allocator = SimpleNamespace(num_pages=num_pages)
 
 
 class _Live(NamedTuple):
@@ -62,7 +49,7 @@ class EngineClient:
         self.unhealthy_reason = ""
         self.num_failures = 0
         self.peaks = LoadPeaks()
-        self._limits: _Limits | None = None
+        self._limits: EngineLimits | None = None
         self._counters: dict[str, int] = dict.fromkeys(wire.STATS_KEYS, 0)
         self._live: dict[int, _Live] = {}  # handle -> request; the reader removes ended ones
         self._by_rid: dict[str, int] = {}
@@ -178,11 +165,7 @@ class EngineClient:
             log.exception("cannot read a message from the engine process")
 
     def _on_link_exit(self, reason: str) -> None:
-        with self._lock:
-            entries = list(self._live.values())
-            self._live.clear()
-            self._by_rid.clear()
-        self._call(self._on_exit, reason, entries)
+        self._call(self._on_exit, reason)
 
     def _take(self, handles: Sequence[int]) -> list[_Live]:
         with self._lock:
@@ -275,7 +258,7 @@ class EngineClient:
         self.tokenizer = tok
         self.max_context, self.num_pages = msg["max_context"], msg["num_pages"]
         self.max_queue = msg["max_queue"]
-        self._limits = _Limits(msg["max_context"], msg["vocab_size"], msg["num_pages"])
+        self._limits = EngineLimits(msg["max_context"], msg["vocab_size"], msg["num_pages"])
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(msg["info"])
 
@@ -283,8 +266,14 @@ class EngineClient:
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(exc)
 
-    def _on_exit(self, reason: str, entries: list[_Live]) -> None:
+    def _on_exit(self, reason: str) -> None:
+        # On the loop, so no submit can slip in between taking the live requests and
+        # ``running`` turning False (the reader has stopped feeding them).
         self._exited = True
+        with self._lock:
+            entries = list(self._live.values())
+            self._live.clear()
+            self._by_rid.clear()
         if not self._stopped:
             self.healthy = False
             self.unhealthy_reason = reason

@@ -3,13 +3,16 @@
 Two implementations: ``EngineLoop`` (engine_loop.py: the engine in a worker thread of this
 process) and ``EngineClient`` (engine_client.py: the engine in a process of its own). The
 server's state, routes and metrics read only this surface, never an engine's internals, so
-either can serve. ``LoadPeaks`` is the queue/page peak bookkeeping both keep for /metrics.
+either can serve. ``LoadPeaks`` is the queue/page peak bookkeeping both keep for /metrics;
+``EngineLimits`` the request checks of an engine that runs elsewhere.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Protocol, Sequence
 
+from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
 from crucible.server.stream import RequestStream
 
@@ -76,3 +79,16 @@ class LoadPeaks:
                   waiting_preempted=preempted, waiting_peak=self.waiting_peak,
                   failures=failures)
         return st
+
+
+class EngineLimits:
+    """An engine's fixed limits, for a front that has no engine object (its engine runs in
+    another process). ``check_request`` is LLMEngine's own, so the front refuses at once
+    exactly what the engine would refuse."""
+
+    check_request = LLMEngine.check_request
+
+    def __init__(self, max_context: int, vocab_size: int, num_pages: int) -> None:
+        self.max_context = max_context
+        self.vocab_size = vocab_size
+        self.allocator = SimpleNamespace(num_pages=num_pages)
