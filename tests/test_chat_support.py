@@ -3,7 +3,8 @@ and ``llm-engine chat`` spawned on a pseudo-terminal.
 
 The tiny random model decodes thousands of tokens a second on a CPU, so a reply that is to
 be cancelled or resized mid-stream is given thousands of tokens to write: its context is
-32k positions, and greedy decoding of seed 0 never samples its end-of-turn token early.
+32k positions, and greedy decoding of seed 0 does not sample its end-of-turn token early
+for the prompts these tests send.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 from test_chat_support import ACCEPTED, say, send, spawn_chat, stop, wait_prompt
 
 LONG = "3000"  # tokens: seconds of output, so a key sent after the first piece lands mid-reply
-POOL = re.compile(r"pool: (\d+)/(\d+) pages free")
+ENGINE = re.compile(r"engine: (\d+)/(\d+) pages free \| (\d+) tokens generated")
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +43,19 @@ def test_ctrl_c_cancels_the_reply_not_the_chat(root: Path) -> None:
     child = spawn_chat(root, "--max-tokens", LONG)
     wait_prompt(child)
     send(child, "tell me a long story")
-    child.expect_exact("assistant> ")
-    child.expect_exact("\ufffd")  # the reply has started streaming
+    child.expect("assistant> .")  # the reply has started streaming
     child.sendintr()
     child.expect(r"\[cancelled after (\d+) tokens; this turn is not kept\]")
-    assert 0 < int(child.match.group(1)) < int(LONG)
+    shown = int(child.match.group(1))
+    assert 0 < shown < int(LONG)
     wait_prompt(child)
     out = stats(child)
     assert "(cancelled)" in out and "(1 cancelled, 0 cut)" in out and "0 messages kept" in out
-    free, total = map(int, POOL.search(out).groups())
-    assert free == total  # the aborted request's pages are back
+    free, total, generated = map(int, ENGINE.search(out).groups())
+    # The engine stopped: it generated about what was shown (a step or two in flight when
+    # the cancel came), not the LONG tokens the request asked for; its pages are back.
+    assert shown <= generated < shown + 16
+    assert free == total
     # The chat is still usable: the next turn runs to its end.
     out = say(child, "a short one now")
     assert f"[cut at max-tokens {LONG}]" in out
@@ -65,9 +68,9 @@ def test_a_resize_mid_reply_does_not_break_it(root: Path) -> None:
     child = spawn_chat(root, "--max-tokens", LONG)
     wait_prompt(child)
     send(child, "hello")
-    child.expect_exact("\ufffd")
+    child.expect("assistant> .")
     child.setwinsize(40, 120)  # SIGWINCH while the reply streams
-    child.expect_exact("\ufffd")
+    child.expect(".")
     child.setwinsize(20, 60)
     out = wait_prompt(child)
     assert f"[cut at max-tokens {LONG}]" in out
@@ -192,3 +195,21 @@ def test_ctrl_c_at_the_prompt_and_ctrl_d_exit(root: Path) -> None:
     # starts on a fresh one.
     shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", tail)
     assert "Traceback" not in shown and shown.endswith("\n"), repr(shown)
+
+
+def test_history_recalls_earlier_messages_across_sessions(root: Path) -> None:
+    hist = root / "history.txt"
+    child = spawn_chat(root, "--max-tokens", "2", "--history", str(hist))
+    wait_prompt(child)
+    say(child, "remember me")
+    assert stop(child) == 0
+    assert "remember me" in hist.read_text()
+    child = spawn_chat(root, "--max-tokens", "2", "--history", str(hist))
+    wait_prompt(child)
+    child.send("\x1b[A")  # Up: the last session's message comes back, Enter sends it
+    send(child, "")
+    wait_prompt(child)
+    path = root / "recalled.json"
+    say(child, f"/save {path}")
+    assert json.loads(path.read_text())["messages"][0]["content"] == "remember me"
+    assert stop(child) == 0

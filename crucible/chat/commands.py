@@ -64,7 +64,11 @@ def run(session: ChatSession) -> int:
             return 0
         text = text.strip()
         if text and not _is_command(text):
-            session.turn(text[1:] if text.startswith("//") else text)
+            try:
+                session.turn(text[1:] if text.startswith("//") else text)
+            except KeyboardInterrupt:  # a second Ctrl-C while the first one was handled
+                session.backend.settle()
+                session.say("\n[cancelled; this turn is not kept]")
 
 
 def _is_command(text: str) -> bool:
@@ -138,8 +142,8 @@ def _stats(session: ChatSession, arg: str) -> None:
                 f"{t.generated_tokens} tokens generated in {t.seconds:.2f} s "
                 f"({_rate(t.generated_tokens, t.seconds)} tok/s) | {t.prompt_tokens} "
                 f"prompt tokens | {len(session.turns)} messages kept")
-    if (pool := session.backend.pool()) is not None:
-        session.say(pool)
+    if (engine := session.backend.engine_line()) is not None:
+        session.say(engine)
 
 
 def _save(session: ChatSession, arg: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import time
 from contextlib import aclosing
 
@@ -30,6 +31,8 @@ class LocalBackend:
         self.model = runner.model.name
         self.where = f"device {runner.device}, weights {runner.model.weights_mode}"
         self.max_tokens = self.params.max_tokens
+        self._ids = itertools.count()
+        self._current: str | None = None  # the request of the latest reply
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "LocalBackend":
@@ -38,8 +41,9 @@ class LocalBackend:
     async def reply(self, messages: list[dict[str, str]], meter: ReplyMeter) -> None:
         ids = self.engine.tokenizer.encode_chat(messages)
         meter.prompt_tokens = len(ids)
+        self._current = rid = f"chat-{next(self._ids)}"
         try:
-            stream = self.streams.generate(ids, self.params)
+            stream = self.streams.generate(ids, self.params, request_id=rid)
         except (RequestError, QueueFullError) as exc:
             raise ChatError(str(exc)) from None
         # aclosing: a cancelled task leaves the stream at once, and closing it aborts the
@@ -52,15 +56,20 @@ class LocalBackend:
                     meter.finish(delta.finish_reason or "stop")
 
     def settle(self, timeout: float = 5.0) -> None:
-        """Wait until the worker has applied a cancel: the request gone, its pages free."""
+        """After a cancel or an error: abort the latest request (idempotent, for a stream
+        that was never closed) and wait until the worker has applied it, so the request
+        is gone and its pages are free when the next prompt shows."""
+        if self._current is not None:
+            self.streams.abort(self._current)
         deadline = time.monotonic() + timeout
         while (self.engine.has_unfinished() or self.streams.num_pending) and \
                 time.monotonic() < deadline:
             time.sleep(0.005)
 
-    def pool(self) -> str:
+    def engine_line(self) -> str:
         st = self.engine.stats()
-        return f"pool: {st['pages_free']}/{st['pages_total']} pages free"
+        return (f"engine: {st['pages_free']}/{st['pages_total']} pages free | "
+                f"{st['tokens_generated']} tokens generated in {st['steps']} steps")
 
     def stats_line(self, reply: Reply) -> str:
         return stats_line({"prompt_tokens": reply.prompt_tokens or 0,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
+import time
 from typing import Any
 
 import aiohttp
@@ -18,6 +20,7 @@ import aiohttp
 from crucible.chat.reply import ChatError, Reply, ReplyMeter
 
 _CONNECT_TIMEOUT_S = 10.0
+_LOAD_WAIT_S = 300.0  # a big model's first load can take minutes
 
 
 def base_url(url: str) -> str:
@@ -63,11 +66,25 @@ class RemoteBackend:
         return aiohttp.ClientSession(headers=self.headers, timeout=timeout)
 
     async def _model_name(self) -> str:
+        """The first model /v1/models lists, waiting out a server that is still loading
+        (503 with Retry-After) for up to _LOAD_WAIT_S."""
+        deadline = time.monotonic() + _LOAD_WAIT_S
+        told = False
         try:
-            async with self._session() as s, s.get(self.url + "/v1/models") as r:
-                body = await r.text()
-                if r.status != 200:
-                    raise ChatError(f"{self.url}/v1/models: {_error_text(r.status, body)}")
+            async with self._session() as s:
+                while True:
+                    async with s.get(self.url + "/v1/models") as r:
+                        body = await r.text()
+                        retry = r.headers.get("Retry-After", "")
+                    if r.status == 200:
+                        break
+                    if r.status != 503 or not retry.isdigit() or time.monotonic() > deadline:
+                        raise ChatError(f"{self.url}/v1/models: {_error_text(r.status, body)}")
+                    if not told:
+                        print(f"crucible: {self.url} is loading its model; waiting",
+                              file=sys.stderr, flush=True)
+                        told = True
+                    await asyncio.sleep(min(int(retry), 5))
         except aiohttp.ClientError as exc:
             raise ChatError(f"cannot reach {self.url}: {exc}") from None
         try:
@@ -119,8 +136,8 @@ class RemoteBackend:
     def settle(self) -> None:
         """Nothing to wait for here: the server frees the pages of a closed stream."""
 
-    def pool(self) -> None:
-        return None
+    def engine_line(self) -> None:
+        return None  # the server's engine is its own: see its /metrics
 
     def stats_line(self, reply: Reply) -> str:
         rate = "-" if reply.decode_tok_s is None else f"{reply.decode_tok_s:.1f}"

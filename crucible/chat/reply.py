@@ -76,11 +76,15 @@ class ReplyMeter:
 
 def run_cancellable(make: Callable[[], Awaitable[None]]) -> bool:
     """Run ``make()`` to its end on a fresh event loop; Ctrl-C cancels it. Returns True
-    when it was cancelled. Errors it raises propagate."""
+    when it was cancelled. Errors it raises propagate, and so does a KeyboardInterrupt
+    where the loop cannot take SIGINT (the caller treats that as a cancel too)."""
     loop = asyncio.new_event_loop()
     try:
         task = loop.create_task(make())
-        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        try:
+            loop.add_signal_handler(signal.SIGINT, task.cancel)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # no loop signals here (Windows, not the main thread): KeyboardInterrupt
         try:
             loop.run_until_complete(task)
             return False

@@ -11,8 +11,9 @@ import sys
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
-from crucible.chat.reply import ChatError, Reply, ReplyMeter, run_cancellable
+from crucible.chat.reply import Reply, ReplyMeter, run_cancellable
 from crucible.chat.term import Terminal
+from crucible.errors import CrucibleError
 
 REPLY_PREFIX = "assistant> "
 
@@ -26,7 +27,7 @@ class Backend(Protocol):
 
     def settle(self) -> None: ...
 
-    def pool(self) -> str | None: ...
+    def engine_line(self) -> str | None: ...
 
     def stats_line(self, reply: Reply) -> str: ...
 
@@ -79,20 +80,19 @@ class ChatSession:
         self.out.flush()
 
     def turn(self, text: str) -> None:
-        """Send one user message and stream the reply to the end, a cancel or an error."""
-        self.turns.append({"role": "user", "content": text})
-        messages = self.messages()
+        """Send one user message and stream the reply to the end, a cancel or an error;
+        the exchange joins the conversation only when the reply ended by itself."""
+        messages = self.messages() + [{"role": "user", "content": text}]
         self._echo(REPLY_PREFIX)
         meter = ReplyMeter(self._echo)
         try:
             cancelled = run_cancellable(lambda: self.backend.reply(messages, meter))
-        except ChatError as exc:
-            self.turns.pop()
+        except CrucibleError as exc:  # refused, or the server or engine failed: say so
             self.backend.settle()
             self._echo("\n")
             self.warn(f"[error: {exc}]")
             return
-        except KeyboardInterrupt:  # landed outside the reply's loop, before or after it
+        except KeyboardInterrupt:  # landed just outside the reply's task
             cancelled = True
         if cancelled:
             meter.finish("cancelled")
@@ -103,11 +103,10 @@ class ChatSession:
         if not reply.text.endswith("\n"):
             self._echo("\n")
         if cancelled:
-            self.turns.pop()
             self.say(f"[cancelled after {reply.generated_tokens} tokens; this turn is not "
                      f"kept]")
         else:
-            self.turns.append({"role": "assistant", "content": reply.text})
+            self.turns += messages[-1:] + [{"role": "assistant", "content": reply.text}]
             if reply.finish_reason == "length":
                 self.say(self._cut_marker(reply))
         if self.show_stats:
