@@ -24,6 +24,7 @@ from crucible.engine.factory import TINY_MODEL
 from crucible.engine.settings import Settings
 from crucible.server.engine_client import EngineProcessConfig
 from crucible.server.launch import ServerThread
+from engine_process_kit import engine_pid, gone, wait_for
 
 SETTINGS = Settings(device="cpu", weights="f32", num_pages=256)
 REPO = Path(__file__).resolve().parent.parent
@@ -39,36 +40,9 @@ def call(url: str, body: dict | None = None, timeout: float = 15) -> tuple[int, 
         return e.code, dict(e.headers), json.loads(e.read())
 
 
-def gone(pid: int, timeout: float = 10.0) -> bool:
-    """True once ``pid`` has exited (a zombie nobody reaped counts as exited)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def engine_pid(srv: ServerThread) -> int:
-    engine = srv.state.engine_loop or srv.state.starting
-    assert engine is not None and engine.pid
-    return engine.pid
-
-
-def wait_for(cond, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
-
-
 def test_loading_answers_503_with_retry_after_then_serves(tmp_path):
     gate = tmp_path / "go"
-    srv = ServerThread(EngineProcessConfig(str(gate), SETTINGS, "core_factories:gated"))
+    srv = ServerThread(EngineProcessConfig(str(gate), SETTINGS, "engine_process_kit:gated"))
     srv.start(wait_loaded=False)
     try:
         status, headers, body = call(srv.url + "/health")
@@ -88,7 +62,7 @@ def test_loading_answers_503_with_retry_after_then_serves(tmp_path):
 
 @pytest.mark.parametrize("model, factory, words", [
     ("missing.gguf", None, "missing.gguf"),
-    (TINY_MODEL, "core_factories:broken", "ZeroDivisionError: the factory divided by zero"),
+    (TINY_MODEL, "engine_process_kit:broken", "ZeroDivisionError: the factory divided by zero"),
 ])
 def test_a_load_failure_is_reported_in_its_own_words(tmp_path, model, factory, words):
     spec = str(tmp_path / model) if model.endswith(".gguf") else model
@@ -107,7 +81,7 @@ def test_a_load_failure_is_reported_in_its_own_words(tmp_path, model, factory, w
 
 
 def test_a_killed_engine_fails_live_requests_and_health():
-    srv = ServerThread(EngineProcessConfig(TINY_MODEL, SETTINGS, "core_factories:slow_steps"))
+    srv = ServerThread(EngineProcessConfig(TINY_MODEL, SETTINGS, "engine_process_kit:slow_steps"))
     srv.start()
     results: dict[str, object] = {}
 
@@ -148,7 +122,7 @@ def test_a_killed_engine_fails_live_requests_and_health():
 
 
 def test_a_disconnect_frees_the_pages_in_the_engine_process():
-    srv = ServerThread(EngineProcessConfig(TINY_MODEL, SETTINGS, "core_factories:slow_steps"))
+    srv = ServerThread(EngineProcessConfig(TINY_MODEL, SETTINGS, "engine_process_kit:slow_steps"))
     srv.start()
     try:
         before = srv.engine_stats()["tokens_generated"]
@@ -173,7 +147,7 @@ def test_a_disconnect_frees_the_pages_in_the_engine_process():
 
 
 def test_shutdown_ends_live_requests_and_leaves_no_engine_process():
-    srv = ServerThread(EngineProcessConfig(TINY_MODEL, SETTINGS, "core_factories:slow_steps"))
+    srv = ServerThread(EngineProcessConfig(TINY_MODEL, SETTINGS, "engine_process_kit:slow_steps"))
     srv.start()
     pid = engine_pid(srv)
     done = threading.Event()
@@ -223,7 +197,7 @@ def test_a_killed_front_leaves_no_engine_process(tmp_path, loading):
         "from crucible.server.launch import ServerThread\n"
         "if __name__ == '__main__':\n"
         f"    srv = ServerThread(EngineProcessConfig({str(gate)!r}, Settings(device='cpu',"
-        " weights='f32', num_pages=64), 'core_factories:gated'))\n"
+        " weights='f32', num_pages=64), 'engine_process_kit:gated'))\n"
         f"    srv.start(wait_loaded={not loading})\n"
         "    while not getattr(srv.state.engine_loop or srv.state.starting, 'pid', None):\n"
         "        time.sleep(0.01)\n"
