@@ -46,7 +46,7 @@ _ADD = struct.Struct("<BIIH")  # tag, handle, prompt length, JSON length
 # tag, has-logprob-groups bits, deltas, tokens, (items, entries) of each logprob group
 _STEP = struct.Struct("<BBIIIIII")
 _COUNTERS = struct.Struct(f"<{len(STATS_KEYS)}q")
-_I32, _F64 = np.dtype("<i4"), np.dtype("<f8")
+_I32, _U32, _F64 = np.dtype("<i4"), np.dtype("<u4"), np.dtype("<f8")
 
 
 class WireDelta(NamedTuple):
@@ -91,11 +91,11 @@ def decode_add(data: bytes) -> tuple[int, list[int], dict[str, Any]]:
 
 
 def encode_abort(handles: Sequence[int]) -> bytes:
-    return bytes([ABORT]) + np.asarray(handles, dtype=_I32).tobytes()
+    return bytes([ABORT]) + np.asarray(handles, dtype=_U32).tobytes()
 
 
 def decode_abort(data: bytes) -> list[int]:
-    return np.frombuffer(data, _I32, offset=1).tolist()
+    return np.frombuffer(data, _U32, offset=1).tolist()
 
 
 # -- the step frame -----------------------------------------------------------------------
@@ -126,7 +126,7 @@ def encode_step(deltas: Sequence[tuple[int, RequestDelta]], counters: Sequence[i
         tokens.extend(d.new_token_ids)
         codes.append(_CODE[d.finish_reason] if d.finished else -1)
         cached.append(d.num_cached_tokens)
-    arrays = [handles, lengths, codes, cached, tokens]
+    arrays = [np.asarray(handles, dtype=_U32), lengths, codes, cached, tokens]
     groups, sizes = 0, []
     for bit, pick in ((1, lambda d: d.new_logprobs), (2, lambda d: d.prompt_logprobs)):
         lists = [pick(d) for _, d in deltas]
@@ -185,7 +185,8 @@ def decode_step(data: bytes) -> tuple[dict[str, int], list[WireDelta]]:
     _, groups, n, t, a_items, a_entries, b_items, b_entries = _STEP.unpack_from(data)
     counters = dict(zip(STATS_KEYS, _COUNTERS.unpack_from(data, _STEP.size)))
     r = _Reader(data, _STEP.size + _COUNTERS.size)
-    handles, lengths, codes, cached = (r.take(_I32, n) for _ in range(4))
+    handles = r.take(_U32, n)
+    lengths, codes, cached = (r.take(_I32, n) for _ in range(3))
     tokens = r.take(_I32, t)
     none: list = [None] * n
     lps = _take_lists(r, n, a_items, a_entries) if groups & 1 else none
