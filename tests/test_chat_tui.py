@@ -213,3 +213,22 @@ def test_history_recalls_earlier_messages_across_sessions(root: Path) -> None:
     say(child, f"/save {path}")
     assert json.loads(path.read_text())["messages"][0]["content"] == "remember me"
     assert stop(child) == 0
+
+
+def test_keys_typed_during_a_reply_wait_for_the_next_prompt(root: Path) -> None:
+    """Neither echoed into the reply nor taken as end of input: a Ctrl-D typed ahead is a
+    key at the next prompt (delete, on a non-empty line), and the line typed runs there."""
+    child = spawn_chat(root, "--max-tokens", LONG)
+    wait_prompt(child)
+    send(child, "hello")
+    child.expect("assistant> .")
+    path = root / "ahead.json"
+    child.send(f"/save {path}")
+    child.sendcontrol("d")
+    child.send("\r")
+    child.expect_exact(f"[cut at max-tokens {LONG}]")
+    assert "/save" not in child.before
+    child.expect_exact(ACCEPTED)  # the next prompt took the typed line...
+    assert "[saved 2 messages" in wait_prompt(child)  # ...and ran it
+    assert [m["content"] for m in json.loads(path.read_text())["messages"]][0] == "hello"
+    assert stop(child) == 0

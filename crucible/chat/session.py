@@ -86,7 +86,8 @@ class ChatSession:
         self._echo(REPLY_PREFIX)
         meter = ReplyMeter(self._echo)
         try:
-            cancelled = run_cancellable(lambda: self.backend.reply(messages, meter))
+            with self.term.streaming():
+                cancelled = run_cancellable(lambda: self.backend.reply(messages, meter))
         except CrucibleError as exc:  # refused, or the server or engine failed: say so
             self.backend.settle()
             self._echo("\n")

@@ -9,7 +9,8 @@ no prompt is active, so a resize then only re-wraps plain text the terminal alre
 from __future__ import annotations
 
 import sys
-from typing import Iterable, Iterator, Protocol
+from contextlib import contextmanager, nullcontext
+from typing import ContextManager, Iterable, Iterator, Protocol
 
 from prompt_toolkit import PromptSession, prompt
 from prompt_toolkit.completion import CompleteEvent, Completer, Completion
@@ -28,6 +29,8 @@ class Terminal(Protocol):
     def read(self) -> str | None: ...
 
     def confirm(self, question: str) -> bool: ...
+
+    def streaming(self) -> ContextManager[None]: ...
 
 
 def open_terminal(history_file: str | None, commands: Iterable[str]) -> Terminal:
@@ -61,6 +64,9 @@ class PipeTerminal:
         # Nobody is there to ask: a script's /reset means it.
         return True
 
+    def streaming(self) -> ContextManager[None]:
+        return nullcontext()
+
 
 class TtyTerminal:
     interactive = True
@@ -83,6 +89,39 @@ class TtyTerminal:
             return prompt(question).strip().lower() in ("y", "yes")
         except (EOFError, KeyboardInterrupt):
             return False
+
+    @contextmanager
+    def streaming(self) -> Iterator[None]:
+        """While a reply streams, keys typed are neither echoed into it nor held by the
+        line discipline: they wait, raw, for the next prompt (so Ctrl-D typed ahead is a
+        key there, not an end of input). ISIG stays on, so Ctrl-C still signals."""
+        saved = _tty_modes()
+        if saved is None:  # no termios (Windows), or stdin is no terminal after all
+            yield
+            return
+        import termios
+
+        fd = sys.stdin.fileno()
+        quiet = termios.tcgetattr(fd)
+        quiet[3] &= ~(termios.ECHO | termios.ICANON)
+        quiet[6][termios.VMIN], quiet[6][termios.VTIME] = 1, 0
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSAFLUSH would drop typeahead
+        try:
+            yield
+        finally:
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def _tty_modes() -> list | None:
+    """stdin's terminal modes, or None without termios (Windows) or a terminal."""
+    try:
+        import termios
+    except ImportError:
+        return None
+    try:
+        return termios.tcgetattr(sys.stdin.fileno())
+    except (termios.error, OSError, ValueError):
+        return None
 
 
 def _bindings() -> KeyBindings:
