@@ -5,13 +5,10 @@ validated PackedBatch into logits. One ``step()`` is one packed forward. Output 
 as ``RequestDelta`` increments (new tokens/text since the last step), which the offline API
 accumulates and the async engine streams.
 
-Sampling runs where the logits are. When the runner has a device sampler (``runner.sampler``,
-the CuPy backend's), each sampling row goes down as a ``RowSampling`` (params plus distinct
-history ids, see crucible/step/rows.py) and only token ids and requested top-N
-logprobs come back; rows that feed prompt logprobs are the only logits fetched to the host.
-Otherwise the host sampler (crucible/engine/sampling.py) runs on the returned logits. Both
-run the same pipeline on the same (seed, n) draw, so deltas, stop handling and stats do not
-depend on which one ran (the device's exactness contract: crucible/backend/cupy_sampling.py).
+Sampling runs where the logits are: a device sampler (``runner.sampler``) gets each row as a
+``RowSampling`` (crucible/step/rows.py) and returns ids and requested logprobs, and only
+prompt-logprob rows come to the host; else the host sampler (engine/sampling.py) runs. Both
+draw the same (seed, n) way, so deltas and stops do not depend on which ran.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from crucible.step.rows import RowSampling
 from crucible.step.batch import PackedBatch, build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import Launched, plan_chained
-from crucible.engine.prefix_cache import PrefixCache
+from crucible.engine.prefix_cache import PrefixCache, cache_counters
 from crucible.engine.request import Request, RequestStatus
 from crucible.engine.rng import derive_seed
 from crucible.engine.sampling import SamplingParams, log_softmax, top_logprobs
@@ -69,8 +66,8 @@ class LLMEngine:
         self.max_context = runner.config.max_context
         self.vocab_size = runner.config.vocab_size
         self.eos_ids: tuple[int, ...] = tuple(tokenizer.stop_token_ids) if tokenizer else ()
-        # False: deltas carry ids only and stop strings are not checked here, because the
-        # caller detokenises itself (the server's engine process: its front does both).
+        # False: ids-only deltas, no stop strings here: the caller (the server's engine
+        # process) detokenises and checks them itself.
         self.detokenize = True
         self.requests: dict[str, Request] = {}  # unfinished requests only
         self._seed_base = seed
@@ -80,8 +77,7 @@ class LLMEngine:
         self.num_generated = 0
         self.num_chained = 0  # steps queued by the pipeline, before the previous one's ids
         self._inflight: Launched | None = None  # a queued step whose results are not applied
-        # --profile: (stage, fn) -> fn(), timed. Host sampling runs through it; the device
-        # sampler is timed where it is launched (the runner's sampler is wrapped instead).
+        # --profile: (stage, fn) -> fn(), timed; host sampling runs through it.
         self.stage_timer: Callable[[str, Callable[[], Any]], Any] | None = None
 
     # -- requests -------------------------------------------------------------------------
@@ -297,13 +293,4 @@ class LLMEngine:
 
     def cache_stats(self) -> dict[str, int]:
         """The prefix cache's counters and what it holds (all zero without a cache)."""
-        c = self.prefix_cache
-        if c is None:
-            return dict.fromkeys(("cache_queries", "cache_hits", "cache_hit_tokens",
-                                  "cache_admissions", "cache_evictions", "cache_pages",
-                                  "cache_resident_bytes"), 0)
-        s = c.stats
-        return {"cache_queries": s.queries, "cache_hits": s.hits,
-                "cache_hit_tokens": s.hit_tokens, "cache_admissions": s.admissions,
-                "cache_evictions": s.evictions, "cache_pages": c.num_pages,
-                "cache_resident_bytes": c.num_pages * c.page_bytes}
+        return cache_counters(self.prefix_cache)

@@ -205,3 +205,17 @@ class PrefixCache:
             assert self._pages[entry.key] == page
         assert set(self._unowned) <= set(self._entries)
         assert self._roots == sum(e.root for e in self._entries.values())
+
+
+def cache_counters(cache: PrefixCache | None) -> dict[str, int]:
+    """A cache's counters and what it holds, as the engine's stats name them (all zero for
+    no cache)."""
+    if cache is None:
+        return dict.fromkeys(("cache_queries", "cache_hits", "cache_hit_tokens",
+                              "cache_admissions", "cache_evictions", "cache_pages",
+                              "cache_resident_bytes"), 0)
+    s = cache.stats
+    return {"cache_queries": s.queries, "cache_hits": s.hits, "cache_hit_tokens": s.hit_tokens,
+            "cache_admissions": s.admissions, "cache_evictions": s.evictions,
+            "cache_pages": cache.num_pages,
+            "cache_resident_bytes": cache.num_pages * cache.page_bytes}
