@@ -31,6 +31,23 @@ def slow_steps(model: str, settings: Settings):
     return engine, info
 
 
+def faulty(model: str, settings: Settings):
+    """While the file ``model`` names exists, every forward raises; with ``leak`` in its
+    text, it first takes a page no request owns (a fault that corrupts the pool)."""
+    engine, info = build_engine(TINY_MODEL, settings)
+    forward, gate = engine.runner.forward, Path(model)
+
+    def run(batch):
+        if gate.exists():
+            if "leak" in gate.read_text():
+                engine.allocator.allocate(1)
+            raise RuntimeError("injected device fault")
+        return forward(batch)
+
+    engine.runner.forward = run
+    return engine, info
+
+
 def broken(model: str, settings: Settings):
     """A load that fails with an unexpected exception (not a CrucibleError)."""
     raise ZeroDivisionError("the factory divided by zero")

@@ -1,7 +1,8 @@
 """The engine process's life seen over HTTP: 503 + Retry-After while it loads, a load
-failure reported in its own words, a killed process failing every live request (stream
-and not) and /health naming its exit code, a disconnect freeing the pages in the process,
-and no engine process left behind by a shutdown or by a killed front."""
+failure reported in its own words, a failed step failing only its requests (and a leaking
+one turning /health to 503), a killed process failing every live request (stream and not)
+and /health naming its exit code, a disconnect freeing the pages in the process, and no
+engine process left behind by a shutdown or by a killed front."""
 
 from __future__ import annotations
 
@@ -119,6 +120,27 @@ def test_a_killed_engine_fails_live_requests_and_health():
         t0 = time.monotonic()
         srv.stop()
         assert time.monotonic() - t0 < 10
+
+
+def test_a_failed_step_fails_its_requests_and_a_leak_turns_health_503(tmp_path):
+    gate = tmp_path / "fault"
+    srv = ServerThread(EngineProcessConfig(str(gate), SETTINGS, "engine_process_kit:faulty"))
+    srv.start()
+    try:
+        gate.write_text("fail")
+        status, _, body = call(srv.url + "/generate", {"prompt": "hi", "max_tokens": 3})
+        assert status == 500 and "internal error" in body["error"]["message"]
+        assert "injected" not in body["error"]["message"]
+        gate.unlink()  # the engine process serves on, and every page came back
+        assert call(srv.url + "/generate", {"prompt": "hi", "max_tokens": 3})[0] == 200
+        assert call(srv.url + "/health")[0] == 200
+        gate.write_text("leak")
+        assert call(srv.url + "/generate", {"prompt": "hi", "max_tokens": 3})[0] == 500
+        status, _, body = call(srv.url + "/health")
+        assert status == 503 and "unaccounted for" in body["detail"]
+        assert srv.state.metrics.finished["error"] == 2
+    finally:
+        srv.stop()
 
 
 def test_a_disconnect_frees_the_pages_in_the_engine_process():
