@@ -176,7 +176,9 @@ class CupyBackend:
                 return out
         if (self.mixed_graphs is not None and self.variant.family == "exact"
                 and is_mixed_graph_step(batch)):
-            return self.mixed_graphs.run(batch, forward)
+            out = self.mixed_graphs.run(batch, forward)
+            if out is not None:
+                return out
         return forward(self.prepare(batch))
 
     def new(self, shape: tuple[int, ...]) -> Any:

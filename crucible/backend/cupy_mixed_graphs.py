@@ -41,7 +41,7 @@ from crucible.step.batch import PackedBatch
 
 MAX_TOKENS = 512
 MAX_SLICES = 4
-MAX_GRAPHS = 48
+MAX_GRAPHS = 32
 TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
 SLICE_BUCKETS = (1, 2, 4)
 CAPACITY_BUCKETS = (256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
@@ -80,6 +80,7 @@ class MixedGraphs:
         self.graphs: OrderedDict[Key, Captured] = OrderedDict()
         self.num_captures = 0
         self.num_replays = 0
+        self.num_out_of_memory = 0  # captures abandoned for want of device memory
 
     def clear(self) -> None:
         self.stream.synchronize()
@@ -148,15 +149,24 @@ class MixedGraphs:
                         chunk, max(cap1, capm),
                         mixed=MixedSegments(single, multi, chunk, cap1, capm))
 
-    def run(self, batch: PackedBatch, forward: Callable[[Any], Any]) -> Any:
-        """The step's logits [final rows, vocab] on the device (valid until the next step)."""
+    def run(self, batch: PackedBatch, forward: Callable[[Any], Any]) -> Any | None:
+        """The step's logits [final rows, vocab] on the device (valid until the next step),
+        or None when the step must run eagerly: a capture that ran out of device memory
+        drops every mixed graph (their private pools go back to the device) and the step
+        runs eagerly; later steps capture again as memory allows."""
         import cupy as cp
 
         key = self.key(batch)
         cap = self.graphs.get(key)
         if cap is None:
-            meta_dev = cp.asarray(self.host_meta(None, key))
-            cap = capture_forward(forward, self.stream, meta_dev, self._views(meta_dev, key))
+            try:
+                meta_dev = cp.asarray(self.host_meta(None, key))
+                cap = capture_forward(forward, self.stream, meta_dev,
+                                      self._views(meta_dev, key))
+            except cp.cuda.memory.OutOfMemoryError:
+                self.clear()
+                self.num_out_of_memory += 1
+                return None
             self.graphs[key] = cap
             self.num_captures += 1
             if len(self.graphs) > MAX_GRAPHS:
