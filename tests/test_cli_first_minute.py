@@ -17,7 +17,8 @@ import pytest
 
 from crucible.cli import main
 from crucible.cli_args import DefaultsFormatter
-from crucible.cli_generate import chat_parser, generate_parser, stats_line
+from crucible.chat.main import chat_parser
+from crucible.cli_generate import generate_parser, stats_line
 from crucible.cli_serve import parser as serve_parser
 
 REPO = Path(__file__).resolve().parent.parent
