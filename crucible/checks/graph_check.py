@@ -130,14 +130,17 @@ def check_mixed(cand: ModelRunner, ref: ModelRunner, steps: int, max_prompt: int
             free.extend(x[0].pages)
         for _ in range(int(rng.integers(1, 4)) if len(live) < 40 else 0):
             toks = rng.integers(0, vocab, int(rng.integers(2, max_prompt + 1))).tolist()
-            a, b = Req(f"m{serial}", list(toks), []), Req(f"m{serial}", list(toks), [])
-            b.pages = a.pages  # one list shared by both runners' Req
-            live.append((a, b, int(rng.integers(1, 12))))
+            budget = int(rng.integers(1, 12))
+            need = pages_for(len(toks) + budget + 1)  # every page it will ever hold, now
+            if need > len(free):
+                break  # a small pool (the quick check): join when pages come back
+            pages = [free.pop() for _ in range(need)]
+            a, b = Req(f"m{serial}", list(toks), pages), Req(f"m{serial}", list(toks), pages)
+            live.append((a, b, budget))
             serial += 1
+        if not live:
+            continue
         chunk = int(rng.integers(2, max_prompt + 1))
-        for a, _, _ in live:
-            while len(a.pages) * 16 < min(len(a.tokens), a.done + chunk):
-                a.pages.append(free.pop())
         fed = [min(chunk, len(a.tokens) - a.done) for a, _, _ in live]
         # (A lone prompt is a singleton prefill: the prefill graphs take it first.)
         qualifies = (len(fed) > 1 and sum(fed) <= MAX_TOKENS
