@@ -14,15 +14,25 @@ request. Two modes, alternating over rounds: ``ids`` (deltas of token ids only, 
 ``text`` (every delta detokenised, the in-process streaming path). Figures: host ms per
 step (the process's CPU time, so other load on the machine does not count), min and median
 over rounds. ``--profile`` prints the top of a cProfile of one round.
+
+``--against REV``: the same rounds on another commit, for an A/B in one run: each round
+runs both sides in fresh processes (this file, with ``PYTHONPATH`` at a temporary git
+worktree of REV for the baseline), alternating which goes first; figures per side and the
+paired ratios baseline / this tree.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
+import os
 import pstats
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -93,6 +103,40 @@ def round_ms(running: int, steps: int, text: bool, seed: int,
     return ms
 
 
+def one_round(tree: Path, args: argparse.Namespace, seed: int) -> dict[str, float]:
+    """One round in a fresh process importing crucible from ``tree``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        cmd = [sys.executable, __file__, "--running", str(args.running), "--steps",
+               str(args.steps), "--rounds", "1", "--seed", str(seed), "--json", str(out)]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(tree)))
+        res = json.loads(out.read_text())["host_ms_per_step"]
+    return {k: v["median"] for k, v in res.items()}
+
+
+def against(args: argparse.Namespace) -> dict:
+    repo = Path(__file__).resolve().parent.parent
+    base = Path(tempfile.mkdtemp(prefix="host-step-base-"))
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", "--detach", str(base),
+                    args.against], check=True)
+    sides: dict[str, dict[str, list[float]]] = {"base": {}, "this": {}}
+    try:
+        for r in range(args.rounds):
+            order = [("base", base), ("this", repo)]
+            for side, tree in order if r % 2 == 0 else order[::-1]:
+                for k, v in one_round(tree, args, r).items():
+                    sides[side].setdefault(k, []).append(v)
+            print(f"round {r}: " + ", ".join(f"{s} {m} {sides[s][m][-1]:.3f}" for s in sides
+                                             for m in sides[s]), file=sys.stderr, flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(base)])
+    return {"against": args.against,
+            "host_ms_per_step": {s: {m: stat(v) for m, v in d.items()} for s, d in sides.items()},
+            "base_over_this": {m: stat([a / b for a, b in zip(sides["base"][m], sides["this"][m])])
+                               for m in sides["this"]}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--running", type=int, default=256)
@@ -100,11 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default="bench/host-step-cpu.json")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--against", default=None, metavar="REV")
+    p.add_argument("--seed", type=int, default=None, help=argparse.SUPPRESS)  # one_round's
     args = p.parse_args(argv)
+    command = "python3 bench/host_step.py " + " ".join(argv if argv is not None
+                                                       else sys.argv[1:])
+    if args.against:
+        write_json(args.json, {"command": command, "running": args.running,
+                               "steps": args.steps, **against(args)})
+        return 0
     res: dict[str, list[float]] = {"ids": [], "text": []}
     for r in range(args.rounds):
+        seed = r if args.seed is None else args.seed
         for mode in ("ids", "text") if r % 2 == 0 else ("text", "ids"):
-            res[mode].append(round_ms(args.running, args.steps, mode == "text", r))
+            res[mode].append(round_ms(args.running, args.steps, mode == "text", seed))
         print(f"round {r}: ids {res['ids'][-1]:.3f} ms, text {res['text'][-1]:.3f} ms",
               file=sys.stderr, flush=True)
     if args.profile:
@@ -114,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== profile: {mode}", file=sys.stderr)
             pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(18)
     write_json(args.json, {
-        "command": "python3 bench/host_step.py " + " ".join(argv if argv is not None
-                                                            else sys.argv[1:]),
-        "running": args.running, "steps": args.steps,
+        "command": command, "running": args.running, "steps": args.steps,
         "host_ms_per_step": {k: stat(v) for k, v in res.items()}})
     return 0
 
