@@ -54,6 +54,10 @@ def test_loading_answers_503_with_retry_after_then_serves(tmp_path):
         assert call(srv.url + "/v1/models")[0] == 503
         gate.touch()
         wait_for(lambda: call(srv.url + "/health")[0] == 200, 30)
+        # Ready, before any step: /metrics already shows the pool (it came with the ready).
+        with urllib.request.urlopen(srv.url + "/metrics", timeout=15) as r:
+            text = r.read().decode()
+        assert "crucible_pages_total 256\n" in text
         status, _, body = call(srv.url + "/generate", {"prompt": "hi", "max_tokens": 2})
         assert status == 200 and body["usage"]["completion_tokens"] == 2
     finally:

@@ -51,12 +51,15 @@ def core_main(conn: Connection, model: str, settings: Settings, factory: str,
             "traceback": traceback.format_exc()}))
         return
     freeze_startup()  # this process serves one engine for its whole life
+    core = EngineCore(engine, conn)
+    # The counters go with it, so /metrics shows the pool before the first step.
     ready = {"info": asdict(info), "max_context": engine.max_context,
              "vocab_size": engine.vocab_size, "num_pages": engine.allocator.num_pages,
              "max_queue": engine.config.max_queue, "pid": os.getpid(),
-             "tokenizer": wire.tokenizer_payload(engine.tokenizer)}
+             "tokenizer": wire.tokenizer_payload(engine.tokenizer),
+             "stats": dict(zip(wire.STATS_KEYS, core.counters()))}
     if _send(conn, wire.encode_json(wire.READY, ready)):
-        EngineCore(engine, conn).run()
+        core.run()
 
 
 def _watch_parent(parent_pid: int) -> None:

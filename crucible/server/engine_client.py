@@ -259,6 +259,7 @@ class EngineClient:
         self.max_context, self.num_pages = msg["max_context"], msg["num_pages"]
         self.max_queue = msg["max_queue"]
         self._limits = EngineLimits(msg["max_context"], msg["vocab_size"], msg["num_pages"])
+        self._counters = dict(msg["stats"])  # until the first step's frame
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(msg["info"])
 
