@@ -147,6 +147,11 @@ def test_d10_identity() -> None:
     assert page_key(root, page) != page_key(namespace_key("m2"), page)
     # ids are int32, not bytes: 256 and 1 differ even though one byte of each is 1.
     assert page_key(root, [256] + page[1:]) != page_key(root, [1] + page[1:])
+    # The documented encoding itself, whichever way it is packed (lists or numpy ids).
+    import xxhash
+
+    want = xxhash.xxh3_128_digest(root + np.asarray(page, dtype="<i4").tobytes())
+    assert page_key(root, page) == want == page_key(root, np.asarray(page, np.int64))
 
 
 def test_d10_namespace_covers_model_weights_and_arithmetic(model) -> None:

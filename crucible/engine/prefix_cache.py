@@ -42,9 +42,15 @@ def namespace_key(*parts: str) -> bytes:
     return xxhash.xxh3_128_digest(data)
 
 
+_PAGE_IDS = struct.Struct(f"<{PAGE_SIZE}i")  # a full page's ids, little-endian int32
+
+
 def page_key(parent: bytes, tokens: Sequence[int]) -> bytes:
-    """H(parent || 16 token ids as little-endian int32)."""
-    return xxhash.xxh3_128_digest(parent + np.asarray(tokens, dtype="<i4").tobytes())
+    """H(parent || 16 token ids as little-endian int32). (struct packs a page's ids in a
+    third of numpy's time: this runs for every page every request completes.)"""
+    data = _PAGE_IDS.pack(*tokens) if len(tokens) == PAGE_SIZE else \
+        np.asarray(tokens, dtype="<i4").tobytes()
+    return xxhash.xxh3_128_digest(parent + data)
 
 
 @dataclass
