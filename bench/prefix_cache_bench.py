@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import stat, write_json  # noqa: E402
 from throughput import DEFAULT_MODEL, TINY, TINY_CUDA_GEOMETRY, plain  # noqa: E402
-from throughput_measure import Probe, dist, pct, timed_generate  # noqa: E402
+from throughput_measure import Probe, dist, graph_counters, pct, timed_generate  # noqa: E402
 from throughput_workload import WARMUP_REQUESTS, requests  # noqa: E402
 
 from crucible import LLM, SamplingParams  # noqa: E402
@@ -185,12 +185,14 @@ def chat_once(model: LoadedModel, args: argparse.Namespace, name: str,
     if args.warmup_turns:
         asyncio.run(chat_run(llm, *warm, params))
     c0 = llm.engine.cache_stats()
-    s0 = llm.stats()
+    s0, g0 = llm.stats(), graph_counters(llm)
     wall, recs = asyncio.run(chat_run(llm, *work, params))
     fig = chat_figures(wall, recs, c0, llm.engine.cache_stats())
-    s1 = llm.stats()
+    s1, g1 = llm.stats(), graph_counters(llm)
     fig["steps"] = s1["steps"] - s0["steps"]
     fig["preemptions"] = s1["preemptions"] - s0["preemptions"]
+    # Captures inside the timed part (a graph per new step shape) cost TTFT: count them.
+    fig["graphs"] = {k: g1[k] - g0.get(k, 0) for k in g1}
     return fig, [r["reply"] for r in recs], llm
 
 
