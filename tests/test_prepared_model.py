@@ -86,3 +86,37 @@ def test_a_damaged_or_stale_file_is_rebuilt(gguf: Path, tmp_path: Path, damage: 
     assert "is unusable" in err and "rebuilding" in err
     assert np.array_equal(logits(model), want)
     assert prepared.load(target, sha256_file(gguf), "int8") is not None  # rebuilt whole
+
+
+def test_an_hf_directory_is_prepared_once_and_rebuilt_when_a_file_changes(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    """An HF directory gets the same quick start: the second load reads the prepared file
+    (the safetensors are not read again) with the same bits; rewriting a file (its time
+    changes) makes the next load prepare again."""
+    import os
+
+    from crucible.model import hf_loader
+    from crucible.model.tiny import save_hf_dir
+
+    src = tmp_path / "hf"
+    save_hf_dir(tiny_random_model(seed=4), src)
+    cache = tmp_path / "cache"
+    fresh = load_model(str(src), "int8", cache, use_prepared=False)
+    first = load_model(str(src), "int8", cache)
+    assert "preparing hf (int8)" in capsys.readouterr().err and first.prepared is not None
+    real = hf_loader.load_hf_dir
+
+    def no_parse(*a, **k):
+        raise AssertionError("the directory was parsed again")
+
+    monkeypatch.setattr(hf_loader, "load_hf_dir", no_parse)
+    again = load_model(str(src), "int8", cache)
+    assert capsys.readouterr().err == "" and again.weights is None
+    assert again.config == fresh.config and again.fingerprint == fresh.fingerprint
+    assert (logits(again).view(np.uint32) == logits(fresh).view(np.uint32)).all()
+    st = (src / "config.json").stat()
+    os.utime(src / "config.json", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    with pytest.raises(AssertionError, match="parsed again"):
+        load_model(str(src), "int8", cache)  # stale: it must go back to the source
+    monkeypatch.setattr(hf_loader, "load_hf_dir", real)
+    assert load_model(str(src), "int8", cache).fingerprint == fresh.fingerprint

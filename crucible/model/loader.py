@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,48 +44,63 @@ def check_weights_mode(mode: str) -> str:
 def load_model(spec: str, weights: str = "int8", cache: Path | None = None,
                use_prepared: bool = True) -> LoadedModel:
     """``spec``: a known model name, a ``.gguf`` path or an HF-format directory; ``cache``:
-    where known models are downloaded to (model/fetch.py). A GGUF is prepared once per
+    where known models are downloaded to (model/fetch.py). A model is prepared once per
     weight mode (model/prepared.py); later loads read that file (``use_prepared=False``:
-    always parse the GGUF, and keep the f32 weights)."""
-    from crucible.model.tokenizer_load import load_gguf_tokenizer, load_hf_tokenizer
-
+    always parse the source, and keep the f32 weights)."""
     check_weights_mode(weights)
     path = resolve_model_path(spec, cache)
+    name = spec if not Path(spec).exists() else Path(spec).name
+    if path.is_dir():
+        key = dir_key(path)
+    else:
+        key = KNOWN_MODELS[spec].sha256 if spec in KNOWN_MODELS else sha256_file(path)
+    target = prep.prepared_path(cache, key, weights)
+    if use_prepared:
+        got = prep.load(target, key, weights)
+        if got is not None:
+            _, cfg, fp, tok, bw = got
+            return LoadedModel(name, cfg, None, tok, fp, weights, prepared=bw)
+        print(f"crucible: preparing {name} ({weights}) for quick starts; once, a few "
+              "seconds", file=sys.stderr, flush=True)
+    cfg, w, fp, tok = _parse(path)
+    _check_vocab(path, tok, cfg)
+    model = LoadedModel(name, cfg, w, tok, fp, weights)
+    if not use_prepared:
+        return model
+    bw = backend_weights(w, weights)
+    try:
+        prep.save(target, name=name, sha256=key, config=cfg, fingerprint=fp, tokenizer=tok,
+                  weights=bw)
+    except OSError as exc:  # a read-only cache still serves, just without quick starts
+        print(f"crucible: could not write {target} ({exc})", file=sys.stderr)
+    return replace(model, prepared=bw)
+
+
+def dir_key(path: Path) -> str:
+    """An HF directory's identity for the prepared cache: its resolved path and every file's
+    name, size and modification time. (Hashing its tensors would cost as much as the load
+    the cache saves; any rewrite of a file changes its time.)"""
+    h = hashlib.sha256(f"hf-dir\0{path.resolve()}\0".encode())
+    for f in sorted(p for p in path.iterdir() if p.is_file()):
+        st = f.stat()
+        h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return h.hexdigest()
+
+
+def _parse(path: Path) -> tuple[ModelConfig, ModelWeights, str, Any]:
+    """(config, f32 weights, fingerprint, tokenizer) from the source itself."""
+    from crucible.model.tokenizer_load import load_gguf_tokenizer, load_hf_tokenizer
+
     if path.is_dir():
         from crucible.model.hf_loader import load_hf_dir
 
         cfg, w, fp = load_hf_dir(path)
-        tok = load_hf_tokenizer(path)
-    else:
-        name = spec if not Path(spec).exists() else Path(spec).name
-        sha = KNOWN_MODELS[spec].sha256 if spec in KNOWN_MODELS else sha256_file(path)
-        target = prep.prepared_path(cache, sha, weights)
-        if use_prepared:
-            got = prep.load(target, sha, weights)
-            if got is not None:
-                _, cfg, fp, tok, bw = got
-                return LoadedModel(name, cfg, None, tok, fp, weights, prepared=bw)
-            print(f"crucible: preparing {name} ({weights}) for quick starts; once, a few "
-                  "seconds", file=sys.stderr, flush=True)
-        from crucible.model.gguf_loader import load_gguf, open_gguf
+        return cfg, w, fp, load_hf_tokenizer(path)
+    from crucible.model.gguf_loader import load_gguf, open_gguf
 
-        reader = open_gguf(path)  # parsing metadata is slow: read it once for both
-        cfg, w, fp = load_gguf(path, reader)
-        tok = load_gguf_tokenizer(path, reader)
-        _check_vocab(path, tok, cfg)
-        model = LoadedModel(name, cfg, w, tok, fp, weights)
-        if not use_prepared:
-            return model
-        bw = backend_weights(w, weights)
-        try:
-            prep.save(target, name=name, sha256=sha, config=cfg, fingerprint=fp, tokenizer=tok,
-                      weights=bw)
-        except OSError as exc:  # a read-only cache still serves, just without quick starts
-            print(f"crucible: could not write {target} ({exc})", file=sys.stderr)
-        return replace(model, prepared=bw)
-    _check_vocab(path, tok, cfg)
-    return LoadedModel(name=spec if not Path(spec).exists() else Path(spec).name, config=cfg,
-                       weights=w, tokenizer=tok, fingerprint=fp, weights_mode=weights)
+    reader = open_gguf(path)  # parsing metadata is slow: read it once for both
+    cfg, w, fp = load_gguf(path, reader)
+    return cfg, w, fp, load_gguf_tokenizer(path, reader)
 
 
 def _check_vocab(path: Path, tok: Any, cfg: ModelConfig) -> None:

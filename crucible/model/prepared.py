@@ -1,11 +1,12 @@
-"""The prepared-model cache: a GGUF's backend-ready tensors, tokenizer and config in one
+"""The prepared-model cache: a model's backend-ready tensors, tokenizer and config in one
 safetensors file beside the download, so later starts skip the slow parts.
 
 A start from a GGUF parses all of its metadata (the 49,152-entry vocabulary: most of the
 time), dequantizes every tensor and quantizes the linear layers to int8 again. The prepared
 file holds the result of all that for one weight mode: the tensors under the names the
 forward uses (``BackendWeights``), the tokenizer as its JSON plus the fields Crucible adds,
-and the model config. It is keyed by the source file's sha256, the weight mode and
+and the model config. It is keyed by the source file's sha256 (an HF directory: a digest
+of its files' names, sizes and times, model/loader.py ``dir_key``), the weight mode and
 ``FORMAT``; written to a temporary file and renamed, so a crash never leaves half a file; a
 file that cannot be read, or says another format or source, is rebuilt with a message.
 """
