@@ -152,6 +152,34 @@ def test_tokenizer_info_like_vllm(server) -> None:
     json.dumps(info)
 
 
+def test_lm_eval_remote_tokenizer_shape(server) -> None:
+    """What lm-evaluation-harness's remote tokenizer does with a server (its RemoteTokenizer,
+    read 2026-12: base URL with /v1/completions stripped): /tokenizer_info must carry
+    "eos_token"; the eos id is /tokenize of that text with add_special_tokens false; ids
+    come back through /detokenize's "prompt"; the chat template renders in a jinja2
+    environment with StrictUndefined from messages and add_generation_prompt alone."""
+    import jinja2
+
+    tok = server.state.engine_loop.engine.tokenizer
+    status, info = call(server.url + "/tokenizer_info")
+    assert status == 200 and "eos_token" in info and isinstance(info["eos_token"], str)
+
+    def encode(text: str) -> list[int]:
+        status, out = call(server.url + "/tokenize",
+                           {"prompt": text, "add_special_tokens": False})
+        assert status == 200 and isinstance(out["tokens"], list), out
+        return out["tokens"]
+
+    assert encode(info["eos_token"])[0] == tok.eos_token_id  # the special token, whole
+    ids = encode("test, and a longer line")
+    status, out = call(server.url + "/detokenize", {"tokens": ids})
+    assert status == 200 and out["prompt"] == "test, and a longer line"
+    env = jinja2.Environment(loader=jinja2.BaseLoader(), undefined=jinja2.StrictUndefined)
+    text = env.from_string(info["chat_template"]).render(
+        messages=[{"role": "user", "content": "hi there"}], add_generation_prompt=True)
+    assert "hi there" in text
+
+
 def test_tokenizer_info_needs_the_api_key() -> None:
     with ServerThread(lambda: build_engine(*TINY), ServerConfig(api_key="k")) as srv:
         assert call(srv.url + "/tokenizer_info")[0] == 401
