@@ -36,7 +36,8 @@ def graph_counters(llm: LLM) -> dict[str, int]:
     for prefix, attr, fields in (("decode", "graphs", ("num_replays", "num_captures")),
                                  ("prefill", "prefill_graphs",
                                   ("num_replays", "num_captures", "num_eager")),
-                                 ("mixed", "mixed_graphs", ("num_replays", "num_captures"))):
+                                 ("mixed", "mixed_graphs",
+                                  ("num_replays", "num_captures", "num_eager"))):
         g = getattr(be, attr, None)
         if g is not None:
             for f in fields:

@@ -116,3 +116,49 @@ def test_steps_outside_the_graphs_run_eagerly() -> None:
     assert not is_mixed_graph_step(step([1, 1, 1]))  # a decode step: the decode graphs'
     assert not is_mixed_graph_step(step([1] * 10 + [MAX_TOKENS]))  # too many rows
     assert not is_mixed_graph_step(step([3] * (MAX_SLICES + 1)))  # too many slices
+
+
+def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape seen once runs eagerly; the second sighting captures it, later ones replay;
+    once MAX_GRAPHS are held no more are made (nothing evicted), and those steps run
+    eagerly, counted. (A fake cupy: the policy is host code.)"""
+    import sys
+    import types
+
+    from crucible.backend import cupy_mixed_graphs as cmg
+
+    fake = types.ModuleType("cupy")
+    fake.asarray = np.asarray
+    fake.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=MemoryError))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    captured: list[tuple] = []
+
+    class Cap:
+        def replay(self, stream: object, meta: np.ndarray, ring: object) -> np.ndarray:
+            return np.zeros((512, 4), np.float32)
+
+    def capture(forward: object, stream: object, meta_dev: object, meta: object) -> Cap:
+        captured.append(meta.num_rows)
+        return Cap()
+
+    monkeypatch.setattr(cmg, "capture_forward", capture)
+    monkeypatch.setattr(cmg, "MAX_GRAPHS", 3)
+    g = graphs()
+    g.graphs, g.seen, g.num_captures, g.num_replays, g.num_eager = {}, {}, 0, 0, 0
+    g.stream = g.ring = None
+    g.capture_after, g.max_graphs = cmg.CAPTURE_AFTER, cmg.MAX_GRAPHS
+
+    def step(n_prefill: int) -> PackedBatch:  # one slice of n rows and two decodes
+        return build_packed_batch([SegmentSpec("d0", [1], 40, [1, 2, 3], [0]),
+                                   SegmentSpec("d1", [1], 50, [4, 5, 6], [0]),
+                                   SegmentSpec("p", [2] * n_prefill, 0, list(range(7, 47)),
+                                               [n_prefill - 1])])
+
+    sizes = [20, 20, 20, 100, 100, 200, 200, 300, 300, 300]  # four shapes, twice or more
+    got = [g.run(step(n), None) for n in sizes]
+    eager = [out is None for out in got]
+    # 20: eager, capture, replay; 100: eager, capture; 200: eager, capture; 300: full.
+    assert eager == [True, False, False, True, False, True, False, True, True, True]
+    assert len(g.graphs) == 3 == g.num_captures == len(captured)
+    assert g.num_replays == 4 and g.num_eager == 6
+    assert all(out.shape == (3, 4) for out in got if out is not None)  # the final rows only

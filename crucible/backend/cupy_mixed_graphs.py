@@ -7,8 +7,12 @@ time when it is small. A graph replays it with one launch.
 
 A step qualifies when it has at most ``MAX_TOKENS`` rows and at most ``MAX_SLICES``
 segments of more than one row. It is padded to a graph's shape, the key
-``(tokens, finals, slices, chunk, single capacity, slice capacity)``, each rounded up to a
-bucket:
+``(tokens, finals, slices, chunk, capacity, capacity)``, each rounded up to a bucket. The
+buckets are coarse on purpose: chat traffic makes steps of every size, and each key costs a
+capture (a warm-up forward and the capture itself). So final rows round to a power of two,
+the slices' row grid covers at least a quarter of the rows (tiles past a slice's end exit),
+and one capacity, a power of two, sizes both attention launches (a larger score buffer
+changes no bits, only shared memory):
 - rows: real rows first as packed, then padding rows (token 0 at position 0 on the scratch
   page past the pool, like the decode graphs' padding requests);
 - one-row segments: a list of ``tokens`` entries: the step's decode rows, then one per
@@ -24,17 +28,21 @@ so every real row's arithmetic is the eager step's, and padding rows only ever r
 write the scratch page: replay == eager bit for bit (``gpu-graph-check`` checks it).
 Steps of more than ``MAX_TOKENS`` rows run eagerly: their GPU time (~24 ms for 1,024 rows
 with 500 decodes) already hides the launches, and each graph of that size would cost a
-capture of a whole step. At most ``MAX_GRAPHS`` are kept, the least recently used dropped.
+capture of a whole step.
+
+Captures are bounded, so a stream of ever-new shapes can never make every step a capture:
+a key is captured the ``CAPTURE_AFTER``-th time it is seen (a one-off shape runs eagerly),
+and once ``MAX_GRAPHS`` are held no more are made (nothing is evicted to make room, which
+would thrash); those steps run eagerly and are counted (``num_eager``).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
 
-from crucible.backend.cupy_graphs import BUCKETS, Captured, capture_forward
+from crucible.backend.cupy_graphs import Captured, capture_forward
 from crucible.backend.cupy_meta import CupyMeta, MixedSegments, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.step.batch import PackedBatch
@@ -42,9 +50,11 @@ from crucible.step.batch import PackedBatch
 MAX_TOKENS = 512
 MAX_SLICES = 4
 MAX_GRAPHS = 32
-TOKEN_BUCKETS = (16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
+CAPTURE_AFTER = 2  # sightings of a key before it is captured
+TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512)
+FINAL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SLICE_BUCKETS = (1, 2, 4)
-CAPACITY_BUCKETS = (256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+CAPACITY_BUCKETS = tuple(256 << i for i in range(8))  # 256 .. 32,768
 
 Key = tuple[int, int, int, int, int, int]
 
@@ -77,24 +87,29 @@ class MixedGraphs:
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.ring = PinnedRing()
-        self.graphs: OrderedDict[Key, Captured] = OrderedDict()
+        self.graphs: dict[Key, Captured] = {}
         self.num_captures = 0
         self.num_replays = 0
         self.num_out_of_memory = 0  # captures abandoned for want of device memory
+        self.num_eager = 0  # qualifying steps run eagerly (a key not seen enough, or full)
+        self.seen: dict[Key, int] = {}  # sightings of keys without a graph
+        # The policy, per instance: the checks capture every shape at once (replay == eager
+        # is what they test; when a shape is captured changes no bits).
+        self.capture_after, self.max_graphs = CAPTURE_AFTER, MAX_GRAPHS
 
     def clear(self) -> None:
         self.stream.synchronize()
         self.graphs.clear()
+        self.seen.clear()
 
     def key(self, batch: PackedBatch) -> Key:
         segs = batch.segments
-        one = segs[:, 1] == 1
+        multi = segs[segs[:, 1] > 1]
         t = _up(batch.num_rows, TOKEN_BUCKETS)
-        f = min(t, _up(int(batch.final_rows.shape[0]), BUCKETS))
-        multi = segs[~one]
-        chunk = min(t, 1 << max(4, int(multi[:, 1].max() - 1).bit_length()))
-        return (t, f, _up(multi.shape[0], SLICE_BUCKETS), chunk, _capacity(segs[one]),
-                _capacity(multi))
+        f = min(t, _up(int(batch.final_rows.shape[0]), FINAL_BUCKETS))
+        chunk = min(t, max(t // 4, 1 << max(4, int(multi[:, 1].max() - 1).bit_length())))
+        cap = _capacity(segs)
+        return (t, f, _up(multi.shape[0], SLICE_BUCKETS), chunk, cap, cap)
 
     def _sizes(self, key: Key) -> tuple[int, int, list[int]]:
         """(table width, table rows, the buffer's part sizes: 4 row columns, one-row
@@ -159,6 +174,10 @@ class MixedGraphs:
         key = self.key(batch)
         cap = self.graphs.get(key)
         if cap is None:
+            seen = self.seen[key] = self.seen.get(key, 0) + 1
+            if seen < self.capture_after or len(self.graphs) >= self.max_graphs:
+                self.num_eager += 1
+                return None
             try:
                 meta_dev = cp.asarray(self.host_meta(None, key))
                 cap = capture_forward(forward, self.stream, meta_dev,
@@ -169,10 +188,6 @@ class MixedGraphs:
                 return None
             self.graphs[key] = cap
             self.num_captures += 1
-            if len(self.graphs) > MAX_GRAPHS:
-                self.graphs.popitem(last=False)
-        else:
-            self.graphs.move_to_end(key)
         logits = cap.replay(self.stream, self.host_meta(batch, key), self.ring)
         self.num_replays += 1
         return logits[: batch.final_rows.shape[0]]
