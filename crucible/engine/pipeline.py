@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from crucible.step.rows import RowSampling
-from crucible.step.batch import PackedBatch, pack_decodes
+from crucible.step.batch import PAGE_SIZE, PackedBatch, pack_decodes
 from crucible.engine.request import RequestStatus
 from crucible.engine.scheduler import ScheduledSlice
 
@@ -57,24 +57,31 @@ def plan_chained(cur: Launched, running: list, has_waiting: bool, allocator: Any
             or len(cur.slices) != len(running)):
         return None
     slices, rows, feed, ids, positions, pages = [], [], [], [], [], []
+    running_status = RequestStatus.RUNNING
     k = 0  # index of the slice's sampled id in step t
+    # (This loop runs for every running request at every pipelined step: names are bound
+    # once, and a last page with a free slot needs no call.)
     for sl in cur.slices:
         req = sl.request
         # Every running request is in step t (same count, each at most once) and samples.
-        if not sl.sample or sl.prompt_rows or req.status is not RequestStatus.RUNNING:
+        if not sl.sample or sl.prompt_rows or req.status is not running_status:
             return None
         pos = sl.start + sl.length  # the next row: step t's token at its position
-        num_output = req.num_output_tokens + 1  # counting step t's token
+        num_output = len(req.token_ids) - req.num_prompt_tokens + 1  # with step t's token
         k += 1
-        if num_output >= req.params.max_tokens or pos + 1 >= max_context:
+        params = req.params
+        if num_output >= params.max_tokens or pos + 1 >= max_context:
             continue  # step t ends this request for sure
         row = req.plain_row(len(rows), num_output)
-        if row is None or not req.page_table.grow(allocator, pos + 1):
-            return None  # penalties / min_tokens read the new token; or no page is free
+        if row is None:
+            return None  # penalties / min_tokens read the new token
+        table = req.page_table
+        if pos + 1 > len(table.pages) * PAGE_SIZE and not table.grow(allocator, pos + 1):
+            return None  # no page is free
         slices.append(ScheduledSlice(req, pos, 1, (), True))
         ids.append(req.request_id)
         positions.append(pos)
-        pages.append(req.page_table.pages)  # packed into arrays below, before any change
+        pages.append(table.pages)  # packed into arrays below, before any change
         rows.append(row)
         feed.append(k - 1)
     if not slices or len(slices) > max_rows:
