@@ -19,12 +19,15 @@ from crucible.server.state import REQUEST_ID, STATE, ServerState
 from crucible.server.stream import EngineFailure, RequestStream, merged
 
 routes = web.RouteTableDef()
-_FIELDS = ("prompt", "max_tokens", "max_completion_tokens", "n", "stream", "logprobs", "echo", "logit_bias",
-           *SAMPLING_FIELDS, *IGNORED_FIELDS)
+# add_special_tokens is vLLM's: inference-perf sends false for prompts it already ran through
+# the chat template (they carry their own BOS), so the count it targets is the one prefilled.
+_FIELDS = ("prompt", "max_tokens", "max_completion_tokens", "n", "stream", "logprobs", "echo",
+           "logit_bias", "add_special_tokens", *SAMPLING_FIELDS, *IGNORED_FIELDS)
 
 
-async def _prompts(state: ServerState, raw: object) -> list[list[int]]:
-    """``prompt`` as a string, a list of strings, a list of ids or a list of id lists."""
+async def _prompts(state: ServerState, raw: object, add_special: bool = True) -> list[list[int]]:
+    """``prompt`` as a string, a list of strings, a list of ids or a list of id lists; text
+    gets the model's BOS unless ``add_special`` is false (ids are taken as they are)."""
     if isinstance(raw, str):
         raw = [raw]
     elif token_id_list(raw, "prompt") is not None:
@@ -37,7 +40,7 @@ async def _prompts(state: ServerState, raw: object) -> list[list[int]]:
         if isinstance(p, str):
             if not p:
                 raise bad_request("'prompt' is empty", "prompt")
-            out.append(await state.encode(p, "prompt"))
+            out.append(await state.encode(p, "prompt", None if add_special else False))
         elif (ids := token_id_list(p, "prompt")) is not None:
             out.append(ids)
         else:
@@ -67,7 +70,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if isinstance(raw_prompt, list) and len(raw_prompt) > state.config.max_queue:
         raise bad_request(f"'prompt' lists {len(raw_prompt)} prompts, more than the waiting "
                           f"queue's bound of {state.config.max_queue} (--max-queue)", "prompt")
-    prompts = await _prompts(state, raw_prompt)
+    prompts = await _prompts(state, raw_prompt, body.bool("add_special_tokens", True))
     n = body.int("n", 1, lo=1, hi=MAX_N)
     n_lp = body.int("logprobs", None, lo=0, hi=20)
     echo = body.bool("echo", False)
