@@ -74,3 +74,24 @@ def check_x(x: Any, k: int) -> None:
 def check_out(out: Any, shape: tuple[int, int], what: str) -> None:
     if not (out.shape == shape and out.dtype == np.float32 and out.flags.c_contiguous):
         raise ValueError(f"linear: {what} must be contiguous f32 {shape}")
+
+
+def check_linear(x: Any, wd: "DeviceWeight", out: Any, residual: Any) -> tuple[int, int, int]:
+    """A GEMM's activation, output and residual against its weight; (M, N, K)."""
+    n, k = wd.shape
+    check_x(x, k)
+    m = x.shape[0]
+    check_out(out, (m, n), "out")
+    if residual is not None:
+        check_out(residual, (m, n), "residual")
+    return m, n, k
+
+
+def gemm_args(x: Any, wd: "DeviceWeight", out: Any, residual: Any) -> tuple:
+    """The [K, N]-weight GEMMs' arguments (linear_tiled, linear_wide): x, wt, scale,
+    residual, out, M, N, K; a missing scale or residual goes as a pointer never read."""
+    cp = cupy()
+    n, k = wd.shape
+    scale = wd.scale if wd.scale is not None else out  # unused by the f32 instantiation
+    res = residual if residual is not None else np.uint64(0)  # a null pointer
+    return (x, wd.wt, scale, res, out, cp.int32(x.shape[0]), cp.int32(n), cp.int32(k))

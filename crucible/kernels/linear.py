@@ -10,12 +10,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import numpy as np
-
 from crucible.kernels import linear_chunks as cc
 from crucible.kernels import linear_rows as cf
 from crucible.kernels import linear_wide as lw
-from crucible.kernels.device_weight import DeviceWeight, check_out, check_x, ctype, cupy
+from crucible.kernels.device_weight import DeviceWeight, check_linear, ctype, gemm_args
 from crucible.kernels.source import cached_module
 
 _TILED_NAMES = tuple(f"linear_tiled<{ctype(d)}>" for d in ("float32", "int8"))
@@ -36,12 +34,7 @@ def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     ``tiled``: the tiled kernel whatever M (same bits; faster for the LM head from
     HEAD_TILED_FROM rows, where the row kernels re-read its 28 MB once per 4 rows).
     ``pdl``: the chunk and row kernels launch with PDL (launch.py)."""
-    n, k = wd.shape
-    check_x(x, k)
-    m = x.shape[0]
-    check_out(out, (m, n), "out")
-    if residual is not None:
-        check_out(residual, (m, n), "residual")
+    m, n, k = check_linear(x, wd, out, residual)
     if m == 0:
         return out
     if not tiled and cc.use_chunks(m, n, k) and cc.aligned(x, wd.w, out, residual):
@@ -49,18 +42,13 @@ def linear(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     if cf.use_rows(m, k) and not tiled:
         return cf.linear_rows(x, wd, out, residual=residual, pdl=pdl)
     if lw.use_wide(m, n, k) and lw.aligned(x, wd.wt, wd.scale, out, residual):
-        return lw.linear_wide(x, wd, out, residual)  # same bits as linear_tiled, faster
+        return lw.launch_wide(x, wd, out, residual)  # same bits as linear_tiled, faster
     return linear_tiled(x, wd, out, residual)
 
 
 def linear_tiled(x: Any, wd: DeviceWeight, out: Any, residual: Any = None) -> Any:
     """The tiled kernel (cuda/linear.cu) over checked arguments (``linear`` checks them)."""
-    cp = cupy()
-    n, k = wd.shape
-    m = x.shape[0]
-    scale_arg = wd.scale if wd.scale is not None else out  # unused by the f32 instantiation
-    res_arg = residual if residual is not None else np.uint64(0)  # a null pointer
-    args = (x, wd.wt, scale_arg, res_arg, out, cp.int32(m), cp.int32(n), cp.int32(k))
+    n, m = wd.shape[0], x.shape[0]
     kernel(f"linear_tiled<{ctype(wd.dtype_name)}>")((-(-n // 64), -(-m // 64)), (256,),
-                                                        args)
+                                                        gemm_args(x, wd, out, residual))
     return out

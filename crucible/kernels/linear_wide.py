@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from crucible.kernels.device_weight import KC, DeviceWeight, check_out, check_x, ctype, cupy, need
+from crucible.kernels.device_weight import (KC, DeviceWeight, check_linear, ctype, gemm_args,
+                                            need)
 from crucible.kernels.loader import ensure_dynamic_smem, sm_count, smem_optin_limit
 from crucible.kernels.source import cached_module
 
@@ -106,13 +107,7 @@ def linear_wide(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     cuda/linear_wide.cu. ``form`` overrides ``pick_form`` (tests and the bench: the bits
     do not depend on it). Every argument is checked first: a wrong array is a ValueError
     here, never an out-of-bounds read on the device."""
-    cp = cupy()
-    n, k = wd.shape
-    check_x(x, k)
-    m = x.shape[0]
-    check_out(out, (m, n), "out")
-    if residual is not None:
-        check_out(residual, (m, n), "residual")
+    m, n, k = check_linear(x, wd, out, residual)
     wdt = wd.dtype_name
     need(wdt in ("float32", "int8") and tuple(wd.wt.shape) == (k, n)
          and wd.wt.flags.c_contiguous and str(wd.wt.dtype) == wdt,
@@ -124,16 +119,24 @@ def linear_wide(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     need(form in FORMS, f"linear_wide: form {form} is not built {FORMS}")
     need(aligned(x, wd.wt, wd.scale, out, residual),
          "linear_wide: x, wt, scale, out and residual must start on 16-byte boundaries")
+    return launch_wide(x, wd, out, residual, form)
+
+
+def launch_wide(x: Any, wd: DeviceWeight, out: Any, residual: Any = None,
+                form: Form | None = None) -> Any:
+    """The launch over arguments already checked (``linear`` checks them, and its weights
+    are DeviceWeights made by upload_weight, so only what depends on M is checked here)."""
+    n, k = wd.shape
+    m = x.shape[0]
+    form = pick_form(m, n, k) if form is None else form
     need(-(-m // form[0]) <= 65535, f"linear_wide: {m} rows is past the grid's y limit")
     if m == 0:
         return out
     smem = smem_bytes(form)
     need(smem <= smem_optin_limit(), f"linear_wide: form {form} needs {smem} B of shared "
          "memory, more than this device allows")
-    fn = wide_kernel(kernel_name(wdt, form))
+    fn = wide_kernel(kernel_name(wd.dtype_name, form))
     ensure_dynamic_smem(fn, smem)
-    scale_arg = wd.scale if wd.scale is not None else out  # unused by the f32 instantiation
-    res_arg = residual if residual is not None else np.uint64(0)  # a null pointer
-    args = (x, wd.wt, scale_arg, res_arg, out, cp.int32(m), cp.int32(n), cp.int32(k))
-    fn((-(-n // form[1]), -(-m // form[0])), (threads(form),), args, shared_mem=smem)
+    fn((-(-n // form[1]), -(-m // form[0])), (threads(form),),
+       gemm_args(x, wd, out, residual), shared_mem=smem)
     return out
