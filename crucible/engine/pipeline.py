@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from crucible.step.rows import RowSampling
-from crucible.step.batch import PAGE_SIZE, PackedBatch, pack_decodes
+from crucible.step.batch import PackedBatch, pack_decodes
 from crucible.engine.request import RequestStatus
 from crucible.engine.scheduler import ScheduledSlice
 
@@ -59,8 +59,8 @@ def plan_chained(cur: Launched, running: list, has_waiting: bool, allocator: Any
     slices, rows, feed, ids, positions, pages = [], [], [], [], [], []
     running_status = RequestStatus.RUNNING
     k = 0  # index of the slice's sampled id in step t
-    # (This loop runs for every running request at every pipelined step: names are bound
-    # once, and a last page with a free slot needs no call.)
+    # (This loop runs for every running request at every pipelined step: names are
+    # bound once.)
     for sl in cur.slices:
         req = sl.request
         # Every running request is in step t (same count, each at most once) and samples.
@@ -76,7 +76,7 @@ def plan_chained(cur: Launched, running: list, has_waiting: bool, allocator: Any
         if row is None:
             return None  # penalties / min_tokens read the new token
         table = req.page_table
-        if pos + 1 > len(table.pages) * PAGE_SIZE and not table.grow(allocator, pos + 1):
+        if not table.grow(allocator, pos + 1):
             return None  # no page is free
         slices.append(ScheduledSlice(req, pos, 1, (), True))
         ids.append(req.request_id)

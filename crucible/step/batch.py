@@ -124,11 +124,7 @@ def _pack_vectorised(specs: Sequence[SegmentSpec]) -> PackedBatch:
     # Row r of segment i sits at abs_start_i + (r - packed_start_i).
     positions = (np.repeat(abs_starts - packed_starts, lens) + np.arange(n_rows)).astype(np.int32)
     segments = np.stack([packed_starts, lens, abs_starts, np.arange(n)], axis=1).astype(np.int32)
-    width = max(int(n_pages.max()), 1)
-    tables = np.zeros((n, width), dtype=np.int32)
-    # Row-major order of the mask is the order the pages are chained in.
-    tables[np.arange(width)[None, :] < n_pages[:, None]] = np.fromiter(
-        chain.from_iterable(s.pages for s in specs), np.int32, int(n_pages.sum()))
+    tables = _page_tables([s.pages for s in specs], n_pages)
     finals: list[int] = []
     for start, s in zip(packed_starts.tolist(), specs):
         rows = s.logits_rows
@@ -148,15 +144,22 @@ def pack_decodes(request_ids: Sequence[str], positions: Sequence[int],
     n = len(request_ids)
     pos = np.asarray(positions, dtype=np.int32)
     n_pages = np.fromiter(map(len, pages), np.int64, n)
-    width = max(int(n_pages.max()), 1) if n else 1
-    tables = np.zeros((n, width), dtype=np.int32)
-    tables[np.arange(width)[None, :] < n_pages[:, None]] = np.fromiter(
-        chain.from_iterable(pages), np.int32, int(n_pages.sum()))
+    tables = _page_tables(pages, n_pages)
     rows = np.arange(n, dtype=np.int32)
     segments = np.stack([rows, np.ones(n, np.int32), pos, rows], axis=1)
     return PackedBatch(token_ids=np.zeros(n, np.int32), positions=pos, segments=segments,
                        page_tables=tables, table_lengths=n_pages.astype(np.int32),
                        final_rows=rows, request_ids=tuple(request_ids))
+
+
+def _page_tables(pages: Sequence[Sequence[int]], n_pages: np.ndarray) -> np.ndarray:
+    """Every segment's page list as one zero-padded int32 [S, P] table, in one copy."""
+    width = max(int(n_pages.max()), 1) if len(pages) else 1
+    tables = np.zeros((len(pages), width), dtype=np.int32)
+    # Row-major order of the mask is the order the pages are chained in.
+    tables[np.arange(width)[None, :] < n_pages[:, None]] = np.fromiter(
+        chain.from_iterable(pages), np.int32, int(n_pages.sum()))
+    return tables
 
 
 def _batch(specs: Sequence[SegmentSpec], token_ids: np.ndarray, positions: np.ndarray,
