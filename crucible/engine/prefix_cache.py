@@ -30,7 +30,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
 import xxhash
 
 from crucible.step.batch import PAGE_SIZE
@@ -46,11 +45,9 @@ _PAGE_IDS = struct.Struct(f"<{PAGE_SIZE}i")  # a full page's ids, little-endian 
 
 
 def page_key(parent: bytes, tokens: Sequence[int]) -> bytes:
-    """H(parent || 16 token ids as little-endian int32). (struct packs a page's ids in a
-    third of numpy's time: this runs for every page every request completes.)"""
-    data = _PAGE_IDS.pack(*tokens) if len(tokens) == PAGE_SIZE else \
-        np.asarray(tokens, dtype="<i4").tobytes()
-    return xxhash.xxh3_128_digest(parent + data)
+    """H(parent || a full page's 16 token ids as little-endian int32). (struct packs them in
+    a third of numpy's time: this runs for every page every request completes.)"""
+    return xxhash.xxh3_128_digest(parent + _PAGE_IDS.pack(*tokens))
 
 
 @dataclass
