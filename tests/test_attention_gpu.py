@@ -91,13 +91,14 @@ def test_mixed_step_split_matches_one_launch() -> None:
     assert bool((out.view(cp.uint32) == one.view(cp.uint32)).all())
     assert bool((out.view(cp.uint32) == ref.view(cp.uint32)).all())
     # A mixed graph's fixed-size lists: empty entries (chunk_len 0) past the live ones
-    # launch CTAs that must exit without writing anything.
+    # launch CTAs that must exit without writing anything, and the chunk bound is the graph's
+    # bucket (above the live 70 rows, at most the step's token count).
     pad = np.zeros((5, 4), np.int32)
     out2 = cp.full(d["q"].shape, cp.nan, dtype=cp.float32)
     paged_attention_mixed(
         d["q"], d["k"], d["v"], LAYER, cp.asarray(np.concatenate([single, pad])),
         cp.asarray(np.concatenate([multi, pad[:2]])), d["tables"], out2, n_heads=9,
-        n_kv_heads=3, multi_max_chunk=128, single_capacity=_capacity(single),
+        n_kv_heads=3, multi_max_chunk=int(d["q"].shape[0]), single_capacity=_capacity(single),
         multi_capacity=_capacity(multi))
     assert bool((out2.view(cp.uint32) == out.view(cp.uint32)).all())
     # Negative control: the online variant over the same step differs from those bits.
