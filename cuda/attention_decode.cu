@@ -24,9 +24,12 @@
 //     all G heads (one V read feeds G chains), over V tiles of 128 positions staged in shared
 //     memory by all 256 threads; the next tile's loads are in flight while the chains run.
 // PDL (pdl.cuh): before cru_pdl_wait, the page table is staged, (G = 1) the first V tile
-// loads, and the other keys and values are prefetched into L2, all except position len - 1,
-// whose K/V the step's QKV kernel writes just before this one; q and that position load
-// after it.
+// loads, and the keys and values of positions < min(len - 1, prefetch_len) are prefetched
+// into L2 (position len - 1's K/V the step's QKV kernel writes just before this one; q and
+// that position load after it). prefetch_len is the host's L2 budget per CTA
+// (kernels/attention.py decode_prefetch_len): a few CTAs (batch 1) prefetch their whole
+// history, but the ~264 resident CTAs of a large step prefetching everything would
+// overflow L2 and evict lines before their loads arrive, reading them from DRAM twice.
 // O partials (OW = 1 int8 / 4 f32 weights; 0: none): the batch-1 decode stack folds the O
 // projection in here. Each head's output is exactly one 64-wide K chunk of O's input, so
 // this CTA owns chunk h of every O column n: partial[h][row][n] = the canonical fma chain
@@ -56,7 +59,8 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             const float* __restrict__ v_pool, const int4* __restrict__ segs, int n_segs,
             const int* __restrict__ tables, int table_stride, float* __restrict__ out,
             int n_heads, int n_kv_heads, int n_layers, int layer, int capacity,
-            const void* __restrict__ w_o, float* __restrict__ o_parts, int o_n) {
+            int prefetch_len, const void* __restrict__ w_o, float* __restrict__ o_parts,
+            int o_n) {
     static_assert(G >= 1 && G <= 4, "attn_decode is instantiated for 1..4 heads per CTA");
     extern __shared__ float4 dec_smem4[];
     float* vt = reinterpret_cast<float*>(dec_smem4);  // [CRU_DEC_VT][64]
@@ -90,17 +94,17 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     __syncthreads();
 
     // Before the wait: history only (positions < len - 1; see the header).
-    const int hist = len - 1;
+    const int hist = len - 1, pf = min(hist, prefetch_len);
     float4 vr[CRU_DEC_VT * 16 / 256];
 #pragma unroll
     for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i) vr[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // One head: the first V tile is in flight through QK. G heads: registers go to QK, and
     // the tile loads after it (from L2, prefetched here), in flight through the softmax.
     if (G == 1) cru_dec_load_v(vr, v_pool, tab, 0, 0, hist, n_layers, layer, kv_dim, kvh);
-    for (int j = tid; j < hist; j += 256)  // keys first: QK needs them first
+    for (int j = tid; j < pf; j += 256)  // keys first: QK needs them first
         cru_dec_prefetch(k_pool, tab, j, n_layers, layer, kv_dim, kvh);
     // Values too, so the V tiles after QK load from L2 (G = 1 holds tile 0 in registers).
-    for (int j = tid + (G == 1 ? CRU_DEC_VT : 0); j < hist; j += 256)
+    for (int j = tid + (G == 1 ? CRU_DEC_VT : 0); j < pf; j += 256)
         cru_dec_prefetch(v_pool, tab, j, n_layers, layer, kv_dim, kvh);
     cru_pdl_wait();
     cru_pdl_trigger();
@@ -190,7 +194,8 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
 #define CRU_DEC_INSTANTIATE(G, OW)                                                          \
     template __global__ void attn_decode<G, OW>(const float*, const float*, const float*,     \
                                                 const int4*, int, const int*, int, float*, int, \
-                                                int, int, int, int, const void*, float*, int);
+                                                int, int, int, int, int, const void*, float*,   \
+                                                int);
 CRU_DEC_INSTANTIATE(1, 0)
 CRU_DEC_INSTANTIATE(3, 0)
 CRU_DEC_INSTANTIATE(1, 1)

@@ -113,6 +113,7 @@ def test_attention_o_launches_what_paged_attention_launches_plus_o(
         monkeypatch.setattr(mod, "ensure_dynamic_smem", lambda fn, n: None)
     monkeypatch.setattr(attention, "smem_optin_limit", lambda: 227 * 1024)
     monkeypatch.setattr(attention, "sm_count", lambda: 132)
+    monkeypatch.setattr(attention, "l2_bytes", lambda: 50 * 2**20)
     monkeypatch.setattr(attention, "launch", record)
     monkeypatch.setattr(ds, "launch", record)
     f32 = np.float32
@@ -127,9 +128,11 @@ def test_attention_o_launches_what_paged_attention_launches_plus_o(
     ds.attention_o(q, pool, pool, 1, meta, wo, out, parts, 9, 3)
     (fn0, grid0, plain), (fn1, grid1, stack) = launches
     assert (fn0, fn1) == ("attn_decode<1, 0>", "attn_decode<1, 1>") and grid0 == grid1 == (9, 1)
-    assert all(a is b or a == b for a, b in zip(plain[:13], stack[:13]))
-    assert [int(a) for a in plain[13:]] == [0, 0, 0]
-    assert stack[13] is wo.w and stack[14] is parts and int(stack[15]) == 576
+    assert all(a is b or a == b for a, b in zip(plain[:14], stack[:14]))
+    # 9 CTAs, 3 per KV head, share half the L2: 25 MiB / 3 / 512 B positions each.
+    assert int(plain[13]) == 25 * 2**20 // (3 * 512)
+    assert [int(a) for a in plain[14:]] == [0, 0, 0]
+    assert stack[14] is wo.w and stack[15] is parts and int(stack[16]) == 576
     with pytest.raises(ValueError, match="O partials"):
         ds.attention_o(q, pool, pool, 1, meta, wo, out, parts[:8], 9, 3)
     with pytest.raises(ValueError, match="q must be float32"):

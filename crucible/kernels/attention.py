@@ -30,6 +30,7 @@ from crucible.kernels.loader import (
     attention_kernel,
     decode_kernel,
     ensure_dynamic_smem,
+    l2_bytes,
     sm_count,
     smem_optin_limit,
 )
@@ -122,7 +123,7 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
     if plan.decode:
         grid = (n_heads // plan.decode_heads, segments.shape[0], 1)
         args = decode_args(q, k_pool, v_pool, layer, segments, page_tables, out, n_heads,
-                           n_kv_heads, score_capacity)
+                           n_kv_heads, score_capacity, heads_per_cta=plan.decode_heads)
     elif plan.variant.family == "reference":
         grid = (n_heads, q.shape[0], 1)
         args = (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables, i32(stride),
@@ -178,14 +179,37 @@ def step_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, out:
                     score_capacity=meta.score_capacity, variant=variant, pdl=pdl)
 
 
+# attn_decode's resident CTAs per SM (its __launch_bounds__(256, 2) and ~128 registers).
+DECODE_CTAS_PER_SM = 2
+KV_POSITION_BYTES = 2 * 64 * 4  # one position's K and V row of one KV head, f32
+
+
+def decode_prefetch_len(ctas: int, sharing: int = 1) -> int:
+    """Positions of history each attn_decode CTA prefetches into L2 before its PDL wait:
+    half the L2 shared by the CTAs resident at once, ``sharing`` of which read the same KV
+    head's rows (one head per CTA: the group size). A batch-1 step's few CTAs prefetch
+    everything; a step of hundreds of rows prefetches a few hundred positions per CTA
+    instead of overflowing L2 (a line evicted before its load is read from DRAM twice).
+    Prefetches change no arithmetic, so any value gives the same bits."""
+    resident = max(1, min(ctas, DECODE_CTAS_PER_SM * sm_count()))
+    return l2_bytes() // 2 * max(1, sharing) // (resident * KV_POSITION_BYTES)
+
+
 def decode_args(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
                 page_tables: Any, out: Any, n_heads: int, n_kv_heads: int,
-                score_capacity: int, o_weight: Any = None, o_parts: Any = None) -> tuple:
-    """attn_decode<G, OW>'s arguments. ``o_weight``/``o_parts`` [H, T, N_o]: the decode
-    stack's O partials (crucible/kernels/decode_stack.py); null without them."""
+                score_capacity: int, o_weight: Any = None, o_parts: Any = None, *,
+                heads_per_cta: int = 1, prefetch_len: int | None = None) -> tuple:
+    """attn_decode<G, OW>'s arguments (G = ``heads_per_cta``, which sizes the grid the
+    prefetch budget is shared by). ``o_weight``/``o_parts`` [H, T, N_o]: the decode stack's
+    O partials (crucible/kernels/decode_stack.py); null without them. ``prefetch_len``:
+    decode_prefetch_len's budget unless given (benchmarks compare budgets)."""
     i32 = np.int32
     o = ((np.uint64(0), np.uint64(0), i32(0)) if o_parts is None
          else (o_weight, o_parts, i32(o_parts.shape[2])))
+    if prefetch_len is None:
+        sharing = n_heads // max(1, n_kv_heads) // heads_per_cta
+        prefetch_len = decode_prefetch_len(n_heads // heads_per_cta * segments.shape[0],
+                                           sharing)
     return (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables,
             i32(page_tables.shape[1]), out, i32(n_heads), i32(n_kv_heads), i32(k_pool.shape[1]),
-            i32(layer), i32(score_capacity)) + o
+            i32(layer), i32(score_capacity), i32(min(prefetch_len, 2**31 - 1))) + o

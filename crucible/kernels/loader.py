@@ -81,6 +81,13 @@ def sm_count() -> int:
 
 
 @functools.cache
+def l2_bytes() -> int:
+    """L2 cache bytes of the current device (cudaDevAttrL2CacheSize is 38)."""
+    cupy = _cupy()
+    return int(cupy.cuda.runtime.deviceGetAttribute(38, cupy.cuda.runtime.getDevice()))
+
+
+@functools.cache
 def smem_optin_limit() -> int:
     """Largest dynamic shared memory one CTA may opt into on the current device."""
     cupy = _cupy()

@@ -1,0 +1,144 @@
+"""attn_decode's L2 prefetch budget, A/B on the GPU: the same launches with the host's budget
+(kernels/attention.py decode_prefetch_len), with every CTA prefetching its whole history
+(the kernel before the budget) and with no prefetch, alternating within each round.
+
+    python3 bench/decode_attention.py --json bench/decode-attention-h200.json
+
+The pool has the default model's layout (30 layers, 3 KV heads of 64, f32, 16-token pages
+handed out shuffled) and random data; each case is one decode step of ``rows`` rows with
+histories uniform in a range and launches attn_decode for layers 0..29 in turn, as a step
+does (the layers' data differ, so nothing stays in L2 from one launch to the next). The
+three budgets must give the same bits (a prefetch changes no arithmetic): checked per case.
+Reported per case and budget: us per layer (median of rounds, min-max) and the KV bytes the
+launch reads over its time (TB/s); ratios are paired within a round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+N_LAYERS, N_HEADS, N_KV, HEAD_DIM, PAGE = 30, 9, 3, 64, 16
+CASES = (("1 row, history 4000", 1, (4000, 4000)),
+         ("64 rows, 400-1200", 64, (400, 1200)),
+         ("256 rows, 400-1200", 256, (400, 1200)),
+         ("496 rows, 400-1200", 496, (400, 1200)),
+         ("1024 rows, 100-900", 1024, (100, 900)))
+FULL = 2**31 - 1
+
+
+def build(cp: Any, rows: int, hist: tuple[int, int], seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(hist[0], hist[1] + 1, rows)  # positions 0..len-1; the row is len-1
+    pages = -(-lens // PAGE)
+    perm = rng.permutation(int(pages.sum())).astype(np.int32)
+    width = int(pages.max())
+    tables = np.zeros((rows, width), np.int32)
+    at = 0
+    for i, n in enumerate(pages):
+        tables[i, :n] = perm[at:at + n]
+        at += n
+    segs = np.stack([np.arange(rows), np.ones(rows), lens - 1, np.arange(rows)],
+                    axis=1).astype(np.int32)
+    shape = (int(pages.sum()), N_LAYERS, PAGE, N_KV * HEAD_DIM)
+    gen = cp.random.default_rng(seed)
+    k = gen.standard_normal(shape, dtype=cp.float32)
+    v = gen.standard_normal(shape, dtype=cp.float32)
+    q = gen.standard_normal((rows, N_HEADS * HEAD_DIM), dtype=cp.float32)
+    return {"q": q, "k": k, "v": v, "segs": cp.asarray(segs), "tables": cp.asarray(tables),
+            "bytes": int(lens.sum()) * N_KV * HEAD_DIM * 4 * 2,
+            "cap": -(-int(lens.max()) // 256) * 256}
+
+
+def launcher(cp: Any, d: dict[str, Any]) -> Any:
+    from crucible.kernels.attention import decode_args, decode_prefetch_len
+    from crucible.kernels.launch import launch
+    from crucible.kernels.loader import (decode_kernel, ensure_dynamic_smem, sm_count,
+                                         smem_optin_limit)
+    from crucible.kernels.variants import parse_variant, plan_launch
+
+    rows = int(d["segs"].shape[0])
+    plan = plan_launch(parse_variant("exact-q4-k64"), n_heads=N_HEADS, n_kv_heads=N_KV,
+                       head_dim=HEAD_DIM, capacity=d["cap"], smem_limit=smem_optin_limit(),
+                       decode=True, rows=rows, sm_count=sm_count())
+    g = plan.decode_heads
+    fn = decode_kernel(g)
+    ensure_dynamic_smem(fn, plan.smem_bytes)
+    out = cp.empty_like(d["q"])
+    budget = decode_prefetch_len(N_HEADS // g * rows, N_HEADS // N_KV // g)
+
+    def run(prefetch: int, layer: int) -> Any:
+        args = decode_args(d["q"], d["k"], d["v"], layer, d["segs"], d["tables"], out, N_HEADS,
+                           N_KV, d["cap"], heads_per_cta=g, prefetch_len=prefetch)
+        launch(fn, (N_HEADS // g, rows, 1), (256, 1, 1), args, shared_mem=plan.smem_bytes)
+        return out
+
+    return run, budget, g
+
+
+def time_layers(cp: Any, run: Any, prefetch: int) -> float:
+    """us per layer over one pass of the 30 layers (events around the pass)."""
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for layer in range(N_LAYERS):
+        run(prefetch, layer)
+    end.record()
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) * 1e3 / N_LAYERS
+
+
+def main(argv: list[str] | None = None) -> int:
+    import cupy as cp
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    result: dict[str, Any] = {"command": "python3 " + " ".join(sys.argv), "cases": {},
+                              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    for ci, (name, rows, hist) in enumerate(CASES):
+        d = build(cp, rows, hist, seed=ci)
+        run, budget, g = launcher(cp, d)
+        budgets = {"budget": budget, "full": FULL, "none": 0}
+        ref = run(FULL, 7).copy()
+        same = all(bool((run(b, 7).view(cp.uint32) == ref.view(cp.uint32)).all())
+                   for b in budgets.values())
+        for b in budgets.values():  # warm-up
+            time_layers(cp, run, b)
+        times: dict[str, list[float]] = {k: [] for k in budgets}
+        order = list(budgets)
+        for r in range(args.rounds):
+            for k in (order if r % 2 == 0 else order[::-1]):
+                times[k].append(time_layers(cp, run, budgets[k]))
+        case: dict[str, Any] = {"rows": rows, "history": hist, "heads_per_cta": g,
+                                "budget_positions": budget, "bits_identical": same,
+                                "kv_bytes_per_layer": d["bytes"]}
+        for k, ts in times.items():
+            med = statistics.median(ts)
+            case[k] = {"us_per_layer": {"median": round(med, 2), "min": round(min(ts), 2),
+                                        "max": round(max(ts), 2)},
+                       "tb_per_s": round(d["bytes"] / med / 1e6, 3)}
+        for k in ("full", "none"):
+            ratios = [a / b for a, b in zip(times[k], times["budget"])]
+            case[f"{k}_over_budget"] = {"median": round(statistics.median(ratios), 3),
+                                        "min": round(min(ratios), 3), "max": round(max(ratios), 3)}
+        result["cases"][name] = case
+        print(f"{name:22s} G={g} budget={budget:6d} bits {'same' if same else 'DIFFER'}  "
+              + "  ".join(f"{k} {case[k]['us_per_layer']['median']:8.1f} us "
+                          f"{case[k]['tb_per_s']:5.2f} TB/s" for k in budgets), flush=True)
+        del d, run
+        cp.get_default_memory_pool().free_all_blocks()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0 if all(c["bits_identical"] for c in result["cases"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
