@@ -26,6 +26,8 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
     engine, info = factory.build_engine(args.model, settings)
     factory.freeze_startup()
     print(f"crucible: {info.pool}", file=sys.stderr)
+    if info.graphs:
+        print(f"crucible: {info.graphs}", file=sys.stderr)
     if info.device == "cuda":  # say which attention kernel runs
         print(f"crucible: {startup_report(parse_variant(info.attention))}", file=sys.stderr)
     if not args.profile:

@@ -81,7 +81,7 @@ class _Launcher:  # GreedyLauncher: records where each argmax writes
 def _graphs(monkeypatch: pytest.MonkeyPatch, log: list[tuple]) -> DecodeGraphs:
     _fake_cupy(monkeypatch, log)
     g = DecodeGraphs.__new__(DecodeGraphs)  # host side only: no device, no stream
-    g.width, g.scratch, g._templates = 12, 500, {}
+    g.width, g.scratch, g._templates, g.ceiling = 12, 500, {}, 256
     g.graphs, g.num_captures, g.num_replays = OrderedDict(), 0, 0
     g.fed, g.last, g.last_replayed, g._read = ("fed0", "fed1"), 0, False, [None, None]
     g._warm_ids, g.argmax, g.ring, g.upload, g.stream = "warm", _Launcher(log), None, None, None
@@ -207,3 +207,33 @@ def test_greedy_rows_in_order() -> None:
     assert not greedy_rows_in_order(rows[::-1])  # row i must sample logits row i
     assert not greedy_rows_in_order(rows[1:])
     assert not greedy_rows_in_order([])
+
+
+def test_capacity_classes_are_coarse() -> None:
+    """A decode graph is keyed by 2048 positions, then powers of two up to the context, so a
+    history growing by one page never needs a new graph (only the score buffer is sized by it)."""
+    cap = cupy_graphs.graph_capacity
+    assert [cap(c, 8192) for c in (256, 512, 2048, 2304, 4096, 4352, 8192)] == \
+        [2048, 2048, 2048, 4096, 4096, 8192, 8192]
+    assert cap(256, 512) == 512 and cap(512, 512) == 512  # a short context is the ceiling
+    assert cap(768, 512) == 768  # never below what the step needs
+
+
+def test_start_up_captures_every_bucket_then_steps_only_replay(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[tuple] = []
+    g = _graphs(monkeypatch, log)
+    g.width, g.ceiling = 512, 8192  # an 8192-token context
+    n = g.capture_all(lambda meta: None, max_rows=40)
+    buckets = [b for b in cupy_graphs.BUCKETS if b <= 48]  # 40 rows fill the 48 bucket
+    assert n == 2 * len(buckets) == g.num_captures
+    assert list(g.graphs) == [(b, 2048) for b in buckets]
+    def step(rows: int, pos: int) -> Any:
+        return build_packed_batch([SegmentSpec(f"r{i}", [3], pos, [7 + i] * (pos // 16 + 1),
+                                               [0]) for i in range(rows)])
+
+    for rows, pos in ((3, 40), (17, 900), (40, 2000)):  # every history under 2048 replays
+        g.run(step(rows, pos), -(-(pos + 1) // 256) * 256, None)
+    assert g.num_captures == n and g.num_replays == 3
+    g.run(step(3, 2100), 2304, None)  # past the first class: one new pair
+    assert g.num_captures == n + 2 and (4, 4096) in g.graphs

@@ -99,6 +99,9 @@ class CupyBackend:
         free, total = cp.cuda.runtime.memGetInfo()
         return int(free) + int(cp.get_default_memory_pool().free_bytes()), int(total)
 
+    def capture_graphs(self, forward: Forward, max_rows: int) -> int:
+        return 0 if self.graphs is None else self.graphs.capture_all(forward, max_rows)
+
     def device_sampler(self) -> Any:
         from crucible.backend.cupy_sampling import CupySampler
 

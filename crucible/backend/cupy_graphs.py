@@ -7,8 +7,12 @@ their own: token 0 at position 0, whose one page is a scratch page past the engi
 data, so padding rows cannot change real rows; they all write the same bits into the same
 scratch slot.
 
-Graphs come in twins keyed by (bucket, score capacity), since the attention launch depends
-on both. Everything it touches lives at fixed addresses: its int32 metadata buffer,
+Graphs come in twins keyed by (bucket, capacity class), since the attention launch depends
+on both. The class is 2048 positions, then powers of two up to the context (``graph_capacity``):
+attn_decode's loops run to each row's own length and only its shared score buffer is sized
+by the capacity (at most 2 CTAs per SM either way), so a coarse class costs nothing on the
+device, while a class per 256 positions made every growing history cross into a new key
+and recapture mid-run. ``capture_all`` captures every bucket of the first class at start-up. Everything it touches lives at fixed addresses: its int32 metadata buffer,
 its private memory pool (activations, logits: ``capture_forward``), and the two ``fed``
 buffers. A graph ends with the greedy argmax of every row (cuda/sampling_greedy.cu), so a
 step whose rows are all plain greedy needs no sampling launch: the ids are already in
@@ -44,6 +48,16 @@ from crucible.step.batch import PackedBatch
 # (bench/mixed-step-h200.json, "decode 256"). Steps past 64 rows pad by at most a quarter.
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 448, 512)
 MAX_PAIRS = 32  # (bucket, capacity) keys, two graphs each
+CAPACITY_FLOOR = 2048  # the first capacity class (positions)
+
+
+def graph_capacity(capacity: int, ceiling: int) -> int:
+    """The capacity class a decode step of score capacity ``capacity`` replays: 2048, then
+    powers of two, never past ``ceiling`` (the context's capacity) nor below ``capacity``."""
+    c = CAPACITY_FLOOR
+    while c < capacity:
+        c *= 2
+    return max(capacity, min(c, ceiling))
 
 
 @dataclass
@@ -140,6 +154,7 @@ class DecodeGraphs:
         from crucible.kernels.sampling_greedy import GreedyLauncher
 
         self.width = table_width  # pages of one full context: the widest table a graph holds
+        self.ceiling = -(-table_width * 16 // 256) * 256  # the context's score capacity
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)  # captures
         self.upload = cp.cuda.Stream(non_blocking=True)  # metadata, ahead of the replays
@@ -233,10 +248,8 @@ class DecodeGraphs:
         self.num_captures += 1
         return cap
 
-    def run(self, batch: PackedBatch, capacity: int, forward: Callable[[Any], Any],
-            feed: np.ndarray | None = None) -> Any:
-        b = batch.num_rows
-        bucket = next(x for x in BUCKETS if x >= b)
+    def _pair(self, bucket: int, capacity: int,
+              forward: Callable[[Any], Any]) -> tuple[Captured, Captured]:
         key = (bucket, capacity)
         pair = self.graphs.get(key)
         if pair is None:
@@ -249,6 +262,26 @@ class DecodeGraphs:
                 self.graphs.popitem(last=False)
         else:
             self.graphs.move_to_end(key)
+        return pair
+
+    def capture_all(self, forward: Callable[[Any], Any], max_rows: int) -> int:
+        """Capture both twins of every bucket up to ``max_rows``'s at the first capacity
+        class, before any request (the engine's start-up): graphs a server replays all the
+        time are then never captured inside a step someone waits for. Returns how many."""
+        before = self.num_captures
+        top = next((x for x in BUCKETS if x >= max_rows), BUCKETS[-1])
+        capacity = graph_capacity(256, self.ceiling)
+        for bucket in BUCKETS:
+            if bucket <= top:
+                self._pair(bucket, capacity, forward)
+        return self.num_captures - before
+
+    def run(self, batch: PackedBatch, capacity: int, forward: Callable[[Any], Any],
+            feed: np.ndarray | None = None) -> Any:
+        b = batch.num_rows
+        bucket = next(x for x in BUCKETS if x >= b)
+        capacity = graph_capacity(capacity, self.ceiling)
+        pair = self._pair(bucket, capacity, forward)
         twin = 1 - self.last
         meta = self.host_meta(batch, bucket, self.table_width(capacity), feed)
         # The graph's argmax rewrites fed[twin]: the ids copied from it two steps back must

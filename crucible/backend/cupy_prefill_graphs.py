@@ -8,9 +8,11 @@ A step qualifies when it holds exactly one segment of more than one row whose fi
 are either none (a middle chunk) or just its last row. Its graph is keyed by
 ``(length, want_logits, score_capacity)``, the things that shape the kernel launches; the
 request's tokens, positions, slots and page table are data, refilled in one host-to-device
-copy before each replay. At most ``MAX_GRAPHS`` are kept and none is evicted: once full, a
-new key runs eagerly (a workload with many distinct lengths would otherwise recapture all
-the time). Prompts longer than ``MAX_LENGTH`` always run eagerly. Padding is never needed,
+copy before each replay. A key is captured the second time it is seen: a capture costs a few
+eager forwards, and a server's prompts mostly have lengths never seen again (captured on
+first sight, each new length made its request's first token wait for a capture). At most
+``MAX_GRAPHS`` are kept and none is evicted: once full, a new key runs eagerly (a workload
+with many distinct lengths would otherwise recapture all the time). Prompts longer than ``MAX_LENGTH`` always run eagerly. Padding is never needed,
 so replay == eager bit for bit by construction (``gpu-graph-check`` checks it).
 """
 
@@ -27,6 +29,8 @@ from crucible.backend.cupy_pinned import PinnedRing
 from crucible.step.batch import PackedBatch
 
 MAX_GRAPHS = 64
+CAPTURE_AFTER = 2  # sightings of a key before it is captured
+MAX_SEEN = 4096  # keys whose sightings are counted (then the count starts over)
 MAX_LENGTH = 2048
 
 
@@ -48,11 +52,15 @@ class PrefillGraphs:
         self.graphs: OrderedDict[tuple[int, bool, int], Captured] = OrderedDict()
         self.num_captures = 0
         self.num_replays = 0
-        self.num_eager = 0  # qualifying steps that ran eagerly because the cache was full
+        self.num_eager = 0  # qualifying steps run eagerly (a key not seen enough, or full)
+        self.seen: dict[tuple[int, bool, int], int] = {}  # sightings of keys without a graph
+        # Per instance: the checks capture on first sight (when changes no bits).
+        self.capture_after = CAPTURE_AFTER
 
     def clear(self) -> None:
         self.stream.synchronize()
         self.graphs.clear()
+        self.seen.clear()
 
     def host_meta(self, batch: PackedBatch | None, length: int, want: bool) -> np.ndarray:
         """Tokens, positions, pages, slots, the segment, the page table, the final row."""
@@ -86,9 +94,13 @@ class PrefillGraphs:
         key = (length, want, capacity)
         cap = self.graphs.get(key)
         if cap is None:
-            if len(self.graphs) >= MAX_GRAPHS:
+            if len(self.seen) >= MAX_SEEN:
+                self.seen.clear()
+            seen = self.seen[key] = self.seen.get(key, 0) + 1
+            if seen < self.capture_after or len(self.graphs) >= MAX_GRAPHS:
                 self.num_eager += 1
                 return None
+            del self.seen[key]
             meta_dev = cp.asarray(self.host_meta(None, length, want))
             cap = capture_forward(forward, self.stream, meta_dev,
                                   self._views(meta_dev, length, want, capacity))

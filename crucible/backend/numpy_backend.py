@@ -106,6 +106,9 @@ class NumpyBackend:
     def device_sampler(self) -> None:
         return None  # the engine samples the host logits itself
 
+    def capture_graphs(self, forward: Forward, max_rows: int) -> int:
+        return 0  # every step runs as it comes: there is nothing to capture
+
     def run_step(self, batch: PackedBatch, forward: Forward,
                  feed: np.ndarray | None = None) -> np.ndarray:
         if feed is not None:

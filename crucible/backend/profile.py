@@ -64,6 +64,9 @@ class ProfiledBackend:
     def device_sampler(self) -> Any:
         return self.be.device_sampler()
 
+    def capture_graphs(self, forward: Forward, max_rows: int) -> int:
+        return 0  # profiled steps run eagerly, stage by stage
+
     def run_step(self, batch: Any, forward: Forward, feed: Any = None) -> Any:
         if feed is not None:
             raise ValueError("a profiled backend runs no fed (pipelined) steps")

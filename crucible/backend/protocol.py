@@ -89,6 +89,10 @@ class Backend(Protocol):
         """(free, total) bytes of device memory, counting what the backend's allocator
         holds unused as free; None for host memory (the CPU)."""
 
+    def capture_graphs(self, forward: Forward, max_rows: int) -> int:
+        """Capture, before any request, the graphs that steps of up to ``max_rows`` rows will
+        replay most (the decode steps'); how many were captured (0: none here)."""
+
     def device_sampler(self) -> RowSampler | None:
         """A sampler that works on this backend's logits where they are, or None (the
         engine then samples on the host)."""

@@ -4,6 +4,7 @@ same settings give the same engine (pool size, scheduler limits, backend) everyw
 from __future__ import annotations
 
 import gc
+import time
 from dataclasses import dataclass
 
 from crucible.backend.select import make_backend, resolve_device
@@ -36,6 +37,7 @@ class EngineInfo:
     max_queue: int
     max_running: int
     attention: str
+    graphs: str = ""  # what was captured at start-up, for the start-up report
 
 
 def load(model: str | LoadedModel, settings: Settings) -> LoadedModel:
@@ -85,13 +87,22 @@ def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngin
                        seed=settings.seed,
                        prefix_cache=prefix_cache(settings, loaded, backend, runner.num_pages))
     cfg = engine.config
+    graphs = ""
+    if settings.graph_warmup and device == "cuda":
+        # Before any request, within the start-up report: every decode bucket the running
+        # limit can fill, so no step someone waits for pays a capture (docs/gpu-engine.md).
+        t0 = time.perf_counter()
+        n = runner.capture_graphs(cfg.max_running)
+        if n:
+            graphs = (f"{n} decode graphs captured at start-up in "
+                      f"{time.perf_counter() - t0:.2f} s")
     info = EngineInfo(model=loaded.name, device=runner.device, backend=backend.name,
                       weights=loaded.weights_mode, context=loaded.config.max_context,
                       pages=runner.num_pages, pool=sized[0].summary,
                       token_budget=cfg.token_budget, chunk_cap=cfg.chunk_cap,
                       max_queue=cfg.max_queue, max_running=cfg.max_running,
                       attention=settings.attention if device == "cuda"
-                      else "numpy reference order")
+                      else "numpy reference order", graphs=graphs)
     return engine, info
 
 

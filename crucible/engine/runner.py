@@ -55,6 +55,10 @@ class ModelRunner:
         self.sampler: RowSampler | None = (self.backend.device_sampler() if device_sampling
                                            else None)
 
+    def capture_graphs(self, max_rows: int) -> int:
+        """The backend's start-up captures for steps of up to ``max_rows`` rows (how many)."""
+        return self.backend.capture_graphs(self._forward_meta, max_rows)
+
     @property
     def config(self) -> ModelConfig:
         return self.model.config

@@ -73,6 +73,7 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_DECODE_GRAPHS": ("decode_graphs", _switch),
     "CRUCIBLE_PREFILL_GRAPHS": ("prefill_graphs", _switch),
     "CRUCIBLE_MIXED_GRAPHS": ("mixed_graphs", _switch),
+    "CRUCIBLE_GRAPH_WARMUP": ("graph_warmup", _switch),
     "CRUCIBLE_PDL": ("pdl", _switch),
     "CRUCIBLE_DECODE_STACK": ("decode_stack", _switch),
     "CRUCIBLE_PIPELINE": ("pipeline", _switch),
@@ -92,6 +93,7 @@ class Settings:
     decode_graphs: bool = True
     prefill_graphs: bool = True
     mixed_graphs: bool = True
+    graph_warmup: bool = True  # capture the decode graphs at start-up (engine factory)
     pdl: bool = True
     decode_stack: bool = True
     pipeline: bool = True
@@ -115,8 +117,8 @@ class Settings:
         if self.weights not in WEIGHTS:
             raise ConfigError(f"weights must be 'int8' or 'f32', got {self.weights!r}")
         object.__setattr__(self, "attention", parse_variant(self.attention).name)
-        for name in ("decode_graphs", "prefill_graphs", "mixed_graphs", "pdl", "decode_stack",
-                     "pipeline"):
+        for name in ("decode_graphs", "prefill_graphs", "mixed_graphs", "graph_warmup", "pdl",
+                     "decode_stack", "pipeline"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name, low in (("cpu_threads", 1), ("num_pages", 1), ("chunk_cap", 1),
