@@ -48,9 +48,9 @@ def build(cp: Any, rows: int, hist: tuple[int, int], seed: int) -> dict[str, Any
                     axis=1).astype(np.int32)
     shape = (int(pages.sum()), N_LAYERS, PAGE, N_KV * HEAD_DIM)
     gen = cp.random.default_rng(seed)
-    k = gen.standard_normal(shape, dtype=cp.float32)
-    v = gen.standard_normal(shape, dtype=cp.float32)
-    q = gen.standard_normal((rows, N_HEADS * HEAD_DIM), dtype=cp.float32)
+    k = gen.standard_normal(size=shape, dtype=cp.float32)
+    v = gen.standard_normal(size=shape, dtype=cp.float32)
+    q = gen.standard_normal(size=(rows, N_HEADS * HEAD_DIM), dtype=cp.float32)
     return {"q": q, "k": k, "v": v, "segs": cp.asarray(segs), "tables": cp.asarray(tables),
             "bytes": int(lens.sum()) * N_KV * HEAD_DIM * 4 * 2,
             "cap": -(-int(lens.max()) // 256) * 256}
