@@ -179,20 +179,21 @@ def step_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, out:
                     score_capacity=meta.score_capacity, variant=variant, pdl=pdl)
 
 
-# attn_decode's resident CTAs per SM (its __launch_bounds__(256, 2) and ~128 registers).
-DECODE_CTAS_PER_SM = 2
 KV_POSITION_BYTES = 2 * 64 * 4  # one position's K and V row of one KV head, f32
 
 
 def decode_prefetch_len(ctas: int, sharing: int = 1) -> int:
-    """Positions of history each attn_decode CTA prefetches into L2 before its PDL wait:
-    half the L2 shared by the CTAs resident at once, ``sharing`` of which read the same KV
-    head's rows (one head per CTA: the group size). A batch-1 step's few CTAs prefetch
-    everything; a step of hundreds of rows prefetches a few hundred positions per CTA
-    instead of overflowing L2 (a line evicted before its load is read from DRAM twice).
-    Prefetches change no arithmetic, so any value gives the same bits."""
-    resident = max(1, min(ctas, DECODE_CTAS_PER_SM * sm_count()))
-    return l2_bytes() // 2 * max(1, sharing) // (resident * KV_POSITION_BYTES)
+    """Positions of history each attn_decode CTA prefetches into L2 before its PDL wait.
+    A small step (at most one CTA per SM: batch 1 to ~14 rows) prefetches its history into
+    half the L2, ``sharing`` CTAs reading the same KV head's rows (one head per CTA: the
+    group size): under PDL that overlaps the previous kernel's tail. A larger step
+    prefetches nothing: its CTAs come in waves, a wave's prefetches overlap nothing, and
+    on the H200 they cost 3-10% over no prefetch at 64-1,024 rows, and prefetching whole
+    histories (which overflows L2) 13-25% (bench/decode-attention-h200.json). Prefetches
+    change no arithmetic, so any value gives the same bits."""
+    if ctas > sm_count():
+        return 0
+    return l2_bytes() // 2 * max(1, sharing) // (max(1, ctas) * KV_POSITION_BYTES)
 
 
 def decode_args(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
