@@ -12,7 +12,8 @@ from crucible.engine.settings import ENV, Settings
 from crucible.errors import ConfigError
 
 SWITCHES = ("CRUCIBLE_DECODE_GRAPHS", "CRUCIBLE_PREFILL_GRAPHS", "CRUCIBLE_MIXED_GRAPHS",
-            "CRUCIBLE_PDL", "CRUCIBLE_DECODE_STACK", "CRUCIBLE_PIPELINE")
+            "CRUCIBLE_PDL", "CRUCIBLE_DECODE_STACK", "CRUCIBLE_PIPELINE",
+            "CRUCIBLE_GRAPH_WARMUP")
 
 
 def test_defaults_without_environment() -> None:
@@ -132,3 +133,31 @@ def test_nothing_below_the_entry_points_reads_the_environment() -> None:
     readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                      if "os.environ" in p.read_text() or "getenv(" in p.read_text())
     assert readers == ["engine/settings.py"], readers
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_factory_captures_graphs_at_start_up_when_asked(monkeypatch: pytest.MonkeyPatch,
+                                                        warmup: bool) -> None:
+    """On CUDA the engine factory has the backend capture its graphs for the running limit
+    before any request and reports it; CRUCIBLE_GRAPH_WARMUP=0 leaves them to the steps."""
+    from crucible.engine import factory
+
+    calls: list[int] = []
+
+    class Graphs(NumpyBackend):  # the numpy kernels, standing in for a device with graphs
+        device = "cuda"
+
+        def capture_graphs(self, forward: object, max_rows: int) -> int:
+            calls.append(max_rows)
+            return 38
+
+    monkeypatch.setattr(factory, "resolve_device", lambda d: "cuda")
+    monkeypatch.setattr(factory, "make_backend", lambda d, o: Graphs())
+    settings = Settings(num_pages=64, max_running=40, graph_warmup=warmup)
+    engine, info = factory.build_engine(factory.TINY_MODEL, settings)
+    assert calls == ([40] if warmup else [])
+    assert (info.graphs.startswith("38 decode graphs captured at start-up in ")
+            if warmup else info.graphs == "")
+    monkeypatch.undo()
+    cpu_engine, cpu_info = factory.build_engine(factory.TINY_MODEL, Settings(device="cpu"))
+    assert cpu_info.graphs == "" and calls == ([40] if warmup else [])  # nothing on the CPU
