@@ -10,7 +10,6 @@ refused, as Anthropic's API does.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from aiohttp import web
@@ -20,7 +19,7 @@ from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json
 from crucible.server.openai_common import read_model
 from crucible.server.params import cache_salt, sampling_params
-from crucible.server.state import REQUEST_ID, STATE, ServerState
+from crucible.server.state import REQUEST_ID, STATE, ServerState, hex_id
 from crucible.server.stream import EngineFailure, RequestStream
 
 routes = web.RouteTableDef()
@@ -101,7 +100,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     params = sampling_params(body, body.int("max_tokens", lo=1), stop_field="stop_sequences",
                              extra={"temperature": body.float("temperature", 1.0, lo=0, hi=1),
                                     "top_k": body.int("top_k", None, lo=1)})
-    mid = f"msg_{uuid.uuid4().hex[:24]}"
+    mid = f"msg_{hex_id()}"
     headers = {"request-id": request[REQUEST_ID]}
 
     def message(s: RequestStream | None, content: list, reason: str | None,
@@ -125,12 +124,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
                               "content_block": {"type": "text", "text": ""}},
                        "content_block_start")
         await sse.send(resp, {"type": "ping"}, "ping")
+        text_delta = sse.Frame({"type": "content_block_delta", "index": 0,
+                                "delta": {"type": "text_delta", "text": sse.hole(0)}},
+                               "content_block_delta")
         try:
-            async for d in s:
-                if d.new_text:
-                    await sse.send(resp, {"type": "content_block_delta", "index": 0,
-                                          "delta": {"type": "text_delta", "text": d.new_text}},
-                                   "content_block_delta")
+            await sse.relay(request, resp, [s], lambda _, d: [
+                text_delta.render(sse.json_str(d.new_text))] if d.new_text else [])
         except EngineFailure as exc:
             await sse.send(resp, error_body(from_exception(exc, request[REQUEST_ID]), "anthropic"), "error")
             await sse.close(resp)
@@ -142,8 +141,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
                               "usage": {"output_tokens": s.num_output_tokens,
                                         "cache_read_input_tokens": s.num_cached_tokens}},
                        "message_delta")
-        await sse.send(resp, {"type": "message_stop"}, "message_stop")
-        await sse.close(resp)
+        await sse.close(resp, {"type": "message_stop"}, "message_stop")
         return resp
 
 

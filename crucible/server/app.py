@@ -12,7 +12,6 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-import uuid
 from typing import Awaitable, Callable
 
 from aiohttp import web
@@ -21,7 +20,8 @@ from crucible.server import anthropic_api, native, openai_chat, openai_common, \
     openai_completions
 from crucible.server.errors import (RETRY_AFTER_S, ApiError, api_flavor, error_response,
                                     from_exception)
-from crucible.server.state import ACCESS, REQUEST_ID, STATE, RequestTokens, ServerState
+from crucible.server.state import (ACCESS, REQUEST_ID, STATE, RequestTokens, ServerState,
+                                   hex_id)
 
 log = logging.getLogger("crucible.server")
 access_log = logging.getLogger("crucible.server.access")
@@ -79,7 +79,7 @@ async def errors_mw(request: web.Request, handler: Handler) -> web.StreamRespons
     except (ConnectionResetError, TimeoutError):
         raise  # the client went away; the handler's finally already aborted its request
     except Exception as exc:
-        rid = request.get(REQUEST_ID) or f"req_{uuid.uuid4().hex[:24]}"
+        rid = request.get(REQUEST_ID) or f"req_{hex_id()}"
         log.exception("unhandled error in %s %s (request id %s)", request.method,
                       request.path, rid)
         err = from_exception(exc, rid)
@@ -91,7 +91,7 @@ async def errors_mw(request: web.Request, handler: Handler) -> web.StreamRespons
 
 @web.middleware
 async def request_id_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request[REQUEST_ID] = f"req_{uuid.uuid4().hex[:24]}"
+    request[REQUEST_ID] = f"req_{hex_id()}"
     return await handler(request)
 
 

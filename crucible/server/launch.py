@@ -19,7 +19,7 @@ from typing import Any, Callable, Union
 from aiohttp import web
 
 from crucible.engine.engine import LLMEngine
-from crucible.engine.factory import EngineInfo
+from crucible.engine.factory import EngineInfo, freeze_startup
 from crucible.errors import CrucibleError
 from crucible.server.app import build_app
 from crucible.server.engine_client import EngineClient, EngineLoadError, EngineProcessConfig
@@ -34,9 +34,14 @@ log = logging.getLogger("crucible.server")
 EngineSource = Union[EngineProcessConfig, Callable[[], tuple[LLMEngine, EngineInfo]]]
 
 
-async def start_server(state: ServerState, host: str, port: int, source: EngineSource
-                       ) -> tuple[web.AppRunner, int, asyncio.Task]:
-    """Listen now; load the engine in the background. Returns (runner, port, load task)."""
+async def start_server(state: ServerState, host: str, port: int, source: EngineSource,
+                       *, freeze_gc: bool = True) -> tuple[web.AppRunner, int, asyncio.Task]:
+    """Listen now; load the engine in the background. Returns (runner, port, load task).
+
+    ``freeze_gc``: once an engine process is ready, move everything alive (the tokenizer,
+    its tables, the app) out of the collector's sight (factory.freeze_startup), as a
+    process serving one engine for its life does; per-token garbage then costs collections
+    only for itself. Off for servers inside another program (ServerThread: tests)."""
     # handler_cancellation: a client that disconnects cancels its handler, whose finally
     # aborts the request (a non-streaming request has no write that could fail instead).
     # Connections: headers within --read-timeout (the keep-alive timer), at most
@@ -60,6 +65,8 @@ async def start_server(state: ServerState, host: str, port: int, source: EngineS
                 await state.starting.stop()
             return
         state.attach(engine, info)
+        if freeze_gc and isinstance(source, EngineProcessConfig):
+            freeze_startup()  # in-process, the builder froze the engine already (cli_serve)
         log.info("ready: %s", ", ".join(f"{k}={v}" for k, v in info.items()))
 
     return runner, bound, asyncio.create_task(load())
@@ -146,7 +153,7 @@ class ServerThread:
 
         async def boot() -> None:
             self._runner, self.port, self.load_task = await start_server(
-                self.state, self._host, 0, self._source)
+                self.state, self._host, 0, self._source, freeze_gc=False)
             self._ready.set()
 
         self._loop.run_until_complete(boot())

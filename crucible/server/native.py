@@ -13,6 +13,8 @@ import asyncio
 
 from aiohttp import web
 
+from crucible.engine.engine import RequestDelta
+
 from crucible.server import sse
 from crucible.server.errors import RETRY_AFTER_S, bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json, token_id_list
@@ -70,15 +72,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
             await s.wait()
             return web.json_response(_result(s))
         resp = await sse.open_sse(request, {"X-Request-Id": s.request_id})
+        piece = sse.Frame({"id": s.request_id, "text": sse.hole(0), "token_ids": sse.hole(1),
+                           "finish_reason": sse.hole(2)})
+
+        def frames_of(_: int, d: RequestDelta) -> list[bytes]:
+            ids = "[" + ", ".join(map(str, d.new_token_ids)) + "]"  # json.dumps' own form
+            return [piece.render(sse.json_str(d.new_text), ids,
+                                 sse.reason_json(d.finish_reason if d.finished else None))]
+
         try:
-            async for d in s:
-                await sse.send(resp, {"id": s.request_id, "text": d.new_text,
-                                      "token_ids": list(d.new_token_ids),
-                                      "finish_reason": d.finish_reason if d.finished else None})
+            await sse.relay(request, resp, [s], frames_of)
         except EngineFailure as exc:
             await sse.send(resp, error_body(from_exception(exc, request[REQUEST_ID]), "native"))
-        await sse.send(resp, "[DONE]")
-        await sse.close(resp)
+        await sse.close(resp, "[DONE]")
         return resp
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
+from crucible.engine.engine import RequestDelta
+
 from crucible.server import sse
 from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json
@@ -20,7 +22,7 @@ from crucible.server.openai_common import (IGNORED_FIELDS, chat_logprobs, finish
 from crucible.server.params import (MAX_N, SAMPLING_FIELDS, cache_salt, choice_params,
                                     max_tokens_field, sampling_params)
 from crucible.server.state import REQUEST_ID, STATE, ServerState
-from crucible.server.stream import EngineFailure, merged
+from crucible.server.stream import EngineFailure
 
 routes = web.RouteTableDef()
 _FIELDS = ("messages", "max_tokens", "max_completion_tokens", "n", "stream", "logprobs",
@@ -109,22 +111,31 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                     "model": model, "choices": [c],
                     **({"usage": None} if include_usage else {})}
 
+        content: dict[int, sse.Frame] = {}  # choice index -> its content chunk, text a hole
+
+        def frames_of(i: int, d: RequestDelta) -> list[bytes]:
+            lp = (chat_logprobs(tok, list(d.new_token_ids), list(d.new_logprobs), n_top)
+                  if want_lp and d.new_logprobs else None)
+            out = []
+            if lp is not None:
+                out.append(sse.frame(chunk(i, {"content": d.new_text}, None, lp)))
+            elif d.new_text:
+                f = content.get(i) or content.setdefault(
+                    i, sse.Frame(chunk(i, {"content": sse.hole(0)})))
+                out.append(f.render(sse.json_str(d.new_text)))
+            if d.finished and d.finish_reason != "abort":
+                out.append(sse.frame(chunk(i, {}, d.finish_reason)))
+            return out
+
         try:
             for i in range(n):
                 await sse.send(resp, chunk(i, {"role": "assistant", "content": ""}))
-            async for i, d in merged(streams):
-                lp = (chat_logprobs(tok, list(d.new_token_ids), list(d.new_logprobs), n_top)
-                      if want_lp and d.new_logprobs else None)
-                if d.new_text or lp is not None:
-                    await sse.send(resp, chunk(i, {"content": d.new_text}, None, lp))
-                if d.finished and d.finish_reason != "abort":
-                    await sse.send(resp, chunk(i, {}, d.finish_reason))
+            await sse.relay(request, resp, streams, frames_of)
             if include_usage:
                 await sse.send(resp, {"id": cid, "object": "chat.completion.chunk",
                                       "created": created, "model": model, "choices": [],
                                       "usage": usage(streams, len(ids))})
         except EngineFailure as exc:
             await sse.send(resp, error_body(from_exception(exc, request[REQUEST_ID]), "openai"))
-        await sse.send(resp, "[DONE]")
-        await sse.close(resp)
+        await sse.close(resp, "[DONE]")
         return resp

@@ -9,7 +9,6 @@ sniff which client is asking.
 from __future__ import annotations
 
 import time
-import uuid
 from datetime import datetime, timezone
 
 from aiohttp import web
@@ -17,7 +16,7 @@ from aiohttp import web
 from crucible.engine.engine import Logprobs
 from crucible.server.errors import ApiError
 from crucible.server.fields import Body
-from crucible.server.state import STATE, ServerState
+from crucible.server.state import STATE, ServerState, hex_id
 from crucible.server.stream import RequestStream
 
 routes = web.RouteTableDef()
@@ -65,7 +64,7 @@ def read_model(state: ServerState, body: Body, required: bool = True) -> str:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+    return f"{prefix}-{hex_id()}"
 
 
 def now() -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from crucible.engine.engine import RequestDelta
+
 from crucible.server import sse
 from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json, token_id_list
@@ -16,7 +18,7 @@ from crucible.server.openai_common import (IGNORED_FIELDS, completion_logprobs, 
 from crucible.server.params import (MAX_N, SAMPLING_FIELDS, cache_salt, choice_params,
                                     max_tokens_field, sampling_params)
 from crucible.server.state import REQUEST_ID, STATE, ServerState
-from crucible.server.stream import EngineFailure, RequestStream, merged
+from crucible.server.stream import EngineFailure, RequestStream
 
 routes = web.RouteTableDef()
 # add_special_tokens is vLLM's: inference-perf sends false for prompts it already ran through
@@ -114,24 +116,31 @@ async def completions(request: web.Request) -> web.StreamResponse:
             return {"id": cid, "object": "text_completion", "created": created,
                     "model": model, "choices": [c], **({"usage": None} if include_usage else {})}
 
+        frames: dict[int, sse.Frame] = {}  # choice index -> its chunk with text and reason holes
+
+        def frames_of(i: int, d: RequestDelta) -> list[bytes]:
+            lp = None
+            if n_lp is not None and d.new_logprobs:
+                lp = completion_logprobs(tok, list(d.new_token_ids), list(d.new_logprobs), n_lp)
+            if not (d.new_text or d.finished or lp is not None):
+                return []
+            reason = d.finish_reason if d.finished and d.finish_reason != "abort" else None
+            if lp is not None:
+                return [sse.frame(chunk(i, d.new_text, reason, lp))]
+            f = frames.get(i) or frames.setdefault(i, sse.Frame(chunk(i, sse.hole(0),
+                                                                      sse.hole(1))))
+            return [f.render(sse.json_str(d.new_text), sse.reason_json(reason))]
+
         try:
             if echo:
                 for i in range(len(streams)):
                     await sse.send(resp, chunk(i, prefix(i), None))
-            async for i, d in merged(streams):
-                lp = None
-                if n_lp is not None and d.new_logprobs:
-                    lp = completion_logprobs(tok, list(d.new_token_ids), list(d.new_logprobs),
-                                             n_lp)
-                if d.new_text or d.finished or lp is not None:
-                    reason = d.finish_reason if d.finished and d.finish_reason != "abort" else None
-                    await sse.send(resp, chunk(i, d.new_text, reason, lp))
+            await sse.relay(request, resp, streams, frames_of)
             if include_usage:
                 await sse.send(resp, {"id": cid, "object": "text_completion", "created": created,
                                       "model": model, "choices": [],
                                       "usage": usage(streams, num_prompt)})
         except EngineFailure as exc:
             await sse.send(resp, error_body(from_exception(exc, request[REQUEST_ID]), "openai"))
-        await sse.send(resp, "[DONE]")
-        await sse.close(resp)
+        await sse.close(resp, "[DONE]")
         return resp

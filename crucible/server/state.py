@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -42,6 +43,13 @@ class ServerConfig:
     read_timeout: float = READ_TIMEOUT_S
     max_connections: int = MAX_CONNECTIONS
     max_response_entries: int = MAX_RESPONSE_ENTRIES
+
+
+def hex_id() -> str:
+    """24 random hex digits for request and response ids. Not uuid4: its ``os.urandom`` is a
+    system call of tens of microseconds on some machines, twice per request; these ids
+    need to be unique, not secret."""
+    return f"{random.getrandbits(96):024x}"
 
 
 class RequestTokens:

@@ -1,17 +1,25 @@
 """Per-request output stream: the event-loop end of one request's deltas.
 
-The engine thread hands each ``RequestDelta`` over with the time its step finished; the
+The engine side hands each ``RequestDelta`` over with the time its step finished; the
 stream keeps what every API adapter needs afterwards (all token ids, text, logprobs,
 finish reason) and the timing the metrics want (TTFT, inter-token gaps, end-to-end), so
 adapters only format. Iterating yields deltas until the finished one; an engine failure
 ends the iteration with ``EngineFailure`` instead of leaving the client waiting.
+
+Deltas go into an ``Outbox``: a deque and at most one waiting future, shared by the
+engine requests of one HTTP request (``n`` choices, several prompts), so they arrive in
+one order and wake one task. A streaming response may also install a ``direct``
+consumer (sse.relay): while nothing is queued, a delta is then formatted and written by
+the call that delivers it, and the handler's task is not woken once per token (at 30k
+tokens/s a task wake per token was a large share of the front's CPU).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator
+from collections import deque
+from typing import AsyncIterator, Callable, Union
 
 from crucible.engine.engine import Logprobs, RequestDelta
 from crucible.engine.sampling import SamplingParams
@@ -38,7 +46,8 @@ class RequestStream:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.params = params
-        self._queue: asyncio.Queue[RequestDelta | EngineFailure] = asyncio.Queue()
+        self.outbox = Outbox()
+        self.index = 0  # its place among the outbox's streams (the choice index)
         self.token_ids: list[int] = []
         self.text = ""
         self.logprobs: list[Logprobs] = []
@@ -71,8 +80,12 @@ class RequestStream:
                 self.t_first = t
             else:
                 # A step yields at most one token per request; spread is still per token.
-                gap = (t - self.t_last) / len(delta.new_token_ids)  # type: ignore[operator]
-                self.inter_token.extend([gap] * len(delta.new_token_ids))
+                k = len(delta.new_token_ids)
+                gap = (t - self.t_last) / k  # type: ignore[operator]
+                if k == 1:
+                    self.inter_token.append(gap)
+                else:
+                    self.inter_token.extend([gap] * k)
             self.t_last = t
         self.token_ids.extend(delta.new_token_ids)
         self.num_cached_tokens = delta.num_cached_tokens
@@ -85,7 +98,7 @@ class RequestStream:
             self.finished = True
             self.finish_reason = delta.finish_reason
             self.t_end = t
-        self._queue.put_nowait(delta)
+        self.outbox.push(self.index, delta)
 
     def fail(self, err: EngineFailure) -> None:
         if self.finished:
@@ -93,17 +106,17 @@ class RequestStream:
         self.finished = True
         self.error = err
         self.t_end = time.monotonic()
-        self._queue.put_nowait(err)
+        self.outbox.push(self.index, err)
 
-    # -- consumer side ----------------------------------------------------------------------
+    # -- consumer side (one consumer; a stream in a shared outbox is read through it) ------
     async def __aiter__(self) -> AsyncIterator[RequestDelta]:
         while True:
-            item = await self._queue.get()
-            if isinstance(item, EngineFailure):
-                raise item
-            yield item
-            if item.finished:
-                return
+            for _, item in await self.outbox.take():
+                if isinstance(item, EngineFailure):
+                    raise item
+                yield item
+                if item.finished:
+                    return
 
     async def wait(self) -> None:
         """Consume to the end (non-streaming responses); raises EngineFailure on failure."""
@@ -111,36 +124,72 @@ class RequestStream:
             pass
 
 
+Item = Union[RequestDelta, EngineFailure]
+
+
+class Outbox:
+    """What the engine delivered for one HTTP request and nobody has taken yet: (stream
+    index, delta or failure) in arrival order. Loop-thread only."""
+
+    __slots__ = ("items", "waiter", "direct")
+
+    def __init__(self) -> None:
+        self.items: deque[tuple[int, Item]] = deque()
+        self.waiter: asyncio.Future | None = None
+        # (index, delta) -> True if it took the delta; never offered failures or a delta
+        # while others are queued, so the order a client sees is the arrival order.
+        self.direct: Callable[[int, RequestDelta], bool] | None = None
+
+    def push(self, index: int, item: Item) -> None:
+        direct = self.direct
+        if direct is not None and not self.items and not isinstance(item, EngineFailure) \
+                and direct(index, item):
+            return
+        self.items.append((index, item))
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    async def take(self) -> list[tuple[int, Item]]:
+        """Everything queued, once there is something."""
+        while not self.items:
+            w = self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await w
+            finally:
+                if self.waiter is w:
+                    self.waiter = None
+        out = list(self.items)
+        self.items.clear()
+        return out
+
+
+def shared_outbox(streams: list[RequestStream]) -> Outbox:
+    """One outbox for several streams (stream i's items tagged i); what one of them had
+    queued already moves over, stream by stream."""
+    first = streams[0].outbox
+    if all(s.outbox is first for s in streams):  # one stream, or shared already
+        return first
+    box = Outbox()
+    for i, s in enumerate(streams):
+        box.items.extend((i, item) for _, item in s.outbox.items)
+        s.outbox.items.clear()
+        s.outbox, s.index = box, i
+    return box
+
+
 async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestDelta]]:
     """Deltas of several streams (n choices, several prompts) as they arrive: (index, delta).
 
     The first failure ends the merged stream with that ``EngineFailure``.
     """
-    if len(streams) == 1:  # the common case needs no tasks
-        async for d in streams[0]:
-            yield 0, d
-        return
-    q: asyncio.Queue[tuple[int, RequestDelta | None, EngineFailure | None]] = asyncio.Queue()
-
-    async def pump(i: int, s: RequestStream) -> None:
-        try:
-            async for d in s:
-                q.put_nowait((i, d, None))
-        except EngineFailure as exc:
-            q.put_nowait((i, None, exc))
-        q.put_nowait((i, None, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(streams)
-        while remaining:
-            i, d, err = await q.get()
-            if err is not None:
-                raise err
-            if d is None:
-                remaining -= 1
-            else:
-                yield i, d
-    finally:
-        for t in tasks:
-            t.cancel()
+    box, left = shared_outbox(streams), len(streams)
+    while left:
+        for i, item in await box.take():
+            if isinstance(item, EngineFailure):
+                raise item
+            yield i, item
+            if item.finished:
+                left -= 1
