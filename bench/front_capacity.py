@@ -17,8 +17,9 @@ the front, the fake engine and the clients, which show who the limit was.
 Placement: the front is pinned to ``--front-cpu`` and the fake engine and clients share
 ``--other-cpus``, so the front has a core of its own as on a big GPU host. An offered rate
 above what the front can serve saturates it: then chunks/s is its capacity on that core.
-``--against REV`` measures the same points on the tree of REV too (a git worktree; its
-front, this tree's stub and clients), alternating which goes first at every point.
+``--against REV`` measures the same points on REV's tree too (a git worktree: its front,
+this tree's stub and clients), alternating which goes first; ``--this REV`` measures REV
+instead of the working tree. ``--profile DIR``: cProfile the front (front_server.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def cpu_s(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of a process, every thread included (dead ones too)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores spent busy (not idle or waiting), from /proc/stat."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(f[:8]) - f[3] - f[4]) / TICK
 
 
 def engine_pid(front: int) -> int:
@@ -74,95 +81,6 @@ def pct(values: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, max(0, int(q * len(v) + 0.999999) - 1))]
 
 
-# -- the front, as a process of its own ---------------------------------------------------
-
-def front_role(args: argparse.Namespace) -> None:
-    """Serve as ``llm-engine serve`` does (access log at info), the fake engine behind."""
-    import asyncio
-    import logging
-
-    from crucible.engine.settings import Settings
-    from crucible.server.engine_client import EngineProcessConfig
-    from crucible.server.launch import start_server, stop_server
-    from crucible.server.state import ServerConfig, ServerState
-
-    import crucible
-
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("crucible.server").info("front of %s", Path(crucible.__file__).parent)
-
-    async def serve() -> None:
-        state = ServerState(ServerConfig(model_name="front-bench", max_queue=args.max_queue))
-        source = EngineProcessConfig(args.spec, Settings(max_queue=args.max_queue),
-                                     factory="front_core_stub:fake_engine")
-        runner, _, load = await start_server(state, "127.0.0.1", args.port, source)
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await load
-        await stop.wait()
-        await stop_server(state, runner)
-
-    if args.sample:
-        _sample_loop(args.sample)
-    if not args.profile:
-        asyncio.run(serve())
-        return
-    # cProfile sees one thread: the event loop's here, the engine link's reader in its own.
-    import cProfile
-
-    from crucible.server.core_link import CoreLink
-
-    read = CoreLink._read
-
-    def profiled_read(link: CoreLink) -> None:
-        prof = cProfile.Profile()
-        prof.runcall(read, link)
-        prof.dump_stats(f"{args.profile}/front-reader.prof")
-
-    CoreLink._read = profiled_read  # type: ignore[method-assign]
-    prof = cProfile.Profile()
-    prof.runcall(asyncio.run, serve())
-    prof.dump_stats(f"{args.profile}/front-loop.prof")
-
-
-def _sample_loop(path: str, hz: float = 1000.0) -> None:
-    """A statistical profile of the event loop's thread (cProfile's own overhead skews a
-    loop of many small calls): its stack every 1/hz s, written to ``path`` at exit as
-    {"self": {frame: samples}, "total": {frame: samples}}."""
-    import atexit
-    import threading
-    from collections import Counter
-
-    main = threading.main_thread().ident
-    own, total = Counter(), Counter()
-
-    def name(f) -> str:
-        return f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}"
-
-    def run() -> None:
-        while True:
-            time.sleep(1 / hz)
-            f = sys._current_frames().get(main)
-            if f is None:
-                continue
-            own[name(f)] += 1
-            seen = set()
-            while f is not None:
-                n = name(f)
-                if n not in seen:
-                    seen.add(n)
-                    total[n] += 1
-                f = f.f_back
-
-    # The sampler needs the GIL: switching often lets it in between bytecodes, not only
-    # when the loop blocks in a system call (which would show little but system calls).
-    sys.setswitchinterval(1e-4)
-    threading.Thread(target=run, daemon=True).start()
-    atexit.register(lambda: Path(path).write_text(json.dumps(
-        {"self": own.most_common(60), "total": total.most_common(120)}, indent=1)))
-
-
 # -- one measured point -------------------------------------------------------------------
 
 def wait_health(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -191,10 +109,9 @@ def measure(args: argparse.Namespace, tree: Path, clients: int, rate: float,
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(BENCH)]))
     with open(log_path, "ab") as log:
         front = subprocess.Popen(
-            [sys.executable, str(BENCH / "front_capacity.py"), "--role", "front", "--port",
-             str(port), "--spec", spec, "--max-queue", str(4 * clients + 64)]
-            + (["--profile", args.profile] if args.profile else [])
-            + (["--sample", args.sample] if args.sample else []),
+            [sys.executable, str(BENCH / "front_server.py"), "--port", str(port), "--spec",
+             spec, "--max-queue", str(4 * clients + 64)]
+            + (["--profile", args.profile] if args.profile else []),
             cwd=tree, env=env, stdout=log, stderr=log,
             preexec_fn=lambda: os.sched_setaffinity(0, args.front_cpu))
     try:
@@ -211,9 +128,9 @@ def measure(args: argparse.Namespace, tree: Path, clients: int, rate: float,
             stdout=subprocess.PIPE, preexec_fn=lambda: os.sched_setaffinity(0, args.other_cpus))
         pids = {"front": front.pid, "core": core, "clients": cl.pid}
         time.sleep(max(0.0, t0 - time.monotonic()))
-        before = {k: cpu_s(p) for k, p in pids.items()}
+        before, busy0 = {k: cpu_s(p) for k, p in pids.items()}, machine_busy_s()
         time.sleep(max(0.0, t1 - time.monotonic()))
-        after = {k: cpu_s(p) for k, p in pids.items()}
+        after, busy1 = {k: cpu_s(p) for k, p in pids.items()}, machine_busy_s()
         out, _ = cl.communicate(timeout=120)
         got = json.loads(out)
     finally:
@@ -236,45 +153,63 @@ def measure(args: argparse.Namespace, tree: Path, clients: int, rate: float,
             "front_cpu_us_per_chunk": round(used["front"] / chunks * 1e6, 2) if chunks else None,
             "cpu_share": {k: round(v / span, 3) for k, v in used.items()},
             "system_cpu_share": sys_share,
+            # Whatever else ran on the machine meanwhile (other jobs share these cores).
+            "others_cpu_share": round((busy1 - busy0 - sum(used.values())) / span, 3),
             "gap_p50_ms": ms(pct(got["gaps"], 0.5)), "gap_p99_ms": ms(pct(got["gaps"], 0.99)),
             "ttft_p50_ms": ms(pct(got["ttft"], 0.5)), "ttft_p99_ms": ms(pct(got["ttft"], 0.99))}
 
 
-def worktree(rev: str) -> tuple[Path, str]:
+def worktree(rev: str, made: list[Path]) -> tuple[Path, str]:
+    """A checkout of ``rev`` under /tmp (removed at the end if this run made it)."""
     sha = subprocess.run(["git", "rev-parse", rev], cwd=REPO, check=True, text=True,
                          capture_output=True).stdout.strip()
     path = Path(f"/tmp/front-capacity-{sha[:12]}")
     if not path.exists():
         subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=REPO,
                        check=True, capture_output=True)
+        made.append(path)
     return path, sha
 
 
 def summary(runs: list[dict]) -> dict:
     """Medians over rounds of the figures the docs quote."""
-    keys = ("chunks_per_s", "front_cpu_us_per_chunk", "gap_p50_ms", "gap_p99_ms",
-            "ttft_p50_ms")
+    keys = ("chunks_per_s", "front_cpu_us_per_chunk", "front_cpu_us_per_request",
+            "gap_p50_ms", "gap_p99_ms", "ttft_p50_ms")
     out = {k: statistics.median(r[k] for r in runs if r[k] is not None)
            if any(r[k] is not None for r in runs) else None for k in keys}
     out["front_cpu_share"] = statistics.median(r["cpu_share"]["front"] for r in runs)
+    out["others_cpu_share"] = statistics.median(r["others_cpu_share"] for r in runs)
     out["errors"] = sum(r["errors"] for r in runs)
     return out
 
 
 def main(args: argparse.Namespace) -> None:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, text=True,
-                          capture_output=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "crucible"], cwd=REPO,
-                                text=True, capture_output=True).stdout.strip())
-    trees = {"this": (REPO, head + ("+uncommitted" if dirty else ""))}
+    made: list[Path] = []
+    try:
+        run_points(args, made)
+    finally:
+        for path in made:
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO,
+                           capture_output=True)
+
+
+def run_points(args: argparse.Namespace, made: list[Path]) -> None:
+    if args.this:
+        trees = {"this": worktree(args.this, made)}
+    else:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, text=True,
+                              capture_output=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "crucible"], cwd=REPO,
+                               text=True, capture_output=True).stdout.strip()
+        trees = {"this": (REPO, head + (" + uncommitted changes" if dirty else ""))}
     if args.against:
-        trees["against"] = worktree(args.against)
+        trees["against"] = worktree(args.against, made)
     log_path = Path(args.log)
     points, order = [], list(trees)
     for clients in args.clients:
         for rate in args.rates:
             runs: dict[str, list[dict]] = {k: [] for k in trees}
-            for rnd in range(args.rounds):
+            for _ in range(args.rounds):
                 for name in order:
                     r = measure(args, trees[name][0], clients, rate, log_path)
                     runs[name].append(r)
@@ -282,7 +217,8 @@ def main(args: argparse.Namespace) -> None:
                           f"chunks/s={r['chunks_per_s']:8.0f} "
                           f"cpu/chunk={r['front_cpu_us_per_chunk']} us "
                           f"gap p50/p99={r['gap_p50_ms']}/{r['gap_p99_ms']} ms "
-                          f"share={r['cpu_share']} errors={r['errors']}", flush=True)
+                          f"share={r['cpu_share']} others={r['others_cpu_share']} "
+                          f"errors={r['errors']}", flush=True)
                 order.reverse()  # alternate which tree goes first
             points.append({"clients": clients, "offered_tok_s": rate,
                            **{name: {"median": summary(rs), "runs": rs}
@@ -295,8 +231,8 @@ def main(args: argparse.Namespace) -> None:
               "rounds": args.rounds, "points": points}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps([{k: v for k, v in p.items()} | {n: p[n]["median"] for n in trees}
-                      for p in points], indent=2))
+    print(json.dumps([{"clients": p["clients"], "offered_tok_s": p["offered_tok_s"]}
+                      | {n: p[n]["median"] for n in trees} for p in points], indent=2))
 
 
 def cpus(text: str) -> set[int]:
@@ -305,7 +241,6 @@ def cpus(text: str) -> set[int]:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--role", default="bench", choices=("bench", "front"))
     p.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")],
                    default=[64, 256, 512])
     p.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")],
@@ -316,6 +251,8 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--max-tokens", default="32,96", help="LO,HI per request (clients draw)")
     p.add_argument("--tokenizer", default=None, help="model whose tokenizer the ids use")
+    p.add_argument("--this", default=None,
+                   help="a git revision to measure instead of the working tree")
     p.add_argument("--against", default=None, help="a git revision to measure as well")
     p.add_argument("--front-cpu", type=cpus, default={0})
     p.add_argument("--other-cpus", type=cpus, default=None)
@@ -323,18 +260,9 @@ if __name__ == "__main__":
     p.add_argument("--log", default="/tmp/front-capacity.log")
     p.add_argument("--profile", default=None,
                    help="a folder: cProfile the front's loop and reader threads there")
-    p.add_argument("--sample", default=None,
-                   help="a file: a sampled profile of the front's event loop thread")
-    # the front role's own
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--spec", default="")
-    p.add_argument("--max-queue", type=int, default=4096)
     a = p.parse_args()
-    if a.role == "front":
-        front_role(a)
-    else:
-        a.tokenizer = a.tokenizer or default_tokenizer()
-        if a.other_cpus is None:
-            rest = set(os.sched_getaffinity(0)) - a.front_cpu
-            a.other_cpus = rest or set(a.front_cpu)
-        main(a)
+    a.tokenizer = a.tokenizer or default_tokenizer()
+    if a.other_cpus is None:
+        rest = set(os.sched_getaffinity(0)) - a.front_cpu
+        a.other_cpus = rest or set(a.front_cpu)
+    main(a)

@@ -49,7 +49,7 @@ class RequestStream:
         self.outbox = Outbox()
         self.index = 0  # its place among the outbox's streams (the choice index)
         self.token_ids: list[int] = []
-        self.text = ""
+        self._pieces: list[str] = []  # the text, joined when read (``+=`` per token is O(n^2))
         self.logprobs: list[Logprobs] = []
         self.prompt_logprobs: tuple[Logprobs | None, ...] | None = None
         self.finished = False
@@ -62,6 +62,13 @@ class RequestStream:
         self.t_last: float | None = None
         self.t_end: float | None = None
         self.inter_token: list[float] = []
+
+    @property
+    def text(self) -> str:
+        """The text so far."""
+        if len(self._pieces) > 1:
+            self._pieces[:] = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -89,7 +96,8 @@ class RequestStream:
             self.t_last = t
         self.token_ids.extend(delta.new_token_ids)
         self.num_cached_tokens = delta.num_cached_tokens
-        self.text += delta.new_text
+        if delta.new_text:
+            self._pieces.append(delta.new_text)
         if delta.new_logprobs:
             self.logprobs.extend(delta.new_logprobs)
         if delta.prompt_logprobs is not None:
