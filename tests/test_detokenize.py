@@ -93,3 +93,38 @@ def test_decode_all_negative_control(tiny: Tokenizer) -> None:
     ids = list("é".encode())
     assert decode_all(tiny, ids) == "é"
     assert "".join(bytes([i]).decode("utf-8", errors="replace") for i in ids) != "é"
+
+
+def test_kept_whole_texts_are_the_decoders(tiny: Tokenizer) -> None:
+    """Each id's kept text (the streaming fast path) is what the decoder gives for its bytes
+    from an empty state, '' for a skipped special, and None for bytes that are no whole
+    characters; detokenizers of one tokenizer and mode share them."""
+    from crucible.model.detokenize import whole_texts
+
+    ids = tiny.encode("a é 😀 the<|im_end|>") + [0xFF, 0xC3]
+    feed(tiny.detokenizer(), ids)
+    kept = whole_texts(tiny)
+    assert tiny.detokenizer().whole is kept and whole_texts(tiny, False) is not kept
+    for i in ids:
+        try:
+            want = "" if tiny.is_special(i) else tiny.token_bytes(i).decode()
+        except UnicodeDecodeError:
+            want = None
+        assert kept[i] == want, i
+    assert kept[0xC3] is None and kept[0x61] == "a" and kept[258] == " the"
+
+
+def test_a_tokenizer_without_weak_references_keeps_its_own_texts(tiny: Tokenizer) -> None:
+    class Slotted:
+        __slots__ = ()
+
+        def token_bytes(self, token_id: int) -> bytes:
+            return tiny.token_bytes(token_id)
+
+        def is_special(self, token_id: int) -> bool:
+            return tiny.is_special(token_id)
+
+    detok = IncrementalDetokenizer(Slotted())
+    assert feed(detok, list("é!".encode()) + [0x21, 0xC3, 0x21]) == ["", "é", "!", "!", "",
+                                                                    "\ufffd!"]
+    assert detok.whole[0x21] == "!" and IncrementalDetokenizer(Slotted()).whole == {}

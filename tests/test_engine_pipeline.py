@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from crucible.step.batch import pack_decodes
 from crucible.step.rows import SampleOutput
 from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
@@ -45,11 +46,18 @@ class FeedRunner(FakeRunner):
         self.sampler = NumpyTwinSampler()
         self._last_ids: tuple[int, ...] = ()
         self.num_fed = 0
+        self.engine = None  # when set: fed batches are checked against the packer's
 
     def launch_sample(self, batch, rows, host_rows=(), feed=None):
         if feed is not None:
             assert batch.num_rows == len(feed) <= self.chain_rows
             assert (batch.segments[:, 1] == 1).all(), "a fed step is a pure decode"
+            if self.engine is not None:  # the columns' batch is what pack_decodes makes
+                reqs = [self.engine.requests[r] for r in batch.request_ids]
+                want = pack_decodes(batch.request_ids, batch.positions.tolist(),
+                                    [r.page_table.pages for r in reqs])
+                assert all(np.array_equal(getattr(batch, f.name), getattr(want, f.name))
+                           for f in dataclasses.fields(want))
             feed = np.asarray(feed)
             assert (batch.token_ids[feed >= 0] == 0).all(), "fed rows carry id 0"
             ids = batch.token_ids.copy()
@@ -112,7 +120,7 @@ def test_pipelined_engine_equals_plain_engine(kind, pages, budget):
     later = [(rng.integers(0, VOCAB, 9).tolist(), params[0])]
     cfg = SchedulerConfig(token_budget=budget)
     fed = FeedRunner(pages, vocab_size=VOCAB)
-    eng = LLMEngine(fed, fake_tokenizer(EOS), cfg)
+    eng = fed.engine = LLMEngine(fed, fake_tokenizer(EOS), cfg)
     got = per_request(eng, prompts, params, {3: ["req-2"]}, {5: later})
     plain = FeedRunner(pages, vocab_size=VOCAB)
     plain.chain_rows = 0  # the same runner, never pipelined
@@ -157,3 +165,38 @@ def test_stopped_request_drops_its_queued_row():
     assert reasons == ["stop"] and ids[-1] == EOS and EOS not in ids[:-1]
     assert eng.num_rows == eng.num_generated + 3 - 1 + 1  # prompt rows + one dropped row
     assert eng.allocator.num_free == 16 and rid not in eng.requests
+
+
+def test_pipelined_decode_publishes_the_pages_it_completes():
+    """A page that a pipelined decode step fills is published when that step's results are
+    applied, as without pipelining (not later): a prompt made of the first request's
+    prompt and output, sent while it still runs, finds the same pages cached."""
+    from types import SimpleNamespace
+
+    from crucible.engine.prefix_cache import PrefixCache
+
+    prompt = list(range(20, 40))  # 20 tokens: pages 1 and 2 fill during the decode
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+
+    def run(chain_rows: int):
+        runner = FeedRunner(64, vocab_size=VOCAB)
+        runner.chain_rows = chain_rows
+        runner.backend = SimpleNamespace(arithmetic="fake")
+        cache = PrefixCache(("t",), "fake", 64)
+        eng = LLMEngine(runner, fake_tokenizer(EOS), prefix_cache=cache)
+        first = eng.add_request(prompt, params)
+        out: dict[str, list[int]] = {first: []}
+        published = []  # pages published after each step, until the second arrives
+        while eng.has_unfinished():
+            for d in eng.step():
+                out[d.request_id] += d.new_token_ids
+            if len(out) == 1:
+                published.append(cache.stats.admissions)
+                if len(out[first]) >= 36:
+                    out[eng.add_request(prompt + out[first][:30], params)] = []
+        return published, out, cache.stats.hit_tokens, eng.num_chained
+
+    plain, piped = run(0), run(8)
+    assert piped[:3] == plain[:3]
+    assert plain[0][-1] == 3
+    assert plain[2] == 48 and plain[3] == 0 < piped[3]  # 3 pages, 2 filled by decodes

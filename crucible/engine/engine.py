@@ -8,13 +8,13 @@ accumulates and the async engine streams.
 Sampling runs where the logits are: a device sampler (``runner.sampler``) gets each row as a
 ``RowSampling`` (crucible/step/rows.py) and returns ids and requested logprobs, and only
 prompt-logprob rows come to the host; else the host sampler (engine/sampling.py) runs. Both
-draw the same (seed, n) way, so deltas and stops do not depend on which ran.
+draw the same (seed, n) way, so deltas and stops do not depend on which ran. What a step's
+results do to its requests (tokens, stops, deltas) is engine/updates.py.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -22,38 +22,22 @@ import numpy as np
 from crucible.step.rows import RowSampling
 from crucible.step.batch import PackedBatch, build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
-from crucible.engine.pipeline import Launched, plan_chained
+from crucible.engine.pipeline import DecodeRows, Launched, plan_chained
 from crucible.engine.prefix_cache import PrefixCache, cache_counters
-from crucible.engine.request import Request, RequestStatus
+from crucible.engine.request import Logprobs, Request, RequestDelta
 from crucible.engine.rng import derive_seed
-from crucible.engine.sampling import SamplingParams, log_softmax, top_logprobs
+from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import ScheduledSlice, Scheduler, SchedulerConfig
-from crucible.engine.step_rows import Draw, device_updates, host_updates, sampling_rows
+from crucible.engine.step_rows import host_updates, sampling_rows
+from crucible.engine.updates import StepUpdates
 from crucible.engine.validate import validate_packed_batch
 from crucible.errors import RequestError
 from crucible.engine.runner import ModelRunner
-from crucible.step.batch import PAGE_SIZE
-from crucible.step.quick_init import quick_init
 
-Logprobs = dict[int, float]
+__all__ = ["LLMEngine", "Logprobs", "RequestDelta"]  # the delta is imported from here
 
 
-@quick_init  # built for every request at every step
-@dataclass(frozen=True)
-class RequestDelta:
-    """What one request gained in one step (or its end)."""
-
-    request_id: str
-    new_token_ids: tuple[int, ...]
-    new_text: str
-    new_logprobs: tuple[Logprobs, ...] | None  # one per new token when logprobs were asked
-    prompt_logprobs: tuple[Logprobs | None, ...] | None  # once, in the first delta after prefill
-    finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort"
-    num_cached_tokens: int  # prompt positions its first admission found in the prefix cache
-
-
-class LLMEngine:
+class LLMEngine(StepUpdates):
     def __init__(self, runner: ModelRunner, tokenizer: Any = None,
                  config: SchedulerConfig | None = None, *, seed: int = 0,
                  prefix_cache: PrefixCache | None = None) -> None:
@@ -165,7 +149,8 @@ class LLMEngine:
 
     def _launch(self, slices: Sequence[ScheduledSlice], batch: PackedBatch,
                 rows: Sequence[RowSampling] | None = None,
-                feed: np.ndarray | None = None) -> Launched:
+                feed: np.ndarray | None = None, decode: DecodeRows | None = None
+                ) -> Launched:
         validate_packed_batch(batch, num_pages=self.allocator.num_pages,
                               vocab_size=self.vocab_size,
                               max_pages_per_table=pages_for(self.max_context))
@@ -180,7 +165,7 @@ class LLMEngine:
         if rows is None:
             rows, host_rows = sampling_rows(slices, self.vocab_size)
         pending = self.runner.launch_sample(batch, rows, host_rows, feed)
-        return Launched(tuple(slices), pending, None, len(rows))
+        return Launched(tuple(slices), pending, None, len(rows), decode)
 
     def _chain(self, cur: Launched) -> Launched | None:
         nxt = plan_chained(cur, self.scheduler.running, bool(self.scheduler.waiting),
@@ -189,94 +174,7 @@ class LLMEngine:
         if nxt is None:
             return None
         self.num_chained += 1
-        return self._launch(nxt.slices, nxt.batch, nxt.rows, nxt.feed)
-
-    def _collect(self, cur: Launched) -> tuple[list[RequestDelta], bool]:
-        updates = cur.updates if cur.updates is not None else device_updates(cur, self.vocab_size)
-        deltas, live = [], False
-        finished, update, append = RequestStatus.FINISHED, self._update, deltas.append
-        for sl, prompt_logits, draw in updates:
-            if sl.request.status is finished:
-                continue  # it ended after this step was queued: the row is dropped
-            live = True
-            delta = update(sl, prompt_logits, draw)
-            if delta is not None:
-                append(delta)
-        return deltas, live
-
-    def _update(self, sl: ScheduledSlice, prompt_logits: np.ndarray | None,
-                draw: Draw) -> RequestDelta | None:
-        req = sl.request
-        req.num_computed_tokens += sl.length
-        cache = self.prefix_cache
-        if cache is not None and req.use_cache and \
-                req.num_computed_tokens >= (req.num_published + 1) * PAGE_SIZE:
-            self._publish(cache, req)
-        for i, r in enumerate(sl.prompt_rows):
-            p = sl.start + r  # row p predicts prompt token p + 1
-            lp = log_softmax(prompt_logits[i])
-            req.prompt_logprobs.append(top_logprobs(lp, req.params.prompt_logprobs,
-                                                    req.token_ids[p + 1]))
-        if draw is None:  # the slice does not sample
-            return None
-        if callable(draw):  # the host sampler runs now (timed as a stage under --profile)
-            res = draw() if self.stage_timer is None else self.stage_timer("sampling", draw)
-            token, logprobs = res.token_id, res.logprobs
-        else:
-            token, logprobs = draw
-        req.token_ids.append(token)
-        self.num_generated += 1
-        if req.logprobs is not None:
-            req.logprobs.append(logprobs)
-        reason = self._stop_reason(req, token)
-        if reason is not None:
-            self.scheduler.finish(req, reason)
-            del self.requests[req.request_id]
-        elif req.final_only:
-            return None
-        return self._delta(req)
-
-    @staticmethod
-    def _publish(cache: PrefixCache, req: Request) -> None:
-        """Index the pages this step completed: their K/V writes are done (the step's
-        results are back), and every later reader comes after them in stream order."""
-        ids, pages = req.token_ids, req.page_table.pages
-        for i in range(req.num_published, req.num_computed_tokens // PAGE_SIZE):
-            cache.publish(pages[i], i, ids[i * PAGE_SIZE : (i + 1) * PAGE_SIZE],
-                          req.cache_salt, req.chain)
-        req.num_published = req.num_computed_tokens // PAGE_SIZE
-
-    def _stop_reason(self, req: Request, token: int) -> str | None:
-        p = req.params
-        num_tokens = len(req.token_ids)  # `token` included; read once (this runs per row)
-        num_output = num_tokens - req.num_prompt_tokens
-        text = req.output_text
-        if token in req.stop_ids:
-            text.finish()  # the stop token's own text is never shown
-            return "stop"
-        if text.streams and text.add(token, num_output >= p.min_tokens):  # stop strings
-            return "stop"
-        if num_output >= p.max_tokens or num_tokens >= self.max_context:
-            text.finish()
-            return "length"
-        return None
-
-    def _delta(self, req: Request) -> RequestDelta:
-        done = req.status is RequestStatus.FINISHED
-        ids = req.token_ids
-        emitted = req.num_prompt_tokens + req.num_tokens_emitted
-        new_ids = (ids[-1],) if emitted == len(ids) - 1 else tuple(ids[emitted:])
-        req.num_tokens_emitted += len(new_ids)
-        new_lp = None
-        if req.logprobs is not None:
-            new_lp = tuple(req.logprobs[req.num_logprobs_emitted :])
-            req.num_logprobs_emitted = len(req.logprobs)
-        prompt_lp = None
-        if req.prompt_logprobs is not None and not req.prompt_logprobs_emitted:
-            prompt_lp = tuple(req.prompt_logprobs)
-            req.prompt_logprobs_emitted = True
-        return RequestDelta(req.request_id, new_ids, req.output_text.take_delta(done), new_lp,
-                            prompt_lp, done, req.finish_reason, req.num_cached_tokens)
+        return self._launch((), nxt.batch, nxt.rows, nxt.feed, nxt.decode)
 
     def stats(self) -> dict[str, int]:
         return {

@@ -15,35 +15,65 @@ What a request cannot know yet is whether step t stopped it (a stop id, a stop s
 Such a request's row of step t+1 is computed and dropped. That row only writes the K/V of
 the request's own last token at the next position, in a page the request owns; a page it
 releases afterwards is reused only by steps queued after that row, in stream order.
-Requests that step t certainly ends (``max_tokens``, the context) are left out of step t+1.
+Requests that step t certainly ends (``max_tokens``, the context) are left out of step t+1,
+and so are requests that ended since step t was planned: the chain goes on without them.
+
+A pipelined step is kept as columns (``DecodeRows``: one row per request, numpy arrays of
+positions, draw counters, limits and page tables), so planning the next one is a few
+whole-array operations plus one sampling record per row; only rows that need a new page
+or leave the chain cost Python of their own. While a chain runs, no request joins the
+running set (admission and preemption happen only in the scheduler), so its rows always
+cover every running request.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from itertools import compress
+from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.step.rows import RowSampling
-from crucible.step.batch import PackedBatch, pack_decodes
-from crucible.engine.request import RequestStatus
+from crucible.step.rows import RowSampling, plain_row
+from crucible.step.batch import PAGE_SIZE, PackedBatch
+from crucible.engine.request import Request, RequestStatus
 from crucible.engine.scheduler import ScheduledSlice
+
+_NEVER = np.iinfo(np.int64).max  # a plain_from that no counter reaches (penalty rows)
 
 
 @dataclass
 class Launched:
     """A step handed to the runner whose results the engine has not applied yet."""
 
-    slices: tuple[ScheduledSlice, ...]
+    slices: tuple[ScheduledSlice, ...]  # the scheduler's step (empty for a pipelined one)
     pending: Any  # a runner.PendingStep, or None when ``updates`` are ready
     updates: list | None  # the host sampler's (slice, prompt logits, draw) list
     num_sampled: int  # sampling rows (their ids, in slice order, are the next step's feed)
+    decode: DecodeRows | None = None  # a pipelined step: its rows as columns
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """A decode step as columns: row i is the one sampling row of ``requests[i]``. The
+    arrays are never written once built (a batch handed to the runner shares them)."""
+
+    requests: tuple[Request, ...]
+    request_ids: tuple[str, ...]
+    positions: np.ndarray  # int64: the row's position (its request's last known token)
+    counters: np.ndarray  # int64: tokens generated before this row's draw
+    limits: np.ndarray  # int64: generated tokens that end the request by length
+    plain_from: np.ndarray  # int64: counters from which its rows carry no entries
+    plains: tuple[dict | None, ...]  # Request.plain
+    tables: np.ndarray  # int32 [n, w]: each request's pages, zero-padded
+    lengths: np.ndarray  # int32 [n]: pages per table
+    slow: np.ndarray  # bool: rows whose update always takes the general path
+    stop_ids: frozenset[int]  # every stop id of any row
 
 
 @dataclass(frozen=True)
 class ChainedStep:
-    slices: tuple[ScheduledSlice, ...]
+    decode: DecodeRows
     batch: PackedBatch
     rows: tuple[RowSampling, ...]
     feed: np.ndarray  # per row: its token's index among the previous step's sampled ids
@@ -53,38 +83,107 @@ def plan_chained(cur: Launched, running: list, has_waiting: bool, allocator: Any
                  max_context: int, max_rows: int) -> ChainedStep | None:
     """Step t+1 planned from step t (``cur``), or None when it must wait for step t's
     results (then the scheduler plans it as usual)."""
-    if (not max_rows or cur.pending is None or has_waiting or cur.num_sampled > max_rows
-            or len(cur.slices) != len(running)):
+    if not max_rows or cur.pending is None or has_waiting or cur.num_sampled > max_rows:
         return None
-    slices, rows, feed, ids, positions, pages = [], [], [], [], [], []
-    running_status = RequestStatus.RUNNING
-    k = 0  # index of the slice's sampled id in step t
-    # (This loop runs for every running request at every pipelined step: names are
-    # bound once.)
-    for sl in cur.slices:
-        req = sl.request
-        # Every running request is in step t (same count, each at most once) and samples.
-        if not sl.sample or sl.prompt_rows or req.status is not running_status:
+    prev, alive = cur.decode, None
+    if prev is None:
+        prev = decode_rows(cur.slices, running, max_context)
+        if prev is None:
             return None
-        pos = sl.start + sl.length  # the next row: step t's token at its position
-        num_output = len(req.token_ids) - req.num_prompt_tokens + 1  # with step t's token
-        k += 1
-        params = req.params
-        if num_output >= params.max_tokens or pos + 1 >= max_context:
-            continue  # step t ends this request for sure
-        row = req.plain_row(len(rows), num_output)
-        if row is None:
-            return None  # penalties / min_tokens read the new token
-        table = req.page_table
-        if not table.grow(allocator, pos + 1):
-            return None  # no page is free
-        slices.append(ScheduledSlice(req, pos, 1, (), True))
-        ids.append(req.request_id)
-        positions.append(pos)
-        pages.append(table.pages)  # packed into arrays below, before any change
-        rows.append(row)
-        feed.append(k - 1)
-    if not slices or len(slices) > max_rows:
+    elif len(running) != len(prev.requests):  # some request ended or was aborted since
+        running_status = RequestStatus.RUNNING
+        alive = np.fromiter((r.status is running_status for r in prev.requests), bool,
+                            len(prev.requests))
+    return _advance(prev, alive, allocator, max_rows)
+
+
+def decode_rows(slices: Sequence[ScheduledSlice], running: list, max_context: int
+                ) -> DecodeRows | None:
+    """A scheduled step as columns, when it is one sampling row of every running request
+    (a decode, or the last slice of a prefill), else None."""
+    if not slices or len(slices) != len(running):
         return None
-    return ChainedStep(tuple(slices), pack_decodes(ids, positions, pages), tuple(rows),
-                       np.asarray(feed, np.int32))
+    running_status = RequestStatus.RUNNING
+    for sl in slices:
+        if not sl.sample or sl.prompt_rows or sl.request.status is not running_status:
+            return None
+    n = len(slices)
+    reqs = tuple(sl.request for sl in slices)
+    pages = [r.page_table.pages for r in reqs]
+    lengths = np.fromiter(map(len, pages), np.int32, n)
+    tables = np.zeros((n, max(int(lengths.max()), 1)), np.int32)
+    # Row-major order of the mask is the order the pages are chained in.
+    tables[np.arange(tables.shape[1])[None, :] < lengths[:, None]] = np.fromiter(
+        (p for ps in pages for p in ps), np.int32, int(lengths.sum()))
+    return DecodeRows(
+        requests=reqs, request_ids=tuple(r.request_id for r in reqs),
+        positions=np.fromiter((sl.start + sl.length - 1 for sl in slices), np.int64, n),
+        counters=np.fromiter((len(r.token_ids) - r.num_prompt_tokens for r in reqs),
+                             np.int64, n),
+        limits=np.fromiter((min(r.params.max_tokens, max_context - r.num_prompt_tokens)
+                            for r in reqs), np.int64, n),
+        plain_from=np.fromiter((_NEVER if r.plain is None else r.params.min_tokens
+                                for r in reqs), np.int64, n),
+        plains=tuple(r.plain for r in reqs), tables=tables, lengths=lengths,
+        slow=np.fromiter((_slow(r) for r in reqs), bool, n),
+        stop_ids=frozenset().union(*(r.stop_ids for r in reqs)))
+
+
+def _slow(req: Request) -> bool:
+    """Its update needs the general path at every step: logprobs to keep, prompt logprobs,
+    or stop strings to look for in its text."""
+    return (req.logprobs is not None or req.prompt_logprobs is not None
+            or bool(req.params.stop and req.output_text.streams))
+
+
+def _advance(prev: DecodeRows, alive: np.ndarray | None, allocator: Any,
+             max_rows: int) -> ChainedStep | None:
+    counters = prev.counters + 1  # with step t's token: the next row's draw counter
+    keep = counters < prev.limits  # the others end at step t for sure
+    if alive is not None:
+        keep &= alive
+    cols = prev
+    if not keep.all():
+        cols = DecodeRows(
+            tuple(compress(prev.requests, keep)), tuple(compress(prev.request_ids, keep)),
+            prev.positions[keep], prev.counters[keep], prev.limits[keep],
+            prev.plain_from[keep], tuple(compress(prev.plains, keep)), prev.tables[keep],
+            prev.lengths[keep], prev.slow[keep], prev.stop_ids)
+        counters = counters[keep]
+    n = len(cols.requests)
+    if not n or n > max_rows or (counters < cols.plain_from).any():
+        return None  # nothing left, too many rows, or penalties / min_tokens read the token
+    positions = cols.positions + 1
+    tables, lengths = cols.tables, cols.lengths
+    grow = np.flatnonzero(positions >= lengths * PAGE_SIZE)  # its last page is full
+    if grow.size:
+        tables, lengths = tables.copy(), lengths.copy()
+        for i in grow.tolist():
+            table = cols.requests[i].page_table
+            if not table.grow(allocator, int(positions[i]) + 1):
+                return None  # no page is free
+            k = len(table.pages)
+            if k > tables.shape[1]:
+                tables = np.pad(tables, ((0, 0), (0, k - tables.shape[1])))
+            tables[i, lengths[i] : k] = table.pages[lengths[i] :]
+            lengths[i] = k
+    decode = DecodeRows(cols.requests, cols.request_ids, positions, counters, cols.limits,
+                        cols.plain_from, cols.plains, tables, lengths, cols.slow,
+                        cols.stop_ids)
+    rows = tuple([plain_row(p, i, c)
+                  for i, (p, c) in enumerate(zip(cols.plains, counters.tolist()))])
+    feed = np.flatnonzero(keep).astype(np.int32)
+    return ChainedStep(decode, _batch(decode), rows, feed)
+
+
+def _batch(d: DecodeRows) -> PackedBatch:
+    """The packed batch of a decode step: row i is segment i, at its position, reading
+    table i; its token comes from the device (0 stands in)."""
+    n = len(d.requests)
+    rows = np.arange(n, dtype=np.int32)
+    pos = d.positions.astype(np.int32)
+    segments = np.empty((n, 4), np.int32)
+    segments[:, 0], segments[:, 1], segments[:, 2], segments[:, 3] = rows, 1, pos, rows
+    return PackedBatch(token_ids=np.zeros(n, np.int32), positions=pos, segments=segments,
+                       page_tables=d.tables, table_lengths=d.lengths, final_rows=rows,
+                       request_ids=d.request_ids)

@@ -10,11 +10,15 @@ list (and so the next draw counter ``len(output)``) is kept, so recomputation is
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any
 
 from crucible.engine.pages import PageTable
 from crucible.engine.sampling import SamplingParams
+from crucible.step.quick_init import quick_init
 from crucible.step.rows import RowSampling, plain_fields, plain_row
+
+Logprobs = dict[int, float]
 
 
 class RequestStatus(enum.Enum):
@@ -23,23 +27,46 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+@quick_init  # built for every request at every step
+@dataclass(frozen=True)
+class RequestDelta:
+    """What one request gained in one step (or its end)."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    new_text: str
+    new_logprobs: tuple[Logprobs, ...] | None  # one per new token when logprobs were asked
+    prompt_logprobs: tuple[Logprobs | None, ...] | None  # once, in the first delta after prefill
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort"
+    num_cached_tokens: int  # prompt positions its first admission found in the prefix cache
+
+
 class OutputText:
     """Generated text with stop-string handling on top of an incremental detokenizer.
 
     The text never includes a stop token's text or a stop string (nor anything after it).
     While streaming, the last ``max(len(stop)) - 1`` characters are held back, because they
-    could be the start of a stop string that the next token completes.
+    could be the start of a stop string that the next token completes. Only the text not
+    handed out yet is kept (``take_delta`` drops the rest): a stop string that the next
+    token completes starts at most that many characters back, inside what is kept.
+
+    ``clean``: nothing is held back or pending and no stop strings apply, so the next
+    token's delta is its whole text, ``lookup(token)`` (None when the token is not whole
+    characters or not met yet), with nothing to change here. The engine's decode step
+    reads it so (engine/updates.py); ``add`` then ``take_delta`` give the same.
     """
 
-    __slots__ = ("_detok", "_stop", "_holdback", "text", "num_emitted", "streams")
+    __slots__ = ("_detok", "_stop", "_holdback", "_tail", "streams", "clean", "lookup")
 
     def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
         self._detok = tokenizer.detokenizer() if tokenizer is not None else None
         self.streams = self._detok is not None  # False: no text is kept (nobody reads it)
         self._stop = stop
         self._holdback = max((len(s) for s in stop), default=1) - 1
-        self.text = ""
-        self.num_emitted = 0
+        self._tail = ""  # text not handed out yet
+        self.clean = self.streams and not stop
+        self.lookup = self._detok.whole.get if self.streams else None
 
     def add(self, token_id: int, check_stop: bool = True) -> bool:
         """Append a generated (non-stop) token's text; True if a stop string appeared.
@@ -48,15 +75,17 @@ class OutputText:
         """
         if self._detok is None:
             return False
-        old = len(self.text)
-        self.text += self._detok.add(token_id)
+        old = len(self._tail)
+        self._tail += self._detok.add(token_id)
+        self.clean = False  # until take_delta hands the text out
         return check_stop and self._check_stop(old)
 
     def finish(self) -> None:
         """End of the stream for a reason other than a stop string: flush held bytes."""
         if self._detok is not None:
-            old = len(self.text)
-            self.text += self._detok.flush()
+            old = len(self._tail)
+            self._tail += self._detok.flush()
+            self.clean = False
             self._check_stop(old)
 
     def _check_stop(self, old_len: int) -> bool:
@@ -64,20 +93,21 @@ class OutputText:
             return False
         # A stop string can only end inside the new characters, so start just before them.
         begin = max(0, old_len - self._holdback)
-        hits = [i for i in (self.text.find(s, begin) for s in self._stop) if i >= 0]
+        hits = [i for i in (self._tail.find(s, begin) for s in self._stop) if i >= 0]
         if not hits:
             return False
-        self.text = self.text[: min(hits)]
+        self._tail = self._tail[: min(hits)]
         return True
 
     def take_delta(self, finished: bool) -> str:
         """Text not yet handed out, minus the held-back tail unless the request finished."""
         if not self.streams:
             return ""
-        end = len(self.text) if finished else max(self.num_emitted, len(self.text) - self._holdback)
-        delta = self.text[self.num_emitted : end]
-        self.num_emitted = end
-        return delta
+        tail = self._tail
+        end = len(tail) if finished else max(0, len(tail) - self._holdback)
+        self._tail = tail[end:]
+        self.clean = not self._stop and not self._tail and not self._detok.has_pending
+        return tail[:end]
 
 
 class Request:

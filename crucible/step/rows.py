@@ -89,12 +89,13 @@ def plain_fields(params: Any, seed: int) -> dict[str, Any] | None:
 
 def plain_row(fields: dict[str, Any], logits_row: int, counter: int) -> RowSampling:
     """The RowSampling of ``plain_fields`` at one step: a copy of the fields with the two
-    that change (this runs for every sampling row at every step; building the record from
-    a dict copy is a few times cheaper than its 14-argument constructor)."""
+    that change (this runs for every sampling row at every step; filling the record's own
+    dict from the fields is a few times cheaper than its 14-argument constructor, and a
+    third cheaper than handing it a copy through ``object.__setattr__``)."""
     row = object.__new__(RowSampling)
-    d = fields.copy()
+    d = row.__dict__
+    d.update(fields)
     d["logits_row"], d["counter"] = logits_row, counter
-    object.__setattr__(row, "__dict__", d)
     return row
 
 
