@@ -1,0 +1,167 @@
+"""Server-side figures for bench/serve_clients.py. The engine's counters come from /metrics,
+/health is timed while a level runs, and /proc gives the CPU time of the front and engine
+processes.
+
+What /metrics has (crucible/server/metrics.py). The step, preemption and prefix-cache
+counters ride on every step frame of the engine, so they are live. The prompt and
+generation token counters only grow when a request *ends*. Per-level token rates are
+therefore taken from the first request sent to the last one ended, over which every token
+is counted. The running and waiting gauges are sampled during the timed window. Graph
+captures are not in /metrics, so they are not reported for the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+# /metrics name -> the key used here (counters: deltas per level; gauges: sampled).
+COUNTERS = {"crucible_engine_steps_total": "steps",
+            "crucible_prompt_tokens_total": "prompt_tokens",
+            "crucible_generation_tokens_total": "generated_tokens",
+            "crucible_preemptions_total": "preemptions",
+            "crucible_prefix_cache_hit_tokens_total": "cached_prompt_tokens",
+            "crucible_engine_failures_total": "engine_failures"}
+GAUGES = {"crucible_requests_running": "running", "crucible_requests_waiting": "waiting",
+          "crucible_pages_used": "pages_used", "crucible_pages_total": "pages_total",
+          "crucible_queue_bound": "queue_bound"}
+HEALTH_EVERY_S = 0.1
+METRICS_EVERY_S = 0.25
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The unlabelled samples of Prometheus text we use, by our key. Labelled series
+    (finish reasons, histogram buckets) are not needed here."""
+    names = {**COUNTERS, **GAUGES}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#" or "{" in line:
+            continue
+        name, _, value = line.partition(" ")
+        if name in names:
+            out[names[name]] = float(value)
+    return out
+
+
+async def scrape(s: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    async with s.get(url + "/metrics") as r:
+        return parse_metrics(await r.text())
+
+
+class Probe:
+    """While a level runs: /health every 0.1 s (the slowest answer and any failure) and
+    /metrics every 0.25 s (gauges, with their time, for the window means)."""
+
+    def __init__(self) -> None:
+        self.health_max = 0.0
+        self.health_failures = 0
+        self.health_count = 0
+        self.samples: list[tuple[float, dict[str, float]]] = []
+
+    async def health(self, s: aiohttp.ClientSession, url: str, done: asyncio.Event) -> None:
+        while not done.is_set():
+            t0 = time.monotonic()
+            try:
+                async with s.get(url + "/health") as r:
+                    await r.read()
+                    ok = r.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                ok = False
+            self.health_max = max(self.health_max, time.monotonic() - t0)
+            self.health_count += 1
+            self.health_failures += not ok
+            await asyncio.sleep(HEALTH_EVERY_S)
+
+    async def gauges(self, s: aiohttp.ClientSession, url: str, done: asyncio.Event) -> None:
+        while not done.is_set():
+            try:
+                self.samples.append((time.monotonic(), await scrape(s, url)))
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass  # a missed sample is not a failure; /health counts those
+            await asyncio.sleep(METRICS_EVERY_S)
+
+
+def engine_figures(before: dict[str, float], after: dict[str, float], span_s: float,
+                   samples: list[tuple[float, dict[str, float]]], window: tuple[float, float]
+                   ) -> dict[str, Any]:
+    """Per-level engine figures: counter deltas over ``span_s`` (first send to last end) and
+    gauge means over the timed window."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTERS.values()}
+    span = max(span_s, 1e-9)
+    live = [m for t, m in samples if window[0] <= t <= window[1]]
+
+    def mean(key: str) -> float | None:
+        vals = [m[key] for m in live if key in m]
+        return round(sum(vals) / len(vals), 2) if vals else None
+
+    tokens = d["prompt_tokens"] + d["generated_tokens"]
+    return {"steps": int(d["steps"]), "steps_per_s": round(d["steps"] / span, 1),
+            "ms_per_step": round(1000 * span / d["steps"], 3) if d["steps"] else None,
+            "prompt_tok_per_s": round(d["prompt_tokens"] / span, 1),
+            "generated_tok_per_s": round(d["generated_tokens"] / span, 1),
+            "tok_per_s": round(tokens / span, 1),
+            "rows_per_step": round(tokens / d["steps"], 2) if d["steps"] else None,
+            "generated_tokens": int(d["generated_tokens"]),
+            "prompt_tokens": int(d["prompt_tokens"]),
+            "cached_prompt_tokens": int(d["cached_prompt_tokens"]),
+            "preemptions": int(d["preemptions"]), "engine_failures": int(d["engine_failures"]),
+            "mean_running": mean("running"),
+            "max_running": max((m.get("running", 0) for m in live), default=None),
+            "mean_waiting": mean("waiting"),
+            "max_pages_used": max((m.get("pages_used", 0) for m in live), default=None),
+            "gauge_samples": len(live)}
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of one process from /proc (None where there is no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def engine_child(pid: int) -> int | None:
+    """The front's engine process: its child started by multiprocessing's spawn (not the
+    resource tracker spawn may also start), from /proc."""
+    try:
+        kids = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
+    except OSError:
+        return None
+    for kid in kids:
+        try:
+            if b"spawn_main" in Path(f"/proc/{kid}/cmdline").read_bytes():
+                return kid
+        except OSError:
+            continue
+    return None
+
+
+class CpuMeter:
+    """How many cores the front and its engine process kept busy over a level. This shows
+    which of them is the limit: a front near 1.0 is saturated, whatever the engine does."""
+
+    def __init__(self, front_pid: int) -> None:
+        kid = engine_child(front_pid)
+        self.pids = {"front": front_pid, **({"engine": kid} if kid is not None else {})}
+        self.start: dict[str, float | None] = {}
+        self.t0 = 0.0
+
+    def begin(self) -> None:
+        self.t0 = time.monotonic()
+        self.start = {k: cpu_seconds(p) for k, p in self.pids.items()}
+
+    def end(self) -> dict[str, float]:
+        wall = max(time.monotonic() - self.t0, 1e-9)
+        out = {}
+        for k, p in self.pids.items():
+            now, was = cpu_seconds(p), self.start.get(k)
+            if now is not None and was is not None:
+                out[f"{k}_cpu_cores"] = round((now - was) / wall, 2)
+        return out
