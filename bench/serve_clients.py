@@ -53,6 +53,7 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # crucible, uninstalled too
 import serve_batch1  # noqa: E402
 import serve_report  # noqa: E402
 from serve_clients_plot import try_draw  # noqa: E402
