@@ -102,28 +102,38 @@ class Frame:
 class _Writer:
     """Frames straight to the response's transport, framed as aiohttp frames them."""
 
-    __slots__ = ("w", "chunked")
+    __slots__ = ("w", "t", "chunked")
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.Request, transport: Any) -> None:
         self.w = request.writer  # the StreamWriter resp writes through (headers are out)
+        # The connection's transport for the whole response: once the client is gone it
+        # says is_closing(), as aiohttp's own check reads it.
+        self.t = transport
         self.chunked = self.w.chunked  # HTTP/1.1, no length (resp.chunked: only if asked)
 
-    def writable(self) -> bool:
-        t = self.w.transport
-        return t is not None and not t.is_closing() and self.w.buffer_size <= _DRAIN_BYTES
+    def offer(self, frames: Sequence[bytes]) -> bool:
+        """Write now unless the transport closes or a drain is due (False: not written)."""
+        if self.w.buffer_size > _DRAIN_BYTES or self.t.is_closing():
+            return False
+        self._put(frames)
+        return True
 
     def write(self, frames: Sequence[bytes]) -> None:
-        if self.chunked:  # what StreamWriter._write_chunked_payload sends for each
-            data = b"".join([b"%x\r\n%b\r\n" % (len(f), f) for f in frames])
-        else:
+        if self.t.is_closing():
+            raise ConnectionResetError("Cannot write to closing transport")
+        self._put(frames)
+
+    def _put(self, frames: Sequence[bytes]) -> None:
+        if not self.chunked:
             data = b"".join(frames)
+        elif len(frames) == 1:  # what StreamWriter._write_chunked_payload sends for each
+            data = b"%x\r\n%b\r\n" % (len(frames[0]), frames[0])
+        else:
+            data = b"".join([b"%x\r\n%b\r\n" % (len(f), f) for f in frames])
         w = self.w
         w.buffer_size += len(data)
         w.output_size += len(data)
-        t = w.transport
-        if t is None or t.is_closing():
-            raise ConnectionResetError("Cannot write to closing transport")
-        t.write(data)
+        self.t.write(data)
 
     async def send(self, frames: Sequence[bytes]) -> None:
         if frames:
@@ -141,21 +151,21 @@ async def relay(request: web.Request, resp: web.StreamResponse,
 
     ``frames_of`` must be pure: a delta it raises on in the direct path is formatted again,
     and raises, on the handler's own path."""
-    out = None if resp.compression else _Writer(request)  # compressed: aiohttp's own writes
+    transport = request.writer.transport
+    # Compressed (never asked for here) or already gone: aiohttp's own writes, which raise.
+    out = None if resp.compression or transport is None else _Writer(request, transport)
     box, left = shared_outbox(streams), len(streams)
 
     def direct(i: int, d: RequestDelta) -> bool:
         # A finished delta wakes the handler (it ends the response); so does a closing or
         # full transport, which the handler's own write reports or drains.
-        if d.finished or out is None or not out.writable():
+        if d.finished or out is None:
             return False
         try:
             frames = frames_of(i, d)
         except Exception:  # noqa: BLE001 - raised again where the handler sees it
             return False
-        if frames:
-            out.write(frames)
-        return True
+        return out.offer(frames) if frames else True
 
     box.direct = direct
     try:
