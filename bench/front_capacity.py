@@ -160,7 +160,11 @@ def measure(args: argparse.Namespace, tree: Path, clients: int, rate: float,
 
 
 def worktree(rev: str, made: list[Path]) -> tuple[Path, str]:
-    """A checkout of ``rev`` under /tmp (removed at the end if this run made it)."""
+    """A checkout of ``rev`` under /tmp (removed at the end if this run made it); a
+    directory is taken as it is (a tree holding ``crucible/``, e.g. one with some files
+    of another revision, to single a change out)."""
+    if Path(rev, "crucible").is_dir():
+        return Path(rev).resolve(), f"directory {Path(rev).resolve()}"
     sha = subprocess.run(["git", "rev-parse", rev], cwd=REPO, check=True, text=True,
                          capture_output=True).stdout.strip()
     path = Path(f"/tmp/front-capacity-{sha[:12]}")
@@ -261,7 +265,8 @@ if __name__ == "__main__":
     p.add_argument("--tokenizer", default=None, help="model whose tokenizer the ids use")
     p.add_argument("--this", default=None,
                    help="a git revision to measure instead of the working tree")
-    p.add_argument("--against", default=None, help="a git revision to measure as well")
+    p.add_argument("--against", default=None,
+                   help="a git revision (or a tree's directory) to measure as well")
     p.add_argument("--front-cpu", type=cpus, default={0})
     p.add_argument("--other-cpus", type=cpus, default=None)
     p.add_argument("--max-others", type=float, default=9.0,

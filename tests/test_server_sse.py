@@ -132,3 +132,23 @@ def test_relay_raises_on_a_closing_transport() -> None:
         assert transport.writes == []
 
     asyncio.run(run())
+
+
+def test_a_write_that_raises_never_reaches_the_delivering_call() -> None:
+    """The delivery goes on to other clients' streams: a transport write that raises there
+    leaves the delta to the handler, whose own write raises it."""
+    async def run() -> None:
+        transport, writer, request, resp, (a, _) = _relay_setup()
+
+        def broken(data: bytes) -> None:
+            raise RuntimeError("the transport broke")
+
+        task = asyncio.create_task(sse.relay(request, resp, [a], _frames_of))
+        await asyncio.sleep(0)
+        transport.write = broken
+        a.put(_delta("r0", "x"), 0.0)  # must not raise here
+        with pytest.raises(RuntimeError, match="broke"):
+            await asyncio.wait_for(task, 1)
+        assert writer.output_size == 0
+
+    asyncio.run(run())

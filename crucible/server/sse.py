@@ -112,10 +112,16 @@ class _Writer:
         self.chunked = self.w.chunked  # HTTP/1.1, no length (resp.chunked: only if asked)
 
     def offer(self, frames: Sequence[bytes]) -> bool:
-        """Write now unless the transport closes or a drain is due (False: not written)."""
+        """Write now unless the transport closes or a drain is due (False: not written).
+
+        Called from the engine's delivery, which goes on to other clients' streams: a
+        write that raises is left to the handler's own write, which raises it there."""
         if self.w.buffer_size > _DRAIN_BYTES or self.t.is_closing():
             return False
-        self._put(frames)
+        try:
+            self._put(frames)
+        except Exception:  # noqa: BLE001 - nothing was written; the handler's write reports it
+            return False
         return True
 
     def write(self, frames: Sequence[bytes]) -> None:
@@ -130,10 +136,10 @@ class _Writer:
             data = b"%x\r\n%b\r\n" % (len(frames[0]), frames[0])
         else:
             data = b"".join([b"%x\r\n%b\r\n" % (len(f), f) for f in frames])
+        self.t.write(data)  # first: a write that raises leaves the counts as they were
         w = self.w
         w.buffer_size += len(data)
         w.output_size += len(data)
-        self.t.write(data)
 
     async def send(self, frames: Sequence[bytes]) -> None:
         if frames:
