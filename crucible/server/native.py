@@ -14,7 +14,6 @@ import asyncio
 from aiohttp import web
 
 from crucible.engine.engine import RequestDelta
-
 from crucible.server import sse
 from crucible.server.errors import RETRY_AFTER_S, bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json, token_id_list

@@ -9,7 +9,6 @@ from __future__ import annotations
 from aiohttp import web
 
 from crucible.engine.engine import RequestDelta
-
 from crucible.server import sse
 from crucible.server.errors import bad_request, error_body, from_exception
 from crucible.server.fields import Body, read_json, token_id_list
