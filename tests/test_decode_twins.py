@@ -35,7 +35,8 @@ class _Ring:
 def _fake_cupy(monkeypatch: pytest.MonkeyPatch, log: list[tuple]) -> type:
     Stream = stream_class(log)
     fake = types.ModuleType("cupy")
-    fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=Stream("default")))
+    fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=Stream("default")),
+                                      memory=types.SimpleNamespace(OutOfMemoryError=MemoryError))
     fake.asarray = np.asarray
     monkeypatch.setitem(sys.modules, "cupy", fake)
     return Stream
@@ -82,7 +83,7 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, log: list[tuple]) -> DecodeGraphs:
     _fake_cupy(monkeypatch, log)
     g = DecodeGraphs.__new__(DecodeGraphs)  # host side only: no device, no stream
     g.width, g.scratch, g._templates, g.ceiling = 12, 500, {}, 256
-    g.graphs, g.num_captures, g.num_replays = OrderedDict(), 0, 0
+    g.graphs, g.num_captures, g.num_replays, g.num_out_of_memory = OrderedDict(), 0, 0, 0
     g.fed, g.last, g.last_replayed, g._read = ("fed0", "fed1"), 0, False, [None, None]
     g._warm_ids, g.argmax, g.ring, g.upload, g.stream = "warm", _Launcher(log), None, None, None
     g.be = None
@@ -237,3 +238,34 @@ def test_start_up_captures_every_bucket_then_steps_only_replay(
     assert g.num_captures == n and g.num_replays == 3
     g.run(step(3, 2100), 2304, None)  # past the first class: one new pair
     assert g.num_captures == n + 2 and (4, 4096) in g.graphs
+
+
+def test_out_of_memory_stops_the_start_up_and_turns_a_step_eager(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture that finds no device memory never fails the engine: at start-up the
+    captures stop there (what was captured stays); in a step every graph is dropped (their
+    pools go back to the device) and the capture tried once more, then the step runs
+    eagerly (None), or, fed by the previous step's ids on the device, raises."""
+    log: list[tuple] = []
+    g = _graphs(monkeypatch, log)
+    g.width, g.ceiling, g.stream = 512, 8192, types.SimpleNamespace(synchronize=lambda: None)
+    real = cupy_graphs.capture_forward
+    budget = [7]  # captures the device has room for
+
+    def capture(*a: Any, **k: Any) -> Any:
+        if budget[0] == 0:
+            raise MemoryError("out of memory")
+        budget[0] -= 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(cupy_graphs, "capture_forward", capture)
+    # Buckets 1, 2 and 4, then twin 0 of 8, whose pair is given up with twin 1.
+    assert g.capture_all(lambda meta: None, max_rows=64) == 7
+    assert list(g.graphs) == [(1, 2048), (2, 2048), (4, 2048)] and g.num_out_of_memory == 1
+    assert g.run(_decode(3), 256, None) is not None  # bucket 4 is there: a replay
+    assert g.run(_decode(6), 256, None) is None  # bucket 8: no room even after dropping all
+    assert g.graphs == {} and g.num_out_of_memory == 2
+    budget[0] = 2  # room again: the next step captures its pair and replays
+    assert g.run(_decode(6), 256, None) is not None and list(g.graphs) == [(8, 2048)]
+    with pytest.raises(MemoryError):  # a fed step cannot run eagerly
+        g.run(_decode(12), 256, None, np.zeros(12, np.int32))

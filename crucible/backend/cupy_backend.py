@@ -96,8 +96,12 @@ class CupyBackend:
 
     def memory_info(self) -> tuple[int, int]:
         cp = _cp()
+        # Blocks the default pool caches unused (a dropped engine's pool, say) go back to
+        # the device first: the graphs' private pools allocate from the device, not from
+        # that cache, so counting it as free would size the KV pool over their room.
+        cp.get_default_memory_pool().free_all_blocks()
         free, total = cp.cuda.runtime.memGetInfo()
-        return int(free) + int(cp.get_default_memory_pool().free_bytes()), int(total)
+        return int(free), int(total)
 
     def capture_graphs(self, forward: Forward, max_rows: int) -> int:
         return 0 if self.graphs is None else self.graphs.capture_all(forward, max_rows)
@@ -172,7 +176,9 @@ class CupyBackend:
         if self.graphs is not None:
             self.graphs.last_replayed = False
         if self.graphs is not None and is_decode_step(batch):
-            return self.graphs.run(batch, score_capacity(batch.max_end), forward, feed)
+            out = self.graphs.run(batch, score_capacity(batch.max_end), forward, feed)
+            if out is not None:
+                return out
         if self.prefill_graphs is not None and is_singleton_prefill(batch):
             out = self.prefill_graphs.run(batch, score_capacity(batch.max_end), forward)
             if out is not None:

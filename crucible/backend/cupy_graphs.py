@@ -160,6 +160,7 @@ class DecodeGraphs:
         self.upload = cp.cuda.Stream(non_blocking=True)  # metadata, ahead of the replays
         self.graphs: OrderedDict[tuple[int, int], tuple[Captured, Captured]] = OrderedDict()
         self.num_captures = 0
+        self.num_out_of_memory = 0  # captures abandoned for want of device memory
         self.num_replays = 0
         self._templates: dict[tuple[int, int], np.ndarray] = {}
         self.fed = (cp.zeros(BUCKETS[-1], dtype=cp.int32), cp.zeros(BUCKETS[-1], dtype=cp.int32))
@@ -268,20 +269,46 @@ class DecodeGraphs:
         """Capture both twins of every bucket up to ``max_rows``'s at the first capacity
         class, before any request (the engine's start-up): graphs a server replays all the
         time are then never captured inside a step someone waits for. Returns how many."""
+        import cupy as cp
+
         before = self.num_captures
         top = next((x for x in BUCKETS if x >= max_rows), BUCKETS[-1])
         capacity = graph_capacity(256, self.ceiling)
         for bucket in BUCKETS:
-            if bucket <= top:
+            if bucket > top:
+                break
+            try:
                 self._pair(bucket, capacity, forward)
+            except cp.cuda.memory.OutOfMemoryError:
+                # What was captured stays; the rest is captured (or run eagerly) as needed.
+                self.num_out_of_memory += 1
+                break
         return self.num_captures - before
 
     def run(self, batch: PackedBatch, capacity: int, forward: Callable[[Any], Any],
-            feed: np.ndarray | None = None) -> Any:
+            feed: np.ndarray | None = None) -> Any | None:
+        """The step's logits (replayed), or None when no graph could be captured for want
+        of device memory and the step must run eagerly."""
+        import cupy as cp
+
         b = batch.num_rows
         bucket = next(x for x in BUCKETS if x >= b)
         capacity = graph_capacity(capacity, self.ceiling)
-        pair = self._pair(bucket, capacity, forward)
+        try:
+            pair = self._pair(bucket, capacity, forward)
+        except cp.cuda.memory.OutOfMemoryError:
+            # Every graph's private pool goes back to the device; then one more try. A step
+            # that still finds no room runs eagerly, unless it is fed (only graphs read the
+            # previous step's ids on the device).
+            self.num_out_of_memory += 1
+            self.clear()
+            try:
+                pair = self._pair(bucket, capacity, forward)
+            except cp.cuda.memory.OutOfMemoryError:
+                self.clear()
+                if feed is not None:
+                    raise
+                return None
         twin = 1 - self.last
         meta = self.host_meta(batch, bucket, self.table_width(capacity), feed)
         # The graph's argmax rewrites fed[twin]: the ids copied from it two steps back must

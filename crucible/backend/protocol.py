@@ -86,8 +86,8 @@ class Backend(Protocol):
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None: ...
     def allocate_pool(self, num_pages: int) -> None: ...
     def memory_info(self) -> tuple[int, int] | None:
-        """(free, total) bytes of device memory, counting what the backend's allocator
-        holds unused as free; None for host memory (the CPU)."""
+        """(free, total) bytes of device memory, after handing back to the device what the
+        backend's allocator holds unused; None for host memory (the CPU)."""
 
     def capture_graphs(self, forward: Forward, max_rows: int) -> int:
         """Capture, before any request, the graphs that steps of up to ``max_rows`` rows will
