@@ -126,6 +126,19 @@ def test_n_over_the_queue_bound_is_a_400(limited):
     assert_serving(limited)
 
 
+def test_a_long_token_id_prompt_is_one_prompt(limited):
+    """A flat id list is one prompt however long; only a list of prompts is held to the
+    queue bound (max_queue 4 here)."""
+    status, _, text = call(limited.url + "/v1/completions",
+                           {"model": MODEL, "prompt": list(range(40, 60)), "max_tokens": 2})
+    assert status == 200, text
+    assert json.loads(text)["usage"]["prompt_tokens"] == 20
+    status, _, text = call(limited.url + "/v1/completions",
+                           {"model": MODEL, "prompt": [[40, 41]] * 5, "max_tokens": 2})
+    assert status == 400 and "lists 5 prompts" in error_of("/v1/completions", status, text)[0]
+    assert_serving(limited)
+
+
 async def _burst(url: str, count: int) -> list[int]:
     import aiohttp
 

@@ -68,7 +68,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     model = read_model(state, body)
     _check_unsupported(body)
     raw_prompt = body.raw("prompt")
-    if isinstance(raw_prompt, list) and len(raw_prompt) > state.config.max_queue:
+    # A flat list of ids is one prompt, however long; only a list of prompts is bounded here
+    # (before any of them is tokenised).
+    if (isinstance(raw_prompt, list) and len(raw_prompt) > state.config.max_queue
+            and not all(type(t) is int for t in raw_prompt)):
         raise bad_request(f"'prompt' lists {len(raw_prompt)} prompts, more than the waiting "
                           f"queue's bound of {state.config.max_queue} (--max-queue)", "prompt")
     prompts = await _prompts(state, raw_prompt, body.bool("add_special_tokens", True))
