@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from crucible.backend import cupy_graphs
-from crucible.backend.cupy_graphs import Captured, DecodeGraphs
+from crucible.backend.cupy_capture import Captured
+from crucible.backend.cupy_graphs import DecodeGraphs
 from crucible.step.rows import greedy_rows_in_order, row_sampling
 from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.engine.sampling import SamplingParams

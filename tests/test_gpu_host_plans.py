@@ -84,7 +84,7 @@ def test_graph_replay_orders_streams(monkeypatch: pytest.MonkeyPatch) -> None:
 
     import numpy as np
 
-    from crucible.backend.cupy_graphs import Captured
+    from crucible.backend.cupy_capture import Captured
 
     log: list[tuple] = []
     Stream = stream_class(log)

@@ -96,9 +96,8 @@ class CupyBackend:
 
     def memory_info(self) -> tuple[int, int]:
         cp = _cp()
-        # Blocks the default pool caches unused (a dropped engine's pool, say) go back to
-        # the device first: the graphs' private pools allocate from the device, not from
-        # that cache, so counting it as free would size the KV pool over their room.
+        # Cached unused blocks (a dropped engine's pool) go back first: the graphs' private
+        # pools allocate from the device, not that cache, which must not count as free.
         cp.get_default_memory_pool().free_all_blocks()
         free, total = cp.cuda.runtime.memGetInfo()
         return int(free), int(total)
@@ -112,8 +111,7 @@ class CupyBackend:
         return CupySampler()
 
     def set_variant(self, variant: Any) -> None:
-        """Switch the attention variant: waits for queued work and drops every graph, since
-        a graph bakes in the kernels it launches."""
+        """Switch the attention variant; drops every graph (it bakes in its kernels)."""
         new = parse_variant(variant) if isinstance(variant, str) else variant
         self._drop_graphs()
         self.variant = new
@@ -130,26 +128,20 @@ class CupyBackend:
         self.use_stack = bool(on)
 
     def decode_stack(self, meta: CupyMeta) -> Any:
-        """The embedding and every layer of a batch-1 decode step in three kernels per layer
-        (kernels/decode_stack.py); None when the step is not its shape (the forward then
-        embeds and runs the layers)."""
+        """A batch-1 decode step in three kernels a layer (kernels/decode_stack.py); None
+        when the step is not its shape (the forward then embeds and runs the layers)."""
         return cupy_stack.decode_stack(self, meta)
 
+    # The pipelined decode's hand-over of ids (backend/protocol.py), all in the decode graphs.
     def fed_ids(self, rows: int) -> Any:
-        """Where a step's sampler should write its ``rows`` ids so that the next decode step
-        can read them on the device (``run_step(..., feed=...)``), or None when that
-        next step cannot be fed (no decode graphs, or more rows than a graph holds)."""
         return self.graphs.fed_ids(rows) if self.graphs is not None else None
 
     def sampled_ids(self, rows: int) -> Any:
-        """The greedy ids of the last step's first ``rows`` logits rows, when that step was a
-        decode graph (its argmax ran in the graph, cupy_graphs.py); else None."""
         g = self.graphs
         buf = g.fed_ids(rows) if g is not None and g.last_replayed else None
         return None if buf is None else buf[:rows]
 
     def ids_copied(self, event: Any) -> None:
-        """The ids in ``fed_ids`` are being copied back until ``event`` (cupy_graphs.py)."""
         if self.graphs is not None:
             self.graphs.copied(event)
 

@@ -34,11 +34,11 @@ are kept; the oldest is dropped first.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
+from crucible.backend.cupy_capture import Captured, capture_forward
 from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.step.batch import PackedBatch
@@ -58,86 +58,6 @@ def graph_capacity(capacity: int, ceiling: int) -> int:
     while c < capacity:
         c *= 2
     return max(capacity, min(c, ceiling))
-
-
-@dataclass
-class Captured:
-    graph: Any
-    meta_dev: Any  # int32 buffer the metadata views point into
-    logits: Any  # [R, vocab] device buffer written by the graph
-    pool: Any  # the graph's private memory pool: every intermediate it touches lives here
-    done: Any = None  # event: this graph's last replay finished (its metadata may change)
-
-    def replay(self, stream: Any, host_meta: np.ndarray, ring: Any) -> Any:
-        """Refill the metadata (through page-locked staging: nothing here waits for the
-        device), replay on ``stream``, and return the logits buffer. (The prefill graphs'
-        form: their own stream, between two hops through the default one.)"""
-        import cupy as cp
-
-        # Work queued eagerly on the default stream (a prefill's K/V, the previous step's
-        # sampler and its ids) must land first.
-        stream.wait_event(cp.cuda.Stream.null.record())
-        ring.upload(host_meta, self.meta_dev, stream)
-        self.graph.launch(stream=stream)
-        # Later work on the default stream (the next eager step) comes after the graph.
-        cp.cuda.Stream.null.wait_event(stream.record())
-        return self.logits
-
-    def replay_default(self, host_meta: np.ndarray, ring: Any, upload: Any,
-                       after: Any = None) -> Any:
-        """The decode form: the metadata goes up on ``upload`` once this graph's previous
-        replay has read it (a twin's: not the step still running), and the graph replays on
-        the default stream, behind everything queued there, once the upload and ``after``
-        (an event, or None) are done."""
-        import cupy as cp
-
-        null = cp.cuda.Stream.null
-        # An event already reached (the usual case: the host has read that step's ids) needs
-        # no wait queued; the device-side wait would still cost the stream a step.
-        if self.done is not None and not self.done.done:
-            upload.wait_event(self.done)
-        ring.upload(host_meta, self.meta_dev, upload)
-        null.wait_event(upload.record())
-        if after is not None and not after.done:
-            null.wait_event(after)
-        self.graph.launch(stream=null)
-        self.done = null.record()
-        return self.logits
-
-
-def capture_forward(forward: Callable[[Any], Any], stream: Any, meta_dev: Any, meta: Any,
-                    tail: Callable[[Any, bool], None] | None = None) -> Captured:
-    """Capture ``forward(meta)`` (``meta``: views into ``meta_dev``) as a CUDA graph, then
-    ``tail(logits, warm_up)`` (the decode graphs' argmax) when given.
-
-    Every array the forward allocates comes from a private memory pool that lives as long
-    as the graph. Intermediates freed during the forward are reused by later ones, exactly
-    as eagerly (one stream orders them), so a graph holds one forward's peak working set,
-    and nothing outside the graph can ever be handed its memory.
-
-    The warm-up runs on ``stream`` after everything queued on the default stream: that is
-    where ``meta_dev`` was filled, and, with pipelined decode, where the previous step may
-    still be running. (Without this wait the warm-up once read a metadata buffer whose copy
-    had not landed yet and faulted on its garbage page indices.) Its ``tail`` must write
-    nowhere a step in flight reads: the decode graphs give it a scratch target. The host
-    waits for the warm-up before capturing, so no replay can overtake it."""
-    import cupy as cp
-
-    pool = cp.cuda.MemoryPool()
-    stream.wait_event(cp.cuda.Stream.null.record())
-    with cp.cuda.using_allocator(pool.malloc), stream:
-        logits = forward(meta)  # warm-up: compiles, and sizes the pool
-        if tail is not None:
-            tail(logits, True)
-        stream.synchronize()
-        stream.begin_capture()
-        try:
-            logits = forward(meta)
-            if tail is not None:
-                tail(logits, False)
-        finally:
-            graph = stream.end_capture()
-    return Captured(graph, meta_dev, logits, pool)
 
 
 def is_decode_step(batch: PackedBatch) -> bool:

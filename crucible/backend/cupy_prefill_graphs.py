@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from crucible.backend.cupy_graphs import Captured, capture_forward
+from crucible.backend.cupy_capture import Captured, capture_forward
 from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.step.batch import PackedBatch
