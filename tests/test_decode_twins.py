@@ -212,11 +212,11 @@ def test_greedy_rows_in_order() -> None:
 
 
 def test_capacity_classes_are_coarse() -> None:
-    """A decode graph is keyed by 2048 positions, then powers of two up to the context, so a
+    """A decode graph is keyed by 2048 positions, then multiples of 1024 up to the context, so a
     history growing by one page never needs a new graph (only the score buffer is sized by it)."""
     cap = cupy_graphs.graph_capacity
-    assert [cap(c, 8192) for c in (256, 512, 2048, 2304, 4096, 4352, 8192)] == \
-        [2048, 2048, 2048, 4096, 4096, 8192, 8192]
+    assert [cap(c, 8192) for c in (256, 512, 2048, 2304, 4096, 4352, 6400, 8192)] == \
+        [2048, 2048, 2048, 3072, 4096, 5120, 7168, 8192]
     assert cap(256, 512) == 512 and cap(512, 512) == 512  # a short context is the ceiling
     assert cap(768, 512) == 768  # never below what the step needs
 
@@ -238,7 +238,7 @@ def test_start_up_captures_every_bucket_then_steps_only_replay(
         g.run(step(rows, pos), -(-(pos + 1) // 256) * 256, None)
     assert g.num_captures == n and g.num_replays == 3
     g.run(step(3, 2100), 2304, None)  # past the first class: one new pair
-    assert g.num_captures == n + 2 and (4, 4096) in g.graphs
+    assert g.num_captures == n + 2 and (4, 3072) in g.graphs
 
 
 def test_out_of_memory_stops_the_start_up_and_turns_a_step_eager(

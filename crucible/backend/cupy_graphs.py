@@ -8,11 +8,15 @@ data, so padding rows cannot change real rows; they all write the same bits into
 scratch slot.
 
 Graphs come in twins keyed by (bucket, capacity class), since the attention launch depends
-on both. The class is 2048 positions, then powers of two up to the context (``graph_capacity``):
-attn_decode's loops run to each row's own length and only its shared score buffer is sized
-by the capacity (at most 2 CTAs per SM either way), so a coarse class costs nothing on the
-device, while a class per 256 positions made every growing history cross into a new key
-and recapture mid-run. ``capture_all`` captures every bucket of the first class at start-up. Everything it touches lives at fixed addresses: its int32 metadata buffer,
+on both. The classes are 2048 positions, then every 1024 up to the context
+(``graph_capacity``): attn_decode's loops run to each row's own length and only its shared
+score buffer is sized by the capacity, so a coarse class costs the device nothing while
+the buffer still lets 2 CTAs share an SM (up to ~6,600 positions with 3 heads a CTA; a
+class of the next power of two would have cost that from 4,097); a class per 256
+positions made every growing history cross into a new key and recapture mid-run.
+``capture_all`` captures every bucket of the first class at start-up.
+
+Everything a graph touches lives at fixed addresses: its int32 metadata buffer,
 its private memory pool (activations, logits: ``capture_forward``), and the two ``fed``
 buffers. A graph ends with the greedy argmax of every row (cuda/sampling_greedy.cu), so a
 step whose rows are all plain greedy needs no sampling launch: the ids are already in
@@ -49,14 +53,14 @@ from crucible.step.batch import PackedBatch
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 448, 512)
 MAX_PAIRS = 32  # (bucket, capacity) keys, two graphs each
 CAPACITY_FLOOR = 2048  # the first capacity class (positions)
+CAPACITY_STEP = 1024  # the classes past it
 
 
 def graph_capacity(capacity: int, ceiling: int) -> int:
     """The capacity class a decode step of score capacity ``capacity`` replays: 2048, then
-    powers of two, never past ``ceiling`` (the context's capacity) nor below ``capacity``."""
-    c = CAPACITY_FLOOR
-    while c < capacity:
-        c *= 2
+    multiples of 1024, never past ``ceiling`` (the context's capacity) nor below
+    ``capacity``."""
+    c = max(CAPACITY_FLOOR, -(-capacity // CAPACITY_STEP) * CAPACITY_STEP)
     return max(capacity, min(c, ceiling))
 
 
