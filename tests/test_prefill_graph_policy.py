@@ -18,6 +18,7 @@ from crucible.step.batch import PackedBatch, SegmentSpec, build_packed_batch
 def _graphs(monkeypatch: pytest.MonkeyPatch, captured: list[int]) -> cpg.PrefillGraphs:
     fake = types.ModuleType("cupy")
     fake.asarray = np.asarray
+    fake.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=MemoryError))
     monkeypatch.setitem(sys.modules, "cupy", fake)
 
     class Cap:
@@ -32,6 +33,7 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, captured: list[int]) -> cpg.Prefill
     g = cpg.PrefillGraphs.__new__(cpg.PrefillGraphs)  # no stream, no page-locked ring
     g.width, g.scratch, g.stream, g.ring = 8, 99, None, None
     g.graphs, g.seen, g.num_captures, g.num_replays, g.num_eager = OrderedDict(), {}, 0, 0, 0
+    g.num_out_of_memory = 0
     g.capture_after = cpg.CAPTURE_AFTER
     return g
 
@@ -64,3 +66,23 @@ def test_full_cache_and_bounded_sightings(monkeypatch: pytest.MonkeyPatch) -> No
     g.capture_after = 1  # the checks' policy: every key on sight
     monkeypatch.setattr(cpg, "MAX_GRAPHS", 10)
     assert g.run(_prompt(20), 256, None) == "logits" and captured[-1] == 20
+
+
+def test_out_of_memory_runs_the_step_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture that finds no device memory drops every prefill graph (their pools go back
+    to the device) and the step runs eagerly; later keys capture again."""
+    captured: list[int] = []
+    g = _graphs(monkeypatch, captured)
+    g.stream = types.SimpleNamespace(synchronize=lambda: None)
+    g.capture_after = 1
+    assert g.run(_prompt(30), 256, None) == "logits" and len(g.graphs) == 1
+    real = cpg.capture_forward
+
+    def no_room(*a: object, **k: object) -> object:
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(cpg, "capture_forward", no_room)
+    assert g.run(_prompt(31), 256, None) is None
+    assert g.graphs == {} and g.num_out_of_memory == 1 and g.num_eager == 1
+    monkeypatch.setattr(cpg, "capture_forward", real)
+    assert g.run(_prompt(31), 256, None) == "logits" and captured == [30, 31]

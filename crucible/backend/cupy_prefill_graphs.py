@@ -53,6 +53,7 @@ class PrefillGraphs:
         self.num_captures = 0
         self.num_replays = 0
         self.num_eager = 0  # qualifying steps run eagerly (a key not seen enough, or full)
+        self.num_out_of_memory = 0  # captures abandoned for want of device memory
         self.seen: dict[tuple[int, bool, int], int] = {}  # sightings of keys without a graph
         # Per instance: the checks capture on first sight (when changes no bits).
         self.capture_after = CAPTURE_AFTER
@@ -101,9 +102,16 @@ class PrefillGraphs:
                 self.num_eager += 1
                 return None
             del self.seen[key]
-            meta_dev = cp.asarray(self.host_meta(None, length, want))
-            cap = capture_forward(forward, self.stream, meta_dev,
-                                  self._views(meta_dev, length, want, capacity))
+            try:
+                meta_dev = cp.asarray(self.host_meta(None, length, want))
+                cap = capture_forward(forward, self.stream, meta_dev,
+                                      self._views(meta_dev, length, want, capacity))
+            except cp.cuda.memory.OutOfMemoryError:
+                # Every prefill graph's pool goes back to the device; this step runs eagerly.
+                self.clear()
+                self.num_out_of_memory += 1
+                self.num_eager += 1
+                return None
             self.graphs[key] = cap
             self.num_captures += 1
         logits = cap.replay(self.stream, self.host_meta(batch, length, want), self.ring)
