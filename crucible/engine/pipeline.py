@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from crucible.step.rows import RowSampling, plain_row
-from crucible.step.batch import PAGE_SIZE, PackedBatch
+from crucible.step.batch import PAGE_SIZE, PackedBatch, decode_batch, page_tables
 from crucible.engine.request import Request, RequestStatus
 from crucible.engine.scheduler import ScheduledSlice
 
@@ -111,10 +111,7 @@ def decode_rows(slices: Sequence[ScheduledSlice], running: list, max_context: in
     reqs = tuple(sl.request for sl in slices)
     pages = [r.page_table.pages for r in reqs]
     lengths = np.fromiter(map(len, pages), np.int32, n)
-    tables = np.zeros((n, max(int(lengths.max()), 1)), np.int32)
-    # Row-major order of the mask is the order the pages are chained in.
-    tables[np.arange(tables.shape[1])[None, :] < lengths[:, None]] = np.fromiter(
-        (p for ps in pages for p in ps), np.int32, int(lengths.sum()))
+    tables = page_tables(pages, lengths)
     return DecodeRows(
         requests=reqs, request_ids=tuple(r.request_id for r in reqs),
         positions=np.fromiter((sl.start + sl.length - 1 for sl in slices), np.int64, n),
@@ -173,17 +170,5 @@ def _advance(prev: DecodeRows, alive: np.ndarray | None, allocator: Any,
     rows = tuple([plain_row(p, i, c)
                   for i, (p, c) in enumerate(zip(cols.plains, counters.tolist()))])
     feed = np.flatnonzero(keep).astype(np.int32)
-    return ChainedStep(decode, _batch(decode), rows, feed)
-
-
-def _batch(d: DecodeRows) -> PackedBatch:
-    """The packed batch of a decode step: row i is segment i, at its position, reading
-    table i; its token comes from the device (0 stands in)."""
-    n = len(d.requests)
-    rows = np.arange(n, dtype=np.int32)
-    pos = d.positions.astype(np.int32)
-    segments = np.empty((n, 4), np.int32)
-    segments[:, 0], segments[:, 1], segments[:, 2], segments[:, 3] = rows, 1, pos, rows
-    return PackedBatch(token_ids=np.zeros(n, np.int32), positions=pos, segments=segments,
-                       page_tables=d.tables, table_lengths=d.lengths, final_rows=rows,
-                       request_ids=d.request_ids)
+    return ChainedStep(decode, decode_batch(decode.request_ids, positions, tables, lengths),
+                       rows, feed)

@@ -124,7 +124,7 @@ def _pack_vectorised(specs: Sequence[SegmentSpec]) -> PackedBatch:
     # Row r of segment i sits at abs_start_i + (r - packed_start_i).
     positions = (np.repeat(abs_starts - packed_starts, lens) + np.arange(n_rows)).astype(np.int32)
     segments = np.stack([packed_starts, lens, abs_starts, np.arange(n)], axis=1).astype(np.int32)
-    tables = _page_tables([s.pages for s in specs], n_pages)
+    tables = page_tables([s.pages for s in specs], n_pages)
     finals: list[int] = []
     for start, s in zip(packed_starts.tolist(), specs):
         rows = s.logits_rows
@@ -138,21 +138,28 @@ def _pack_vectorised(specs: Sequence[SegmentSpec]) -> PackedBatch:
 
 def pack_decodes(request_ids: Sequence[str], positions: Sequence[int],
                  pages: Sequence[Sequence[int]]) -> PackedBatch:
-    """A decode step (one row per request, every row final) straight from its columns, no
-    SegmentSpec per row: the pipelined step's packing (engine/pipeline.py), whose tokens
-    the device feeds (token 0 stands in for each)."""
+    """A decode step (one row per request, every row final) from per-request lists, no
+    SegmentSpec per row (``decode_batch`` of its tables; the pipelined step,
+    engine/pipeline.py, calls that with the columns it keeps)."""
+    n_pages = np.fromiter(map(len, pages), np.int64, len(request_ids))
+    return decode_batch(tuple(request_ids), np.asarray(positions, dtype=np.int32),
+                        page_tables(pages, n_pages), n_pages.astype(np.int32))
+
+
+def decode_batch(request_ids: tuple[str, ...], positions: np.ndarray, tables: np.ndarray,
+                 lengths: np.ndarray) -> PackedBatch:
+    """A decode step from whole columns: row i is segment i, at ``positions[i]``, reading
+    table i (``lengths[i]`` pages); its token comes from the device (0 stands in)."""
     n = len(request_ids)
-    pos = np.asarray(positions, dtype=np.int32)
-    n_pages = np.fromiter(map(len, pages), np.int64, n)
-    tables = _page_tables(pages, n_pages)
+    pos = positions.astype(np.int32, copy=False)
     rows = np.arange(n, dtype=np.int32)
     segments = np.stack([rows, np.ones(n, np.int32), pos, rows], axis=1)
     return PackedBatch(token_ids=np.zeros(n, np.int32), positions=pos, segments=segments,
-                       page_tables=tables, table_lengths=n_pages.astype(np.int32),
-                       final_rows=rows, request_ids=tuple(request_ids))
+                       page_tables=tables, table_lengths=lengths, final_rows=rows,
+                       request_ids=request_ids)
 
 
-def _page_tables(pages: Sequence[Sequence[int]], n_pages: np.ndarray) -> np.ndarray:
+def page_tables(pages: Sequence[Sequence[int]], n_pages: np.ndarray) -> np.ndarray:
     """Every segment's page list as one zero-padded int32 [S, P] table, in one copy."""
     width = max(int(n_pages.max()), 1) if len(pages) else 1
     tables = np.zeros((len(pages), width), dtype=np.int32)
