@@ -78,8 +78,8 @@ def plain(value: Any) -> Any:
 
 
 ROUND_FIGURES = ("wall_s", "total_tok_per_s", "output_tok_per_s", "req_per_s", "steps",
-                 "mean_rows_per_step", "preemptions", "chained_steps", "graph_replays",
-                 "eager_steps", "captures_in_timed_run")
+                 "mean_rows_per_step", "preemptions", "chained_steps", "chained_mixed_steps",
+                 "graph_replays", "eager_steps", "captures_in_timed_run")
 
 
 def main(argv: list[str] | None = None) -> int:

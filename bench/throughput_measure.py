@@ -5,7 +5,7 @@ Measurement (public API only; nothing in the library changes): each of ``--round
 (and the untimed warm-up) is one ``timed_generate`` of the whole workload on the same LLM.
 Per round: wall time, prompt/output tokens, total and output tok/s, req/s, engine steps
 (``engine.num_steps``: forwards launched, pipelined ones included), mean rows per step
-(``engine.num_rows / steps``), preemptions, pipelined (chained) steps. A wrapper object
+(``engine.num_rows / steps``), preemptions, pipelined (chained) steps and the mixed ones among them. A wrapper object
 replaces, on the instance only, ``engine.step`` (per call: wall time, rows, launches and
 the running requests: ``len(scheduler.running)`` after the call plus the requests that
 finished in it) and ``runner.forward`` (host sampling, ``runner.sampler is None``) or
@@ -134,7 +134,7 @@ def timed_generate(llm: LLM, probe: Probe, prompts: list[list[int]],
     eng = llm.engine
     probe.reset()
     s0 = dict(steps=eng.num_steps, rows=eng.num_rows, chained=eng.num_chained,
-              pre=llm.stats()["preemptions"])
+              mixed=eng.num_chained_mixed, pre=llm.stats()["preemptions"])
     g0 = graph_counters(llm)
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
@@ -152,6 +152,7 @@ def timed_generate(llm: LLM, probe: Probe, prompts: list[list[int]],
         "steps": steps, "step_calls": len(probe.samples), "rows": rows,
         "mean_rows_per_step": round(rows / steps, 2) if steps else None,
         "chained_steps": eng.num_chained - s0["chained"],
+        "chained_mixed_steps": eng.num_chained_mixed - s0["mixed"],
         "preemptions": llm.stats()["preemptions"] - s0["pre"],
         "not_length_finish": sum(o.finish_reason != "length" for o in outs),
         "step_call_wall_ms": dist(step_ms),

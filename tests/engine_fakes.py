@@ -22,6 +22,7 @@ class FakeRunner:
 
     sampler = None
     chain_rows = 0  # no pipelined decode
+    mixed_feed_rows = None  # no pipelined mixed step
 
     def __init__(self, num_pages: int, *, vocab_size: int = 64, max_context: int = 512,
                  on_batch=None) -> None:

@@ -40,25 +40,34 @@ class _Pending:
 
 class FeedRunner(FakeRunner):
     chain_rows = 8
+    mixed_feed_rows = 1  # any fed step, prefill slices and all
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
         self.sampler = NumpyTwinSampler()
         self._last_ids: tuple[int, ...] = ()
         self.num_fed = 0
+        self.num_fed_mixed = 0
         self.engine = None  # when set: fed batches are checked against the packer's
 
     def launch_sample(self, batch, rows, host_rows=(), feed=None):
         if feed is not None:
-            assert batch.num_rows == len(feed) <= self.chain_rows
-            assert (batch.segments[:, 1] == 1).all(), "a fed step is a pure decode"
-            if self.engine is not None:  # the columns' batch is what pack_decodes makes
+            feed = np.asarray(feed)
+            assert batch.num_rows == len(feed) and feed.max() < len(self._last_ids)
+            one_row = np.zeros(batch.num_rows, bool)
+            one_row[batch.segments[batch.segments[:, 1] == 1, 0]] = True
+            assert one_row[feed >= 0].all(), "only decode rows are fed"
+            if (batch.segments[:, 1] > 1).any():  # a pipelined mixed step
+                assert self.mixed_feed_rows is not None
+                assert batch.num_rows >= self.mixed_feed_rows, "a fed step too small"
+                self.num_fed_mixed += 1
+            elif self.engine is not None and (feed >= 0).all():
+                # the decode chain's columns make what the packer makes
                 reqs = [self.engine.requests[r] for r in batch.request_ids]
                 want = pack_decodes(batch.request_ids, batch.positions.tolist(),
                                     [r.page_table.pages for r in reqs])
                 assert all(np.array_equal(getattr(batch, f.name), getattr(want, f.name))
                            for f in dataclasses.fields(want))
-            feed = np.asarray(feed)
             assert (batch.token_ids[feed >= 0] == 0).all(), "fed rows carry id 0"
             ids = batch.token_ids.copy()
             ids[feed >= 0] = np.asarray(self._last_ids)[feed[feed >= 0]]

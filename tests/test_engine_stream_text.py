@@ -40,6 +40,7 @@ class ScriptRunner:
     def __init__(self, scripts: dict[int, list[int]], chain_rows: int) -> None:
         self.scripts = scripts
         self.chain_rows = chain_rows
+        self.mixed_feed_rows = 1 if chain_rows else None  # ids come from the script
         self.num_pages = 256
         self.config = SimpleNamespace(vocab_size=TINY_VOCAB_SIZE, max_context=512)
         self.sampler = object()  # not None: the engine samples "on the device"

@@ -88,11 +88,13 @@ def test_graph_check_passes_eager_only(capsys) -> None:
     assert "schedule: 25 requests joined, 23 finished between steps" in out
     # decode rows (1 + 3 + 17 + 2) x 3 steps = 69, plus one prefill comparison per joiner,
     # plus the 24 requests of the pipelined-vs-plain engine comparison, and its all-greedy
-    # form (against an engine without graphs where there are graphs)
+    # form (against an engine without graphs where there are graphs), and its fed-mixed form
     assert "pipelined engine vs plain engine: 24 requests identical, 0 failures" in out
     assert ("all-greedy pipelined engine vs an engine without graphs: 24 requests identical, "
             "0 failures") in out
-    assert "model tiny-random: 563 passed, 0 failed" in out  # 421 of them mixed steps
+    assert ("pipelined engine, mixed steps fed, vs plain engine: 24 requests identical, "
+            "0 failures") in out
+    assert "model tiny-random: 587 passed, 0 failed" in out  # 421 of them mixed steps
 
 
 class _Graphs:

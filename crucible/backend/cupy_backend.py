@@ -136,6 +136,11 @@ class CupyBackend:
     def fed_ids(self, rows: int) -> Any:
         return self.graphs.fed_ids(rows) if self.graphs is not None else None
 
+    def mixed_feed_rows(self) -> int | None:
+        from crucible.backend.cupy_route import mixed_feed_rows
+
+        return mixed_feed_rows(self)
+
     def sampled_ids(self, rows: int) -> Any:
         g = self.graphs
         buf = g.fed_ids(rows) if g is not None and g.last_replayed else None
@@ -153,34 +158,11 @@ class CupyBackend:
 
     def run_step(self, batch: PackedBatch, forward: Forward,
                  feed: np.ndarray | None = None) -> Any:
-        """Logits [R, vocab] of the final rows as a device array. Decode steps, singleton
-        prefills and mixed steps up to a size replay CUDA graphs of ``forward`` (the mixed
-        ones with the exact family's split attention); the rest runs eagerly. The
-        array belongs to the backend and is only valid until the next step (a graph reuses
-        its buffer). ``feed``: see ``fed_ids``; only decode graphs take it."""
-        from crucible.backend.cupy_graphs import is_decode_step
-        from crucible.backend.cupy_mixed_graphs import is_mixed_graph_step
-        from crucible.backend.cupy_prefill_graphs import is_singleton_prefill
-        from crucible.kernels.variants import score_capacity
+        """Logits [R, vocab] of the final rows as a device array (the backend's: valid until
+        the next step), from a graph or eagerly: backend/cupy_route.py."""
+        from crucible.backend.cupy_route import run_step
 
-        if feed is not None and (self.graphs is None or not is_decode_step(batch)):
-            raise ValueError("a fed step must be a decode step run by the decode graphs")
-        if self.graphs is not None:
-            self.graphs.last_replayed = False
-        if self.graphs is not None and is_decode_step(batch):
-            out = self.graphs.run(batch, score_capacity(batch.max_end), forward, feed)
-            if out is not None:
-                return out
-        if self.prefill_graphs is not None and is_singleton_prefill(batch):
-            out = self.prefill_graphs.run(batch, score_capacity(batch.max_end), forward)
-            if out is not None:
-                return out
-        if (self.mixed_graphs is not None and self.variant.family == "exact"
-                and is_mixed_graph_step(batch)):
-            out = self.mixed_graphs.run(batch, forward)
-            if out is not None:
-                return out
-        return forward(self.prepare(batch))
+        return run_step(self, batch, forward, feed)
 
     def new(self, shape: tuple[int, ...]) -> Any:
         """An uninitialised f32 device array (the stages' outputs)."""

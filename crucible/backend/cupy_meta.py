@@ -66,8 +66,11 @@ def _capacity(segments: np.ndarray) -> int:
     return score_capacity(int((segments[:, 2] + segments[:, 1]).max()))
 
 
-def device_meta(batch: PackedBatch) -> CupyMeta:
-    """An eager step's metadata: built on the host, uploaded in one copy."""
+def device_meta(batch: PackedBatch, feed: np.ndarray | None = None, fed: Any = None
+                ) -> CupyMeta:
+    """An eager step's metadata: built on the host, uploaded in one copy. ``feed`` (a
+    pipelined step): per row, the index into ``fed`` (the previous step's sampled ids on
+    the device) of its input id, or -1 for the batch's own."""
     import cupy as cp
 
     from crucible.kernels.variants import score_capacity
@@ -82,6 +85,11 @@ def device_meta(batch: PackedBatch) -> CupyMeta:
     single, multi = (segs[one], segs[~one]) if cut else (segs[:0], segs[:0])
     parts = [batch.token_ids, batch.positions, (slots >> 4), (slots & 15), segs.ravel(),
              single.ravel(), multi.ravel(), batch.page_tables.ravel(), batch.final_rows]
+    if feed is not None:
+        if len(feed) != batch.num_rows or fed is None:
+            raise ValueError(f"feed has {len(feed)} entries for a {batch.num_rows}-row step"
+                             if fed is not None else "a fed step needs the previous ids")
+        parts.append(feed)
     host = np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
     v = split(cp.asarray(host), [len(p) for p in parts])  # the step's one upload
     t = batch.num_rows
@@ -93,4 +101,5 @@ def device_meta(batch: PackedBatch) -> CupyMeta:
                               int(multi[:, 1].max()), _capacity(single), _capacity(multi))
     return CupyMeta(t, v[0], v[1], v[2], v[3], v[4].reshape(segs.shape),
                     v[7].reshape(batch.page_tables.shape), v[8], int(finals.shape[0]),
-                    batch.max_chunk, score_capacity(batch.max_end), all_final, mixed=mixed)
+                    batch.max_chunk, score_capacity(batch.max_end), all_final,
+                    feed=None if feed is None else v[9], fed=fed, mixed=mixed)

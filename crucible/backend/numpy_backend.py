@@ -118,6 +118,9 @@ class NumpyBackend:
     def fed_ids(self, rows: int) -> None:
         return None
 
+    def mixed_feed_rows(self) -> None:
+        return None
+
     def sampled_ids(self, rows: int) -> None:
         return None
 

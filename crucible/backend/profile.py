@@ -75,6 +75,9 @@ class ProfiledBackend:
     def fed_ids(self, rows: int) -> None:
         return None  # every step's stages are timed in turn: no pipelining
 
+    def mixed_feed_rows(self) -> None:
+        return None
+
     def sampled_ids(self, rows: int) -> None:
         return None  # no graph ran an argmax: the sampler's launch is timed
 

@@ -109,6 +109,10 @@ class Backend(Protocol):
         """Where the latest step's sampled ids live on the device so that a fed step can
         read them, or None when no fed step can follow (no pipelining here)."""
 
+    def mixed_feed_rows(self) -> int | None:
+        """The fewest rows a fed step holding prefill slices should have (engine/
+        pipeline_mixed.py), or None when only decode steps can be fed."""
+
     def sampled_ids(self, rows: int) -> Array | None:
         """The latest step's greedy ids when its graph already ran the argmax, else None."""
 

@@ -6,6 +6,12 @@ it off, run the same requests: greedy and random sampling, stop ids that end req
 (their queued rows are dropped), penalties (never pipelined), logprobs, requests aborted and
 added mid-run. Every request's ids, logprobs, text and finish reason must be identical, all
 pages must come back, and on the GPU the pipeline must actually have run.
+
+``mixed``: the late arrivals make mixed steps, which are planned ahead too
+(engine/pipeline_mixed.py). The CuPy backend feeds only those past the mixed graphs' size;
+with its mixed graphs off every such step can be fed, so the candidate runs without them
+(its mixed steps run eagerly, their decode rows reading step t's ids on the device) and
+must have fed some.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from crucible.engine.sampling import SamplingParams
 from crucible.engine.runner import ModelRunner
 
 
-def _params(i: int, stop: tuple[int, ...], greedy: bool = False) -> SamplingParams:
+def _params(i: int, stop: tuple[int, ...], greedy: bool = False,
+            mixed: bool = False) -> SamplingParams:
     if greedy:  # plain greedy rows, some with stop ids: a decode graph's argmax serves them
         kind = dict(stop_token_ids=stop) if i % 3 == 1 else {}
         return SamplingParams(max_tokens=4 + (5 * i) % 29, seed=i, ignore_eos=i % 2 == 0,
@@ -26,17 +33,20 @@ def _params(i: int, stop: tuple[int, ...], greedy: bool = False) -> SamplingPara
              dict(temperature=1.0, top_p=0.9, logprobs=2),
              dict(temperature=0.8, stop_token_ids=stop),
              dict(temperature=1.1, repetition_penalty=1.2), dict(temperature=0.0, logprobs=0)]
+    if mixed:  # a penalty row reads step t's token: while one runs, nothing is planned ahead
+        kinds[4] = dict(temperature=1.1, min_p=0.05)
     return SamplingParams(max_tokens=4 + (5 * i) % 29, seed=i, ignore_eos=i % 2 == 0,
                           **kinds[i % len(kinds)])
 
 
 def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
-         stop: tuple[int, ...], greedy: bool = False) -> tuple[dict[str, tuple], LLMEngine]:
+         stop: tuple[int, ...], greedy: bool = False, mixed: bool = False
+         ) -> tuple[dict[str, tuple], LLMEngine]:
     eng = LLMEngine(runner, tokenizer)
     out: dict[str, list] = {}
     n0 = len(prompts) * 2 // 3
     for i in range(n0):
-        out[eng.add_request(prompts[i], _params(i, stop, greedy))] = []
+        out[eng.add_request(prompts[i], _params(i, stop, greedy, mixed))] = []
     step = 0
     while eng.has_unfinished() or step < 6:
         for d in eng.step():
@@ -46,7 +56,7 @@ def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
             eng.abort("req-1")
         if step == 5:  # late arrivals join a pipelined decode
             for i in range(n0, len(prompts)):
-                out[eng.add_request(prompts[i], _params(i, stop, greedy))] = []
+                out[eng.add_request(prompts[i], _params(i, stop, greedy, mixed))] = []
     flat = {rid: (tuple(t for d in ds for t in d.new_token_ids),
                   tuple(x for d in ds if d.new_logprobs for x in d.new_logprobs),
                   "".join(d.new_text for d in ds),
@@ -55,7 +65,7 @@ def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
 
 
 def check_pipeline(model: object, device: str, seed: int, requests: int = 24,
-                   greedy: bool = False) -> tuple[int, int, int]:
+                   greedy: bool = False, mixed: bool = False) -> tuple[int, int, int]:
     """(requests identical, requests different, steps pipelined). ``greedy``: every request
     plain greedy, so the candidate's decode steps take their ids from the graphs' argmax;
     the reference then runs without graphs (every id from the sampler's kernel), and on the
@@ -70,8 +80,10 @@ def check_pipeline(model: object, device: str, seed: int, requests: int = 24,
     plain.pipeline = False
     if greedy and getattr(plain.backend, "graphs", None) is not None:
         plain.backend.graphs = plain.backend.prefill_graphs = plain.backend.mixed_graphs = None
-    got, eng = _run(piped, model.tokenizer, prompts, stop, greedy)
-    want, _ = _run(plain, model.tokenizer, prompts, stop, greedy)
+    if mixed and getattr(piped.backend, "graphs", None) is not None:
+        piped.backend.mixed_graphs = None
+    got, eng = _run(piped, model.tokenizer, prompts, stop, greedy, mixed)
+    want, _ = _run(plain, model.tokenizer, prompts, stop, greedy, mixed)
     bad = [rid for rid, w in want.items() if got.get(rid) != w]
     for rid in bad[:3]:
         print(f"  {rid}: pipelined {got.get(rid)} != plain {want[rid]}")
@@ -83,4 +95,7 @@ def check_pipeline(model: object, device: str, seed: int, requests: int = 24,
     if greedy and getattr(piped.backend, "graphs", None) is not None:
         print(f"  {piped.num_argmax_steps} steps took their ids from a decode graph's argmax")
         diff += piped.num_argmax_steps == 0
+    if mixed and getattr(piped.backend, "graphs", None) is not None:
+        print(f"  {eng.num_chained_mixed} mixed steps queued before the previous step's ids")
+        diff += eng.num_chained_mixed == 0
     return same, diff, eng.num_chained

@@ -23,6 +23,7 @@ from crucible.step.rows import RowSampling
 from crucible.step.batch import PackedBatch, build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import DecodeRows, Launched, plan_chained
+from crucible.engine.pipeline_mixed import plan_mixed
 from crucible.engine.prefix_cache import PrefixCache, cache_counters
 from crucible.engine.request import Logprobs, Request, RequestDelta
 from crucible.engine.rng import derive_seed
@@ -60,6 +61,7 @@ class LLMEngine(StepUpdates):
         self.num_rows = 0
         self.num_generated = 0
         self.num_chained = 0  # steps queued by the pipeline, before the previous one's ids
+        self.num_chained_mixed = 0  # those of them that hold prefill slices
         self._inflight: Launched | None = None  # a queued step whose results are not applied
         # --profile: (stage, fn) -> fn(), timed; host sampling runs through it.
         self.stage_timer: Callable[[str, Callable[[], Any]], Any] | None = None
@@ -149,8 +151,8 @@ class LLMEngine(StepUpdates):
 
     def _launch(self, slices: Sequence[ScheduledSlice], batch: PackedBatch,
                 rows: Sequence[RowSampling] | None = None,
-                feed: np.ndarray | None = None, decode: DecodeRows | None = None
-                ) -> Launched:
+                feed: np.ndarray | None = None, decode: DecodeRows | None = None,
+                host_rows: Sequence[int] = ()) -> Launched:
         validate_packed_batch(batch, num_pages=self.allocator.num_pages,
                               vocab_size=self.vocab_size,
                               max_pages_per_table=pages_for(self.max_context))
@@ -161,20 +163,30 @@ class LLMEngine(StepUpdates):
             updates = host_updates(self.runner, slices, batch, self.vocab_size,
                                    batch_greedy=self.stage_timer is None)
             return Launched(tuple(slices), None, updates, 0)
-        host_rows: list[int] = []
         if rows is None:
             rows, host_rows = sampling_rows(slices, self.vocab_size)
         pending = self.runner.launch_sample(batch, rows, host_rows, feed)
         return Launched(tuple(slices), pending, None, len(rows), decode)
 
     def _chain(self, cur: Launched) -> Launched | None:
-        nxt = plan_chained(cur, self.scheduler.running, bool(self.scheduler.waiting),
-                           self.allocator, self.max_context,
-                           self.runner.chain_rows)
-        if nxt is None:
+        """Step t+1 queued before step t's results are applied, or None (pipeline.py for
+        decode steps, pipeline_mixed.py for the rest)."""
+        runner, sched = self.runner, self.scheduler
+        nxt = plan_chained(cur, sched.running, bool(sched.waiting), self.allocator,
+                           self.max_context, runner.chain_rows)
+        if nxt is not None:
+            self.num_chained += 1
+            return self._launch((), nxt.batch, nxt.rows, nxt.feed, nxt.decode)
+        if self.prefix_cache is not None:  # admissions below may match cached pages
+            self.prefix_cache.follow(runner.backend.arithmetic)
+        mixed = plan_mixed(cur, sched, self.max_context, self.vocab_size, runner.chain_rows,
+                           runner.mixed_feed_rows)
+        if mixed is None:
             return None
         self.num_chained += 1
-        return self._launch((), nxt.batch, nxt.rows, nxt.feed, nxt.decode)
+        self.num_chained_mixed += len(mixed.slices) != mixed.batch.num_rows
+        return self._launch(mixed.slices, mixed.batch, mixed.rows, mixed.feed,
+                            host_rows=mixed.host_rows)
 
     def stats(self) -> dict[str, int]:
         return {

@@ -91,12 +91,18 @@ class ModelRunner:
         buf = self.backend.fed_ids(1)
         return 0 if buf is None else int(buf.shape[0])
 
+    @property
+    def mixed_feed_rows(self) -> int | None:
+        """The fewest rows of a fed step that holds prefill slices (engine/pipeline_mixed.py),
+        or None when only decode steps can be fed."""
+        return self.backend.mixed_feed_rows() if self.chain_rows else None
+
     def launch_sample(self, batch: PackedBatch, rows: Sequence[RowSampling],
                       host_rows: Sequence[int] = (), feed: np.ndarray | None = None
                       ) -> "PendingStep":
         """Queue one sampled step without waiting for its ids (``forward_sample`` waits).
-        ``feed``: per row, the index among the previous launch's sampled rows whose id is this
-        row's input token (-1: the batch's own), for a decode step of at most ``chain_rows``."""
+        ``feed``: per row, the index among the previous launch's sampled rows (at most
+        ``chain_rows``) whose id is this row's input token (-1: the batch's own)."""
         if self.sampler is None:
             raise RuntimeError("launch_sample: this runner has no device sampler")
         be = self.backend

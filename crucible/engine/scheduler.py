@@ -112,8 +112,11 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(victim)  # resumes before anything newer
 
-    def _slice(self, req: Request, n: int) -> ScheduledSlice:
-        start = req.num_computed_tokens
+    def _slice(self, req: Request, n: int, start: int | None = None) -> ScheduledSlice:
+        """``n`` rows of ``req`` from ``start`` (default: what it has computed; the
+        pipeline plans from where a queued step leaves it, engine/pipeline_mixed.py)."""
+        if start is None:
+            start = req.num_computed_tokens
         if req.prompt_logprobs is None:  # the usual case (every decode): no prompt rows
             return ScheduledSlice(req, start, n, (), start + n == len(req.token_ids))
         first = 0
@@ -160,15 +163,30 @@ class Scheduler:
                 break
             if req.num_remaining <= 1:
                 continue
-            room = (len(req.page_table) + alloc.num_free) * PAGE_SIZE - req.num_computed_tokens
-            n = min(self._cap(req.num_remaining, budget), room)
-            if n <= 0:
-                continue
-            req.page_table.grow(alloc, req.num_computed_tokens + n)
-            slices.append(self._slice(req, n))
-            budget -= n
-        # 3. Admission, FIFO, only with pages for the whole next slice. Cached leading pages
-        #    are mapped, not computed: only the pages still needed count.
+            sl = self.prefill_slice(req, req.num_computed_tokens, budget)
+            if sl is not None:
+                slices.append(sl)
+                budget -= sl.length
+        self.admit(budget, slices)
+        return slices
+
+    def prefill_slice(self, req: Request, start: int, budget: int) -> ScheduledSlice | None:
+        """The next prefill slice of a running request from ``start``: as long as budget,
+        chunk cap and free pages allow (None: no page is free). Grows its page table."""
+        alloc = self.allocator
+        room = (len(req.page_table) + alloc.num_free) * PAGE_SIZE - start
+        n = min(self._cap(len(req.token_ids) - start, budget), room)
+        if n <= 0:
+            return None
+        req.page_table.grow(alloc, start + n)
+        return self._slice(req, n, start)
+
+    def admit(self, budget: int, slices: list[ScheduledSlice]) -> int:
+        """Admit waiting requests in FIFO order while ``budget`` and ``max_running`` allow and
+        pages exist for their whole next slice (the first that does not fit stops it),
+        appending their slices; returns the budget left. Cached leading pages are mapped,
+        not computed: only the pages still needed count."""
+        alloc = self.allocator
         cache = alloc.cache
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             req = self.waiting[0]
@@ -195,4 +213,4 @@ class Scheduler:
             req.page_table.grow(alloc, done + n)
             slices.append(self._slice(req, n))
             budget -= n
-        return slices
+        return budget

@@ -57,13 +57,14 @@ def host_updates(runner: Any, slices: Sequence[ScheduledSlice], batch: PackedBat
             updates[i] = (sl, prompt_logits, (token, None))
     return updates
 
-def sampling_rows(slices: Sequence[ScheduledSlice], vocab_size: int
+def sampling_rows(slices: Sequence[ScheduledSlice], vocab_size: int, row0: int = 0
                   ) -> tuple[list[RowSampling], list[int]]:
-    """The device sampler's rows of a step, and the rows whose logits come to the host."""
+    """The device sampler's rows of a step, and the rows whose logits come to the host;
+    ``row0``: the logits row of the first slice (the pipeline packs rows before them)."""
     # Every request appears once per step, so its state here is the state at its update.
     rows: list[RowSampling] = []
     host_rows: list[int] = []
-    row = 0
+    row = row0
     for sl in slices:
         n = len(sl.prompt_rows)
         if n:
