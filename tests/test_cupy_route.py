@@ -20,8 +20,8 @@ class Graphs:
         self.name, self.takes, self.offered = name, takes, []
         self.fed, self.last, self.last_replayed = ("fed0", "fed1"), 1, True
 
-    def run(self, batch, *args):
-        self.offered.append(batch.num_rows)
+    def run(self, batch, forward, *args):
+        self.offered.append((batch.num_rows, args))
         return f"{self.name} logits" if self.takes else None
 
 
@@ -57,19 +57,28 @@ def forward(meta):
     return ("eager", meta)
 
 
-def test_a_fed_mixed_step_runs_eagerly_on_the_latest_ids(metas: list) -> None:
+def test_a_fed_mixed_step_replays_a_mixed_graph_on_the_latest_ids(metas: list) -> None:
     be = backend()
     feed = np.array([3] + [-1] * 20, np.int32)
-    assert cupy_route.run_step(be, mixed_batch(), forward, feed) == ("eager", ("meta", 21))
-    assert metas == [(21, feed.tolist(), "fed1")]  # fed[last]: the previous step's ids
-    assert be.prefill_graphs.offered == be.mixed_graphs.offered == []
+    assert cupy_route.run_step(be, mixed_batch(), forward, feed) == "mixed logits"
+    (rows, (fed_feed, fed)), = be.mixed_graphs.offered
+    assert rows == 21 and fed_feed is feed and fed == "fed1"  # fed[last]: the latest ids
+    assert be.prefill_graphs.offered == [] and metas == []
     assert be.graphs.last == 1 and not be.graphs.last_replayed  # not flipped
+
+
+def test_a_fed_step_no_graph_takes_runs_eagerly_on_the_latest_ids(metas: list) -> None:
+    be = backend(takes=False)
+    feed = np.array([3] + [-1] * 20, np.int32)
+    assert cupy_route.run_step(be, mixed_batch(), forward, feed) == ("eager", ("meta", 21))
+    assert metas == [(21, feed.tolist(), "fed1")]
+    assert be.prefill_graphs.offered == []  # a prefill graph takes no feed
 
 
 def test_a_fed_decode_step_replays_its_graph(metas: list) -> None:
     be = backend()
     assert cupy_route.run_step(be, decode_batch(3), forward, np.arange(3)) == "decode logits"
-    assert be.graphs.offered == [3] and metas == []
+    assert [r for r, _ in be.graphs.offered] == [3] and metas == []
 
 
 def test_unfed_steps_try_their_graphs_then_run_eagerly(metas: list) -> None:
@@ -77,7 +86,7 @@ def test_unfed_steps_try_their_graphs_then_run_eagerly(metas: list) -> None:
     assert cupy_route.run_step(be, mixed_batch(), forward) == "mixed logits"
     be = backend(takes=False)
     assert cupy_route.run_step(be, mixed_batch(), forward) == ("eager", ("prepared", 21))
-    assert be.mixed_graphs.offered == [21] and metas == []
+    assert be.mixed_graphs.offered == [(21, ())] and metas == []
 
 
 def test_fed_steps_need_the_decode_graphs() -> None:
@@ -88,8 +97,6 @@ def test_fed_steps_need_the_decode_graphs() -> None:
     assert cupy_route.mixed_feed_rows(be) is None
 
 
-def test_fed_mixed_steps_start_past_the_mixed_graphs() -> None:
-    from crucible.backend.cupy_mixed_graphs import MAX_TOKENS
-
-    assert cupy_route.mixed_feed_rows(backend()) == MAX_TOKENS + 1
+def test_any_step_can_be_fed_with_the_decode_graphs() -> None:
+    assert cupy_route.mixed_feed_rows(backend()) == 1
     assert cupy_route.mixed_feed_rows(backend(mixed=False)) == 1

@@ -86,17 +86,18 @@ def test_graph_argmax_equals_the_sampler() -> None:
 
 
 def test_pipelined_mixed_steps_equal_the_plain_engine() -> None:
-    """Late arrivals beside running decodes: mixed steps planned ahead, run eagerly with
-    their decode rows' ids read on the device (mixed graphs off, so small steps are fed
-    too) == the engine without pipelining: ids, logprobs, text, reasons; pages back."""
+    """Late arrivals beside running decodes: mixed steps planned ahead, their decode rows'
+    ids read on the device, replaying mixed graphs or (graphs off) run eagerly == the
+    engine without pipelining: ids, logprobs, text, reasons; pages back."""
     from crucible.checks.pipeline_check import check_pipeline
     from crucible.model.tiny import tiny_random_model
 
     model = tiny_random_model(seed=3, weights="int8", n_heads=9, n_kv_heads=3, head_dim=64,
                               hidden_size=192, ffn_size=256, tie_embeddings=False,
                               max_context=512)
-    same, diff, chained = check_pipeline(model, "cuda", seed=8, requests=16, mixed=True)
-    assert (same, diff) == (16, 0) and chained > 0
+    for how in ("graphs", "eager"):
+        same, diff, chained = check_pipeline(model, "cuda", seed=8, requests=16, mixed=how)
+        assert (same, diff) == (16, 0) and chained > 0
 
 
 def test_mixed_step_split_attention_equals_one_launch() -> None:

@@ -46,10 +46,10 @@ def decode(g: MixedGraphs, key: tuple, out: np.ndarray) -> dict:
     w, rows, sizes = g._sizes(key)
     offs = np.cumsum([0] + sizes)
     part = lambda k: out[offs[k] : offs[k + 1]]  # noqa: E731
-    used = (out.size - offs[7]) // w
+    used = (out.size - offs[8]) // w
     return dict(tok=part(0), pos=part(1), page=part(2), slot=part(3),
                 single=part(4).reshape(t, 4), multi=part(5).reshape(s, 4), finals=part(6),
-                tables=out[offs[7]:].reshape(used, w), w=w, rows=rows)
+                feed=part(7), tables=out[offs[8]:].reshape(used, w), w=w, rows=rows)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -63,7 +63,16 @@ def test_every_real_row_sees_its_eager_inputs(seed: int) -> None:
     n, segs = batch.num_rows, batch.segments
     assert t >= n and f >= batch.final_rows.shape[0] and s >= int((segs[:, 1] > 1).sum())
     assert chunk >= int(segs[:, 1].max()) and cap1 % 256 == 0 and capm % 256 == 0
-    m = decode(g, key, g.host_meta(batch, key))
+    feed = None
+    if seed % 2:  # a pipelined step: some one-row segments read the previous step's ids
+        feed = np.full(batch.num_rows, -1, np.int32)
+        one = batch.segments[batch.segments[:, 1] == 1, 0]
+        feed[one[::2]] = np.arange(one[::2].size, dtype=np.int32)
+    m = decode(g, key, g.host_meta(batch, key, feed))
+    want_feed = np.full(t, -1, np.int32)  # the row's own id unless fed; padding never fed
+    if feed is not None:
+        want_feed[:n] = feed
+    assert (m["feed"] == want_feed).all()
     slots = batch.slot_mapping()
     assert (m["tok"][:n] == batch.token_ids).all() and (m["pos"][:n] == batch.positions).all()
     assert (m["page"][:n] == slots >> 4).all() and (m["slot"][:n] == slots & 15).all()
@@ -105,6 +114,7 @@ def test_capture_stand_in_is_all_empty_on_the_scratch_page() -> None:
     assert m["tables"].shape[0] == m["rows"]  # the stand-in fills every table row
     assert (m["single"][:, 1] == 0).all() and (m["multi"][:, 1] == 0).all()
     assert (m["page"] == SCRATCH).all() and (m["tables"] == SCRATCH).all()
+    assert (m["feed"] == -1).all()  # no row reads fed_in's stale ids
 
 
 def test_steps_outside_the_graphs_run_eagerly() -> None:
@@ -134,7 +144,8 @@ def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     captured: list[tuple] = []
 
     class Cap:
-        def replay(self, stream: object, meta: np.ndarray, ring: object) -> np.ndarray:
+        def replay(self, stream: object, meta: np.ndarray, ring: object,
+                   fill: object = None) -> np.ndarray:
             return np.zeros((512, 4), np.float32)
 
     def capture(forward: object, stream: object, meta_dev: object, meta: object) -> Cap:
@@ -145,7 +156,7 @@ def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cmg, "MAX_GRAPHS", 3)
     g = graphs()
     g.graphs, g.seen, g.num_captures, g.num_replays, g.num_eager = {}, {}, 0, 0, 0
-    g.stream = g.ring = None
+    g.stream = g.ring = g.fed_in = None
     g.capture_after, g.max_graphs = cmg.CAPTURE_AFTER, cmg.MAX_GRAPHS
 
     def step(n_prefill: int) -> PackedBatch:  # one slice of n rows and two decodes

@@ -23,15 +23,19 @@ class Captured:
     pool: Any  # the graph's private memory pool: every intermediate it touches lives here
     done: Any = None  # event: this graph's last replay finished (its metadata may change)
 
-    def replay(self, stream: Any, host_meta: np.ndarray, ring: Any) -> Any:
+    def replay(self, stream: Any, host_meta: np.ndarray, ring: Any,
+               fill: Callable[[], None] | None = None) -> Any:
         """Refill the metadata (through page-locked staging: nothing here waits for the
-        device), replay on ``stream``, and return the logits buffer. (The prefill graphs'
-        form: their own stream, between two hops through the default one.)"""
+        device), replay on ``stream``, and return the logits buffer. (The prefill and mixed
+        graphs' form: their own stream, between two hops through the default one.)
+        ``fill``: more to queue on ``stream`` before the graph (a fed step's ids)."""
         import cupy as cp
 
         # Work queued eagerly on the default stream (a prefill's K/V, the previous step's
         # sampler and its ids) must land first.
         stream.wait_event(cp.cuda.Stream.null.record())
+        if fill is not None:
+            fill()
         ring.upload(host_meta, self.meta_dev, stream)
         self.graph.launch(stream=stream)
         # Later work on the default stream (the next eager step) comes after the graph.

@@ -21,6 +21,9 @@ changes no bits, only shared memory):
 - slices: ``slices`` entries, the empty ones again of chunk_len 0 (the tiled kernel skips
   row tiles past a segment's end); the grid covers ``chunk`` rows of each;
 - final rows: ``finals`` entries, the padding ones pointing at row 0 (computed, not read);
+- feed: ``tokens`` entries, -1 (the row's own id) but for a pipelined step's decode rows,
+  whose ids the graph reads from ``fed_in``: a buffer of its own at a fixed address, into
+  which a fed replay first copies the previous step's ids (engine/pipeline_mixed.py);
 - page tables: one row per real segment, then the scratch row; only the rows in use are
   uploaded (the rest of the buffer is never read: no segment points at it).
 Attention runs split as in eager mixed steps (kernels/attention.py paged_attention_mixed),
@@ -55,6 +58,7 @@ TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512)
 FINAL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SLICE_BUCKETS = (1, 2, 4)
 CAPACITY_BUCKETS = tuple(256 << i for i in range(8))  # 256 .. 32,768
+FED_ROWS = 512  # ids a fed step can read: the decode graphs' largest bucket
 
 Key = tuple[int, int, int, int, int, int]
 
@@ -93,6 +97,9 @@ class MixedGraphs:
         self.num_out_of_memory = 0  # captures abandoned for want of device memory
         self.num_eager = 0  # qualifying steps run eagerly (a key not seen enough, or full)
         self.seen: dict[Key, int] = {}  # sightings of keys without a graph
+        # A pipelined step's rows read the previous step's ids from here: every graph reads
+        # this one buffer, refilled before a fed replay from where those ids are.
+        self.fed_in = cp.full(FED_ROWS, 0, dtype=cp.int32)
         # The policy, per instance: the checks capture every shape at once (replay == eager
         # is what they test; when a shape is captured changes no bits).
         self.capture_after, self.max_graphs = CAPTURE_AFTER, MAX_GRAPHS
@@ -113,20 +120,24 @@ class MixedGraphs:
 
     def _sizes(self, key: Key) -> tuple[int, int, list[int]]:
         """(table width, table rows, the buffer's part sizes: 4 row columns, one-row
-        segments, slices, final rows, page tables)."""
+        segments, slices, final rows, feed, page tables)."""
         t, f, s, _, cap1, capm = key
         w = min(self.width, max(cap1, capm) // 16)
         rows = t + s + 1  # at most: every one-row entry and slice its own, the scratch row
-        return w, rows, [t] * 4 + [4 * t, 4 * s, f, rows * w]
+        return w, rows, [t] * 4 + [4 * t, 4 * s, f, t, rows * w]
 
-    def host_meta(self, batch: PackedBatch | None, key: Key) -> np.ndarray:
-        """The step's buffer, only as far as the table rows in use (the upload's length)."""
+    def host_meta(self, batch: PackedBatch | None, key: Key,
+                  feed: np.ndarray | None = None) -> np.ndarray:
+        """The step's buffer, only as far as the table rows in use (the upload's length).
+        ``feed``: per row, its input id's index among the previous step's ids (-1: its own)."""
         t, f, s, _, _, _ = key
         w, rows, sizes = self._sizes(key)
         fixed = sum(sizes[:-1])
+        at = fixed - t  # the feed column: -1 (the row's own id) unless fed
         if batch is None:  # capture stand-in: every entry empty, all tables on the scratch
             out = np.zeros(fixed + rows * w, np.int32)
             out[2 * t : 3 * t] = self.scratch
+            out[at:fixed] = -1
             out[fixed:] = self.scratch
             return out
         n, segs = batch.num_rows, batch.segments
@@ -148,6 +159,9 @@ class MixedGraphs:
         ms = out[8 * t : 8 * t + 4 * s].reshape(s, 4)
         ms[:m, :3], ms[:m, 3] = multi[:, :3], d + np.arange(m)
         out[8 * t + 4 * s : 8 * t + 4 * s + batch.final_rows.shape[0]] = batch.final_rows
+        out[at:fixed] = -1
+        if feed is not None:
+            out[at : at + n] = feed
         tables = out[fixed:].reshape(used, w)
         src = batch.page_tables[:, :w]
         tables[:d, : src.shape[1]] = src[single[:, 3]]
@@ -160,15 +174,17 @@ class MixedGraphs:
         w, rows, sizes = self._sizes(key)
         v = split(meta_dev, sizes)
         single, multi = v[4].reshape(t, 4), v[5].reshape(s, 4)
-        return CupyMeta(t, v[0], v[1], v[2], v[3], single, v[7].reshape(rows, w), v[6], f,
-                        chunk, max(cap1, capm),
+        return CupyMeta(t, v[0], v[1], v[2], v[3], single, v[8].reshape(rows, w), v[6], f,
+                        chunk, max(cap1, capm), feed=v[7], fed=self.fed_in,
                         mixed=MixedSegments(single, multi, chunk, cap1, capm))
 
-    def run(self, batch: PackedBatch, forward: Callable[[Any], Any]) -> Any | None:
+    def run(self, batch: PackedBatch, forward: Callable[[Any], Any],
+            feed: np.ndarray | None = None, fed: Any = None) -> Any | None:
         """The step's logits [final rows, vocab] on the device (valid until the next step),
         or None when the step must run eagerly: a capture that ran out of device memory
         drops every mixed graph (their private pools go back to the device) and the step
-        runs eagerly; later steps capture again as memory allows."""
+        runs eagerly; later steps capture again as memory allows. ``feed`` (a pipelined
+        step) indexes ``fed``, the previous step's ids on the device."""
         import cupy as cp
 
         key = self.key(batch)
@@ -188,6 +204,10 @@ class MixedGraphs:
                 return None
             self.graphs[key] = cap
             self.num_captures += 1
-        logits = cap.replay(self.stream, self.host_meta(batch, key), self.ring)
+        fill = None
+        if feed is not None:  # on the graphs' stream, behind the sampler that wrote them
+            fill = lambda: self.fed_in.data.copy_from_device_async(  # noqa: E731
+                fed.data, min(fed.nbytes, self.fed_in.nbytes), self.stream)
+        logits = cap.replay(self.stream, self.host_meta(batch, key, feed), self.ring, fill)
         self.num_replays += 1
         return logits[: batch.final_rows.shape[0]]

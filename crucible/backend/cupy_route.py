@@ -3,21 +3,20 @@
 Tried in order, the first that takes the step runs it:
 1. decode graphs (backend/cupy_graphs.py): every segment one row, every row final, up to
    the largest bucket. They alone read a pipelined step's ids on the device inside a graph;
-2. a fed step of any other shape (a pipelined mixed step, engine/pipeline_mixed.py) runs
-   eagerly: its embedding reads the previous step's ids from the decode graphs' ``fed``
-   buffer that the previous step's sampler or argmax wrote. The buffer is not flipped:
-   this step's own sampler rewrites it only after this step's forward read it (stream
-   order) and after the copy of the previous ids went back (the sampler waits for it);
+2. a fed step of any other shape (a pipelined mixed step, engine/pipeline_mixed.py) takes
+   a mixed graph, which copies the ids into its own buffer first, or runs eagerly. Either
+   way its embedding reads the previous step's ids from the decode graphs' ``fed`` buffer
+   that the previous step's sampler or argmax wrote. The buffer is not flipped: this
+   step's own sampler rewrites it only after this step's forward read it (stream order)
+   and after the copy of the previous ids went back (the sampler waits for it);
 3. singleton prefill graphs (backend/cupy_prefill_graphs.py): one request's slice;
 4. mixed graphs (backend/cupy_mixed_graphs.py): prefill slices beside decodes, up to a
    size, with the exact family's split attention only;
 5. the rest eagerly. Any graph kind returns None when it cannot take the step (no device
    memory for a capture, a one-off shape): then the next way is tried.
 
-``mixed_feed_rows`` is the smallest pipelined mixed step worth running fed: below the
-mixed graphs' size a replay after the previous step's results costs the host less than a
-fed step's eager launches (bench/mixed-step-h200.json: ~7 ms of host launches per eager
-step, whatever its size).
+So any step can be fed once the decode graphs exist (``mixed_feed_rows`` 1): a fed step
+takes the graph it would have taken unfed, or runs eagerly as it would have.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import numpy as np
 
 from crucible.backend.cupy_graphs import is_decode_step
 from crucible.backend.cupy_meta import device_meta
-from crucible.backend.cupy_mixed_graphs import MAX_TOKENS, is_mixed_graph_step
+from crucible.backend.cupy_mixed_graphs import is_mixed_graph_step
 from crucible.backend.cupy_prefill_graphs import is_singleton_prefill
 from crucible.backend.protocol import Forward
 from crucible.kernels.variants import score_capacity
@@ -48,6 +47,10 @@ def run_step(be: Any, batch: PackedBatch, forward: Forward,
             if out is not None:
                 return out
     if feed is not None:
+        if mixed_graphs_on(be) and is_mixed_graph_step(batch):
+            out = be.mixed_graphs.run(batch, forward, feed, g.fed[g.last])
+            if out is not None:
+                return out
         return forward(device_meta(batch, feed, g.fed[g.last]))
     if be.prefill_graphs is not None and is_singleton_prefill(batch):
         out = be.prefill_graphs.run(batch, score_capacity(batch.max_end), forward)
@@ -66,6 +69,4 @@ def mixed_graphs_on(be: Any) -> bool:
 
 def mixed_feed_rows(be: Any) -> int | None:
     """The fewest rows of a fed step with prefill slices (None: no fed step at all)."""
-    if be.graphs is None:
-        return None
-    return MAX_TOKENS + 1 if mixed_graphs_on(be) else 1
+    return None if be.graphs is None else 1

@@ -215,13 +215,13 @@ def graph_main(argv: list[str]) -> int:
     passed, failed = passed + more[0], failed + more[1]
     if graphs is not None:
         print(f"graphs: {graphs.num_captures} captures, {graphs.num_replays} replays")
-    for greedy, mixed in ((False, False), (True, False), (False, True)):
+    for greedy, mixed in ((False, None), (True, None), (False, "graphs"), (False, "eager")):
         same, diff, chained = check_pipeline(model, args.device, args.seed, greedy=greedy,
                                              mixed=mixed)
         if graphs is not None and chained == 0:
             diff += 1  # pipelining is on by default with decode graphs: it must have run
         what = ("all-greedy pipelined engine vs an engine without graphs" if greedy
-                else "pipelined engine, mixed steps fed, vs plain engine" if mixed
+                else f"pipelined engine, mixed steps fed ({mixed}), vs plain engine" if mixed
                 else "pipelined engine vs plain engine")
         print(f"{what}: {same} requests identical, {diff} failures, "
               f"{chained} steps queued before the previous step's ids were read")

@@ -7,11 +7,11 @@ it off, run the same requests: greedy and random sampling, stop ids that end req
 added mid-run. Every request's ids, logprobs, text and finish reason must be identical, all
 pages must come back, and on the GPU the pipeline must actually have run.
 
-``mixed``: the late arrivals make mixed steps, which are planned ahead too
-(engine/pipeline_mixed.py). The CuPy backend feeds only those past the mixed graphs' size;
-with its mixed graphs off every such step can be fed, so the candidate runs without them
-(its mixed steps run eagerly, their decode rows reading step t's ids on the device) and
-must have fed some.
+``mixed`` ("graphs" or "eager"): the late arrivals come one a step and make mixed steps,
+which are planned ahead too (engine/pipeline_mixed.py), their decode rows reading step t's
+ids on the device. With "graphs" the candidate's mixed graphs capture every shape at its
+first sighting, so fed steps replay them; with "eager" it has none, so they run eagerly.
+Some mixed step must have been fed, and with "graphs" some mixed graph replayed.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from crucible.engine.runner import ModelRunner
 
 
 def _params(i: int, stop: tuple[int, ...], greedy: bool = False,
-            mixed: bool = False) -> SamplingParams:
+            mixed: str | None = None) -> SamplingParams:
     if greedy:  # plain greedy rows, some with stop ids: a decode graph's argmax serves them
         kind = dict(stop_token_ids=stop) if i % 3 == 1 else {}
         return SamplingParams(max_tokens=4 + (5 * i) % 29, seed=i, ignore_eos=i % 2 == 0,
@@ -40,7 +40,7 @@ def _params(i: int, stop: tuple[int, ...], greedy: bool = False,
 
 
 def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
-         stop: tuple[int, ...], greedy: bool = False, mixed: bool = False
+         stop: tuple[int, ...], greedy: bool = False, mixed: str | None = None
          ) -> tuple[dict[str, tuple], LLMEngine]:
     eng = LLMEngine(runner, tokenizer)
     out: dict[str, list] = {}
@@ -54,9 +54,13 @@ def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
         step += 1
         if step == 3:
             eng.abort("req-1")
-        if step == 5:  # late arrivals join a pipelined decode
-            for i in range(n0, len(prompts)):
-                out[eng.add_request(prompts[i], _params(i, stop, greedy, mixed))] = []
+        late = range(n0, len(prompts))
+        if mixed:  # one a step from step 2: many mixed steps
+            late = [n0 + step - 2] if 0 <= step - 2 < len(prompts) - n0 else []
+        elif step != 5:  # all at once: they join a pipelined decode
+            late = []
+        for i in late:
+            out[eng.add_request(prompts[i], _params(i, stop, greedy, mixed))] = []
     flat = {rid: (tuple(t for d in ds for t in d.new_token_ids),
                   tuple(x for d in ds if d.new_logprobs for x in d.new_logprobs),
                   "".join(d.new_text for d in ds),
@@ -65,7 +69,7 @@ def _run(runner: ModelRunner, tokenizer: object, prompts: list[list[int]],
 
 
 def check_pipeline(model: object, device: str, seed: int, requests: int = 24,
-                   greedy: bool = False, mixed: bool = False) -> tuple[int, int, int]:
+                   greedy: bool = False, mixed: str | None = None) -> tuple[int, int, int]:
     """(requests identical, requests different, steps pipelined). ``greedy``: every request
     plain greedy, so the candidate's decode steps take their ids from the graphs' argmax;
     the reference then runs without graphs (every id from the sampler's kernel), and on the
@@ -80,8 +84,12 @@ def check_pipeline(model: object, device: str, seed: int, requests: int = 24,
     plain.pipeline = False
     if greedy and getattr(plain.backend, "graphs", None) is not None:
         plain.backend.graphs = plain.backend.prefill_graphs = plain.backend.mixed_graphs = None
-    if mixed and getattr(piped.backend, "graphs", None) is not None:
-        piped.backend.mixed_graphs = None
+    graphs = getattr(piped.backend, "graphs", None) is not None
+    mg = getattr(piped.backend, "mixed_graphs", None)
+    if mixed == "eager" or mg is None:
+        piped.backend.mixed_graphs = mg = None
+    elif mixed == "graphs":
+        mg.capture_after = 1
     got, eng = _run(piped, model.tokenizer, prompts, stop, greedy, mixed)
     want, _ = _run(plain, model.tokenizer, prompts, stop, greedy, mixed)
     bad = [rid for rid, w in want.items() if got.get(rid) != w]
@@ -95,7 +103,8 @@ def check_pipeline(model: object, device: str, seed: int, requests: int = 24,
     if greedy and getattr(piped.backend, "graphs", None) is not None:
         print(f"  {piped.num_argmax_steps} steps took their ids from a decode graph's argmax")
         diff += piped.num_argmax_steps == 0
-    if mixed and getattr(piped.backend, "graphs", None) is not None:
-        print(f"  {eng.num_chained_mixed} mixed steps queued before the previous step's ids")
-        diff += eng.num_chained_mixed == 0
+    if mixed and graphs:
+        print(f"  {eng.num_chained_mixed} mixed steps queued before the previous step's ids"
+              + (f", {mg.num_replays} mixed graph replays" if mg is not None else ""))
+        diff += eng.num_chained_mixed == 0 or (mixed == "graphs" and not mg.num_replays)
     return same, diff, eng.num_chained
