@@ -78,6 +78,7 @@ class InstantRunner:
     """The runner surface the engine drives with a device sampler, answering at once."""
 
     chain_rows = 512
+    mixed_feed_rows = 1  # mixed steps pipeline too, as on the CuPy runner
     pipeline = True
 
     def __init__(self, num_pages: int, vocab: int, max_context: int, text_ids: list[int]

@@ -94,8 +94,18 @@ class EngineCore:
         self.stopping = False
 
     def run(self) -> None:
+        prof = _Profile.from_env()
+        try:
+            self._loop(prof)
+        finally:
+            if prof is not None:
+                prof.dump()
+
+    def _loop(self, prof: "_Profile | None") -> None:
         engine = self.engine
         while not self.stopping:
+            if prof is not None:
+                prof.tick()
             ended: list[tuple[int, RequestDelta]] = []
             changed = self._drain(ended, block=not engine.has_unfinished())
             deltas: list[RequestDelta] = []
@@ -203,3 +213,37 @@ class EngineCore:
             # trusting the pool.
             "leaked_pages": alloc.num_pages - alloc.num_free,
             "stats": dict(zip(wire.STATS_KEYS, self.counters()))}))
+
+
+class _Profile:
+    """``CRUCIBLE_CORE_PROFILE=PATH`` (a diagnostic): the engine process's loop runs under
+    cProfile and its stats go to PATH (pstats format) every few seconds and at the end, since
+    the front may end this process at any time. Read them with ``python3 -m pstats PATH``."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, path: str) -> None:
+        import cProfile
+
+        self.path, self.next = path, time.monotonic() + self.EVERY_S
+        self.prof = cProfile.Profile()
+        self.prof.enable()
+
+    @classmethod
+    def from_env(cls) -> "_Profile | None":
+        path = os.environ.get("CRUCIBLE_CORE_PROFILE", "")
+        return cls(path) if path else None
+
+    def tick(self) -> None:
+        if time.monotonic() >= self.next:
+            self.next = time.monotonic() + self.EVERY_S
+            self.dump()
+
+    def dump(self) -> None:
+        self.prof.disable()
+        try:
+            self.prof.dump_stats(self.path)
+        except OSError as exc:  # the loop goes on; the diagnostic says why it has no file
+            print(f"crucible: CRUCIBLE_CORE_PROFILE: cannot write {self.path}: {exc}",
+                  file=sys.stderr)
+        self.prof.enable()

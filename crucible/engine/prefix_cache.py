@@ -50,6 +50,13 @@ def page_key(parent: bytes, tokens: Sequence[int]) -> bytes:
     return xxhash.xxh3_128_digest(parent + _PAGE_IDS.pack(*tokens))
 
 
+def page_ids(tokens: Sequence[int]) -> bytes:
+    """A full page's ids as the cache keeps them: packed, so an entry is bytes, which the
+    garbage collector does not track (tuples of ints were ~40 tracked objects per 1,000
+    tokens published, and the collections they caused showed on every step)."""
+    return _PAGE_IDS.pack(*tokens)
+
+
 @dataclass
 class CacheStats:
     queries: int = 0  # admissions that looked the cache up
@@ -57,14 +64,6 @@ class CacheStats:
     hit_tokens: int = 0  # positions not recomputed
     admissions: int = 0  # pages published
     evictions: int = 0  # pages forgotten (reused by the allocator, or over budget)
-
-
-@dataclass
-class _Entry:
-    key: bytes
-    parent: bytes
-    tokens: tuple[int, ...]
-    root: bool
 
 
 @dataclass
@@ -80,10 +79,13 @@ class PrefixCache:
     stats: CacheStats = field(default_factory=CacheStats)
 
     def __post_init__(self) -> None:
+        # What an indexed page holds, in dicts of bytes (untracked by the collector):
         self._pages: dict[bytes, int] = {}  # key -> page
-        self._entries: dict[int, _Entry] = {}  # page -> what it holds
+        self._keys: dict[int, bytes] = {}  # page -> its key
+        self._parents: dict[int, bytes] = {}  # page -> its parent's key (the root's: h_-1)
+        self._ids: dict[int, bytes] = {}  # page -> its 16 ids, packed (page_ids)
+        self._root_pages: set[int] = set()  # pages that start a chain
         self._unowned: OrderedDict[int, None] = OrderedDict()  # indexed, no owner, LRU first
-        self._roots = 0
         self._roots_cache: dict[str | None, bytes] = {}
 
     # -- identity --------------------------------------------------------------------------
@@ -109,7 +111,7 @@ class PrefixCache:
 
     @property
     def num_pages(self) -> int:
-        return len(self._entries)
+        return len(self._keys)
 
     # -- lookups (admission) ---------------------------------------------------------------
     def match(self, tokens: Sequence[int], salt: str | None, chain: list[bytes]) -> list[int]:
@@ -120,15 +122,14 @@ class PrefixCache:
         pages: list[int] = []
         parent = chain[-1] if chain else self.root(salt)
         for i in range(limit):
+            ids = page_ids(tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
             if i < len(chain):
                 key = chain[i]
             else:
-                key = page_key(parent, tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
+                key = xxhash.xxh3_128_digest(parent + ids)  # page_key
                 chain.append(key)
             page = self._pages.get(key)
-            entry = self._entries.get(page) if page is not None else None
-            if entry is None or entry.parent != parent or \
-                    entry.tokens != tuple(tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE]):
+            if page is None or self._parents[page] != parent or self._ids[page] != ids:
                 break  # a miss, or a hash collision that the token ids expose
             pages.append(page)
             parent = key
@@ -148,20 +149,22 @@ class PrefixCache:
         budget allows and no page with its content is indexed. ``chain`` holds the
         request's keys of pages 0 .. index - 1 (extended here)."""
         parent = chain[index - 1] if index else self.root(salt)
-        key = chain[index] if index < len(chain) else page_key(parent, tokens)
+        ids = page_ids(tokens)
+        key = chain[index] if index < len(chain) else xxhash.xxh3_128_digest(parent + ids)
         if index == len(chain):
             chain.append(key)
-        if key in self._pages or page in self._entries:
+        if key in self._pages or page in self._keys:
             return
         if (index + 1) * PAGE_SIZE > self.max_tokens:
             return
-        if index == 0 and self._roots >= self.max_entries:
+        if index == 0 and len(self._root_pages) >= self.max_entries:
             return
-        if len(self._entries) >= self.max_pages and not self._shed(1):
+        if len(self._keys) >= self.max_pages and not self._shed(1):
             return
         self._pages[key] = page
-        self._entries[page] = _Entry(key, parent, tuple(tokens), index == 0)
-        self._roots += index == 0
+        self._keys[page], self._parents[page], self._ids[page] = key, parent, ids
+        if index == 0:
+            self._root_pages.add(page)
         self.stats.admissions += 1
 
     def _shed(self, n: int) -> bool:
@@ -176,17 +179,17 @@ class PrefixCache:
     # -- the allocator's side --------------------------------------------------------------
     def forget(self, page: int) -> None:
         """``page`` is about to hold something else: drop it from the index."""
-        entry = self._entries.pop(page, None)
-        if entry is None:
+        key = self._keys.pop(page, None)
+        if key is None:
             return
-        del self._pages[entry.key]
+        del self._pages[key], self._parents[page], self._ids[page]
         self._unowned.pop(page, None)
-        self._roots -= entry.root
+        self._root_pages.discard(page)
         self.stats.evictions += 1
 
     def released(self, page: int) -> None:
         """``page`` lost its last owner (it stays indexed until reused)."""
-        if page in self._entries:
+        if page in self._keys:
             self._unowned[page] = None
 
     def acquired(self, page: int) -> None:
@@ -194,20 +197,20 @@ class PrefixCache:
         self._unowned.pop(page, None)
 
     def indexed(self, page: int) -> bool:
-        return page in self._entries
+        return page in self._keys
 
     def clear(self) -> None:
         """The namespace changed: nothing cached is valid any more."""
-        for page in list(self._entries):
+        for page in list(self._keys):
             self.forget(page)
 
     def check(self) -> None:
         """Internal consistency (tests call it after every step)."""
-        assert len(self._pages) == len(self._entries)
-        for page, entry in self._entries.items():
-            assert self._pages[entry.key] == page
-        assert set(self._unowned) <= set(self._entries)
-        assert self._roots == sum(e.root for e in self._entries.values())
+        assert len(self._pages) == len(self._keys) == len(self._parents) == len(self._ids)
+        for page, key in self._keys.items():
+            assert self._pages[key] == page and len(self._ids[page]) == 4 * PAGE_SIZE
+        assert set(self._unowned) <= set(self._keys)
+        assert self._root_pages <= set(self._keys)
 
 
 def cache_counters(cache: PrefixCache | None) -> dict[str, int]:
