@@ -11,7 +11,10 @@ makes a replay last about ``--ms`` ms. Each round times every kernel once, in al
 order (A, B, C then C, B, A); figures are min and median over ``--rounds`` rounds. Before
 timing a shape, the wide kernel's output must equal linear_tiled's bit for bit (asserted).
 ``--sweep`` also times every built form of the wide kernel (linear_wide.FORMS) per shape:
-the data behind linear_wide.pick_form. Caveat: back-to-back launches of one GEMM find its
+the data behind linear_wide.pick_form. ``--chunks`` also times the chunk kernel
+(cuda/linear_chunks.cu, row blocks of 64 past 64 rows) at 32 and 64 columns a tile against
+what ``linear()`` picks now, its bits asserted equal to linear_tiled's: the data behind
+linear_chunks.use_chunks (the LM head is left out: its partials would not fit). Caveat: back-to-back launches of one GEMM find its
 weights and activations in the L2, which a real step (30 layers) only partly does; at these
 M the GEMMs are compute-bound, so that matters little.
 """
@@ -27,6 +30,7 @@ import numpy as np
 from common import SMOLLM2, stat, write_json
 
 from crucible.kernels import linear as ck
+from crucible.kernels import linear_chunks as cc
 from crucible.kernels import linear_wide as lw
 from crucible.kernels.device_weight import DeviceWeight
 
@@ -128,12 +132,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--ms", type=float, default=15.0, help="target ms per timed replay")
     ap.add_argument("--sweep", action="store_true", help="also time every built form")
+    ap.add_argument("--chunks", action="store_true", help="also time the chunk kernel")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--m", default=",".join(map(str, MS)))
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     stream = cp.cuda.Stream(non_blocking=True)
-    rows, sweep = [], []
+    rows, sweep, chunks = [], [], []
     for name in a.shapes.split(","):
         n, k, with_res = SHAPES[name]
         wd, wf = int8_weight(n, k, rng)
@@ -157,6 +162,22 @@ def main() -> int:
             print(f"{name:8s} M={m:5d} form={lw.pick_form(m, n, k)} "
                   f"wide {t['wide']['median']:6.1f} tiled {t['tiled']['median']:6.1f} "
                   f"cublas {t['cublas_f32']['median']:6.1f} TFLOP/s", flush=True)
+            if a.chunks and name != "lm_head" and m <= cc.CHUNKS_MAX_ROWS:
+                for nt in cc.NT_CHOICES:
+                    got = cc.linear_chunks(x, wd, outs[0], res, nt=nt)
+                    assert bool(cp.array_equal(got.view(cp.uint32), old.view(cp.uint32))), \
+                        f"{name} M={m} nt={nt}: the chunk kernel's bits differ from tiled's"
+                cfns = {"picked": lambda: ck.linear(x, wd, outs[1], res),
+                        **{f"chunks{nt}": (lambda nt=nt: cc.linear_chunks(x, wd, outs[0], res,
+                                                                          nt=nt))
+                           for nt in cc.NT_CHOICES}}
+                cm = measure(cfns, a.rounds, a.ms, stream)
+                ct = {key: stat(tflops(m, n, k, v))["median"] for key, v in cm.items()}
+                chunks.append(dict(shape=name, M=m, N=n, K=k, tflops=ct,
+                                   best_chunks_over_picked=max(ct["chunks32"], ct["chunks64"])
+                                   / ct["picked"]))
+                print("   chunks: " + " ".join(f"{key} {v:.1f}" for key, v in ct.items()),
+                      flush=True)
             if a.sweep:
                 forms = {f"{bm}x{bn}g{g}k{wk}": (lambda f=(bm, bn, g, wk): lw.linear_wide(
                     x, wd, outs[0], res, form=f)) for bm, bn, g, wk in lw.FORMS}
@@ -172,6 +193,8 @@ def main() -> int:
                   rounds=a.rounds, target_ms=a.ms, weights="int8", results=rows)
     if sweep:
         result["sweep"] = sweep
+    if chunks:
+        result["chunks"] = chunks
     if a.json:
         write_json(a.json, result)
     print(f"\n{'shape':8s} {'M':>5s} {'form':>12s} {'wide':>12s} {'tiled':>12s} "

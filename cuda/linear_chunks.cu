@@ -25,8 +25,11 @@
 // ascending from 0 (exactly kn steps for a tail chunk); total = partial_0 + partial_1 + ...
 // in ascending c; int8: total * scale[n]; residual[m, n] + that, last.
 //
-// Thread mapping: grid (tiles, chunks), 256 threads; MR (16, 32 or 64, the host's pick)
-// >= M rows per CTA, NT (32 or 64) columns per tile. CTA (j, c) stages x[0:M][chunk c] in
+// Thread mapping: grid (tiles, chunks, row blocks), 256 threads; MR (16, 32 or 64, the
+// host's pick) rows per CTA, NT (32 or 64) columns per tile. Row block b (blockIdx.z) is
+// rows b*MR .. b*MR + MR - 1 (M > 64 takes several, MR 64): a launch of its own in all but
+// the grid, with its own partials region [tiles][chunks][rows][NT] (b * tiles * chunks *
+// MR * NT floats in) and its own counters (b * tiles in). One block: the layout above. CTA (j, c) stages x[0:M][chunk c] in
 // xs[MR][68] (rows past M zero) and the tile's weight chunk in ws[NT][68] (int8 unpacked
 // exactly by cru_unpack), all with 16-byte loads: 4 * 68 * (MR + NT) bytes of static shared
 // memory (34.8 KB at 64 + 64). Thread (tx = t % 16, ty = t / 16) runs RT = MR/16 rows
@@ -87,6 +90,15 @@ linear_chunks(const float* __restrict__ x, const T* __restrict__ w,
     __shared__ __align__(16) float ws[NT][CRU_CH_LD];
     __shared__ unsigned int ticket;
     const int tid = threadIdx.x, j = blockIdx.x, c = blockIdx.y, chunks = gridDim.y;
+    {  // this CTA's row block: its rows, outputs, residual, partials and counters
+        const int b = blockIdx.z, tiles = gridDim.x;
+        M = min(MR, M - b * MR);
+        x += (long)b * MR * K;
+        y += (long)b * MR * N_out;
+        if (residual != nullptr) residual += (long)b * MR * N_out;
+        part += (long)b * tiles * chunks * MR * NT;
+        counters += b * tiles;
+    }
     const int k0 = c * CRU_KC, kn = min(CRU_KC, K - k0);
     const int cg = tid % CG, rl = tid / CG;
 

@@ -6,8 +6,9 @@ kernels' index arithmetic without a GPU; the GPU's side (fences, L2 reads, cp.as
 whole steps) is gpu-engine-check's.
 
 - cuda/linear_chunks.cu (chunks_driver.cpp): every instantiation over shapes with N and K
-  tails and M = 1..64, 540 runs. One or two chunks add the same either way (a + b == b + a);
-  the 108 runs of the three-chunk shape (K = 192) must fail.
+  tails and M = 1..64, and M = 65..192 in row blocks of 64, 720 runs. One or two chunks add
+  the same either way (a + b == b + a); the 144 runs of the three-chunk shape (K = 192)
+  must fail.
 - cuda/decode_stack.cu (stack_driver.cpp: decode_mlp, combine_rows) against the five-kernel
   layer's order: h = x + O's partials (O's residual epilogue), the canonical RMSNorm tree,
   gate/up, SwiGLU, down's chunk partials and their ascending combine; f32 and int8, several
@@ -24,7 +25,7 @@ import pytest
 from host_driver import build, run
 
 # driver: (runs, runs that fail with the partials added in descending order)
-CASES = {"chunks_driver.cpp": (540, 108), "stack_driver.cpp": (96, 48)}
+CASES = {"chunks_driver.cpp": (720, 144), "stack_driver.cpp": (96, 48)}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

@@ -72,6 +72,9 @@ def test_tile_policy() -> None:
     assert cc.chunks_nt(576, 1536) == 32  # down: 24 chunks, a long finisher at 64
     assert cc.tile_count(3072, 64, cc.EPI_SWIGLU) == 48 and cc.tile_count(70, 32, 0) == 3
     assert cc.scratch_floats(70, 112, 0, 32) == 3 * 2 * 64 * 32
+    assert [cc.row_blocks(m) for m in (1, 64, 65, 128, 129, 1024)] == [1, 1, 2, 2, 3, 16]
+    assert cc.chunks_mr(300) == 64 and cc.scratch_floats(70, 112, 0, 32, 16) == 3 * 2 * 16 * 32
+    assert cc.scratch_floats(576, 576, 0, 32, 130) == 3 * 18 * 9 * 64 * 32
 
 
 def test_argument_errors(fake_cupy: types.ModuleType) -> None:
@@ -79,7 +82,7 @@ def test_argument_errors(fake_cupy: types.ModuleType) -> None:
     bad = [
         (dict(x=dev((8, 48))), "K=48"),
         (dict(x=dev((8, 64), np.float64)), "f32"),
-        (dict(x=dev((65, 64)), out=dev((65, 96))), "at most 64"),
+        (dict(x=dev((1025, 64)), out=dev((1025, 96))), "at most 1024"),
         (dict(out=dev((8, 95))), "out"),
         (dict(residual=dev((8, 95))), "residual"),
         (dict(wd=weight(96, 72), x=dev((8, 72))), "multiple of 16"),
@@ -121,6 +124,12 @@ def test_launch_plan(fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatc
     fn, grid, _, args = calls[1]
     assert fn == "linear_chunks<float, 32, 16, 0>" and grid == (18, 24)
     assert args[2] is args[4]  # f32: the unused scale slot gets a valid pointer (out)
+    calls.clear()
+    cc.linear_chunks(dev((130, 576)), weight(576, 576), dev((130, 576)), dev((130, 576)))
+    assert calls[0] == (3 * 18 * 9 * 64 * 32, 3 * 18)  # row blocks: partials and counters
+    fn, grid, _, args = calls[1]
+    assert fn == "linear_chunks<signed char, 32, 64, 0>" and grid == (18, 9, 3)
+    assert int(args[7]) == 130  # the kernel cuts the rows into blocks itself
     calls.clear()
     assert cc.linear_chunks(dev((0, 576)), wd, dev((0, 3072))) is not None and not calls
 

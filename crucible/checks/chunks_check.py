@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 SHAPES = ((3072, 576), (576, 1536), (576, 576), (960, 576), (70, 112))  # (N, K); 70: tails
+BLOCK_ROWS = (65, 100, 128, 191, 256, 300, 512)  # row blocks of 64: full and partial last ones
 
 
 def finish_partials(part: np.ndarray, n: int, scale: np.ndarray | None = None,
@@ -66,22 +67,25 @@ def _swiglu(gate_up: Any) -> Any:
 
 
 def check_chunks_linear(t: Any, rng: np.random.Generator) -> None:
-    """linear_chunks == linear_tiled bitwise for M = 1..64 (forced on below CHUNKS_FROM)."""
+    """linear_chunks == linear_tiled bitwise for M = 1..64 (forced on below CHUNKS_FROM)
+    and for M past 64 in row blocks of 64, the last one full or partial."""
     import cupy as cp
 
     from crucible.kernels import linear_chunks as cc
     from crucible.kernels import linear as ck
 
+    rows = list(range(1, 65)) + list(BLOCK_ROWS)
+    top = max(rows)
     for n, k in SHAPES:
-        x = cp.asarray(rng.standard_normal((64, k)).astype(np.float32))
-        res = cp.asarray(rng.standard_normal((64, n)).astype(np.float32))
+        x = cp.asarray(rng.standard_normal((top, k)).astype(np.float32))
+        res = cp.asarray(rng.standard_normal((top, n)).astype(np.float32))
         for label, wd in _weights(rng, n, k):
-            plain = ck.linear_tiled(x, wd, cp.empty((64, n), cp.float32))
-            added = ck.linear_tiled(x, wd, cp.empty((64, n), cp.float32), res)
+            plain = ck.linear_tiled(x, wd, cp.empty((top, n), cp.float32))
+            added = ck.linear_tiled(x, wd, cp.empty((top, n), cp.float32), res)
             act = _swiglu(plain)
             for nt in cc.NT_CHOICES:
                 bad: dict[str, list[int]] = {"store": [], "residual": [], "swiglu": []}
-                for m in range(1, 65):
+                for m in rows:
                     xm, rm = x[:m], res[:m]  # leading rows: contiguous and aligned
                     got = cc.linear_chunks(xm, wd, cp.empty((m, n), cp.float32), nt=nt)
                     if not _same(got, plain[:m]):

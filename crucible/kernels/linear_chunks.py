@@ -1,5 +1,7 @@
-"""The chunk-parallel decode GEMM (cuda/linear_chunks.cu): store (+ residual) and SwiGLU
-epilogues for decode-size M (``CHUNKS_FROM[epilogue]`` to 64 rows).
+"""The chunk-parallel GEMM (cuda/linear_chunks.cu): store (+ residual) and SwiGLU
+epilogues, for decode-size M (``CHUNKS_FROM[epilogue]`` to 64 rows) and, in row blocks of
+64, for more rows (up to ``CHUNKS_MAX_ROWS``) where narrow weights leave the tiled kernels
+too few output tiles.
 
 Why: at 64 rows the row kernels (linear_rows.py) are GEMM-bound at 3-7 TFLOP/s, because few
 CTAs each re-read the weights and run long serial K chains. Here CTA (tile, chunk) computes
@@ -9,13 +11,14 @@ in ascending chunk order. That is the canonical order of cuda/linear.cu, so the 
 those of the tiled and row kernels, whatever the host picks.
 
 The partials go through a global scratch owned here: one f32 buffer and one u32 counter per
-column tile, per (device, stream). A stream's launches run one after another (under PDL
-too: every write follows cru_pdl_wait, and each kernel of the chain waits for the one before
-it), so they may share a buffer; two streams may run at once, so they never do. Buffers are
-allocated on first use, sized for 64 rows, grown and never freed (a captured graph keeps the
-address it saw), and the counters are left at zero by every launch: a launch allocates
-nothing in steady state and replays from a CUDA graph without a memset. First use must not
-happen inside a capture (the capture's warm-up forward does it).
+column tile and row block, per (device, stream). A stream's launches run one after another
+(under PDL too: every write follows cru_pdl_wait, and each kernel of the chain waits for the
+one before it), so they may share a buffer; two streams may run at once, so they never do.
+Buffers are allocated on first use, sized for 64 rows or the launch's rows, grown and never
+freed (a captured graph keeps the address it saw), and the counters are left at zero by
+every launch: a launch allocates nothing in steady state and replays from a CUDA graph
+without a memset. First use of a size must not happen inside a capture (the capture's
+warm-up forward does it).
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from crucible.kernels.source import compile_module
 # Rows from which the backend routes to this kernel rather than the row kernels, per
 # epilogue: where the measured crossover lies (docs/gpu-engine.md, bench/gpu-kernels-h200.json).
 CHUNKS_FROM = {EPI_STORE: 48, EPI_SWIGLU: 32}
-CHUNKS_MAX_M = 64  # one CTA holds every row of its chunk (thread tile of up to 4 rows)
-CHUNKS_MAX_SCRATCH = 32 << 20  # bytes of partials a weight may need (not the LM head)
+CHUNKS_MAX_M = 64  # rows a CTA holds (thread tile of up to 4 rows); past it, row blocks
+CHUNKS_MAX_ROWS = 1024  # rows of one launch: row blocks of 64 (blockIdx.z)
+CHUNKS_MAX_SCRATCH = 32 << 20  # bytes of partials a weight may need at 64 rows (not the LM head)
 NT_CHOICES = (32, 64)  # columns per tile (NT in linear_chunks.cu)
 THREADS = 256
 # Tile width policy (chunks_nt): 64-column tiles read x half as often, but below ~2 CTAs per
@@ -51,8 +55,13 @@ def chunk_count(k: int) -> int:
 
 def chunks_mr(m: int) -> int:
     """Rows a CTA is compiled for (MR): the fewest of 16, 32, 64 that hold m, so small
-    batches keep every warp busy."""
+    batches keep every warp busy; 64 past that (row blocks of 64)."""
     return 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+def row_blocks(m: int) -> int:
+    """Row blocks of a launch (gridDim.z): one up to 64 rows."""
+    return max(1, -(-m // chunks_mr(m)))
 
 
 def n_out(n_w: int, epi: int) -> int:
@@ -73,9 +82,9 @@ def chunks_nt(n_w: int, k: int, epi: int = EPI_STORE) -> int:
     return 64 if wide else 32
 
 
-def scratch_floats(n_w: int, k: int, epi: int, nt: int) -> int:
-    """Partials of one launch at 64 rows: [tiles][chunks][64][nt]."""
-    return tile_count(n_w, nt, epi) * chunk_count(k) * CHUNKS_MAX_M * nt
+def scratch_floats(n_w: int, k: int, epi: int, nt: int, m: int = CHUNKS_MAX_M) -> int:
+    """Partials of one launch of m rows: [row blocks][tiles][chunks][MR][nt]."""
+    return row_blocks(m) * tile_count(n_w, nt, epi) * chunk_count(k) * chunks_mr(m) * nt
 
 
 def use_chunks(m: int, n: int, k: int, epi: int = EPI_STORE) -> bool:
@@ -157,7 +166,7 @@ def linear_chunks(x: Any, wd: DeviceWeight, out: Any, residual: Any = None,
     n_w, k = wd.shape
     check_x(x, k)
     m = x.shape[0]
-    need(m <= CHUNKS_MAX_M, f"linear_chunks: {m} rows, at most {CHUNKS_MAX_M}")
+    need(m <= CHUNKS_MAX_ROWS, f"linear_chunks: {m} rows, at most {CHUNKS_MAX_ROWS}")
     need(0 < k <= 65535 * KC and k % 16 == 0,
           f"linear_chunks: K={k} must be a positive multiple of 16")
     wdt = wd.dtype_name
@@ -178,11 +187,12 @@ def linear_chunks(x: Any, wd: DeviceWeight, out: Any, residual: Any = None,
           "linear_chunks: x, the weight, out and residual must start on 16-byte boundaries")
     if m == 0:
         return out
-    chunks, tiles = chunk_count(k), tile_count(n_w, nt, epi)
-    s = scratch(scratch_floats(n_w, k, epi, nt), tiles)
+    chunks, tiles, blocks = chunk_count(k), tile_count(n_w, nt, epi), row_blocks(m)
+    s = scratch(scratch_floats(n_w, k, epi, nt, m), blocks * tiles)
     fn = chunks_kernel(kernel_name(wdt, nt, chunks_mr(m), epi))
     args = (x, wd.w, wd.scale if wd.scale is not None else out,
             residual if residual is not None else np.uint64(0), out, s.part, s.counters,
             np.int32(m), np.int32(n_out(n_w, epi)), np.int32(k))
-    launch(fn, (tiles, chunks), (THREADS,), args, pdl=pdl)
+    launch(fn, (tiles, chunks, blocks) if blocks > 1 else (tiles, chunks), (THREADS,), args,
+           pdl=pdl)
     return out

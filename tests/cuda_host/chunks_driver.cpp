@@ -2,7 +2,8 @@
 // spelling of the canonical order, bit for bit (tests/test_linear_chunks_host.py builds it).
 //
 // Sweep: every instantiation (f32/int8, NT 32/64, MR 16/32/64 picked by M as the wrapper
-// does, store / store + residual / SwiGLU) over shapes with N and K tails and M = 1..64.
+// does, store / store + residual / SwiGLU) over shapes with N and K tails and M = 1..64,
+// and M past 64 in row blocks of 64 (gridDim.z), the last one partial.
 // The scratch starts as NaN and y as a sentinel, so a partial or an output the kernel fails
 // to write shows. Counters must be back at zero after every launch.
 // `descending` as the first argument makes the reference add the chunk partials in
@@ -10,6 +11,7 @@
 #include "prelude.h"
 #include "linear_chunks.cu"
 
+#include <array>
 #include <cstdio>
 #include <random>
 #include <thread>
@@ -20,12 +22,13 @@ static bool descending = false;
 template <typename T, int NT, int MR, int EPI>
 void launch(const float* x, const T* w, const float* scale, const float* res, float* y,
             float* part, unsigned* counters, int M, int N_out, int K, int tiles, std::mt19937& g) {
-    const int chunks = (K + 63) / 64;
-    gridDim = {(unsigned)tiles, (unsigned)chunks, 1};
+    const int chunks = (K + 63) / 64, blocks = (M + MR - 1) / MR;
+    gridDim = {(unsigned)tiles, (unsigned)chunks, (unsigned)blocks};
     blockDim = {256, 1, 1};
-    std::vector<std::pair<int, int>> order;
-    for (int c = 0; c < chunks; ++c)
-        for (int j = 0; j < tiles; ++j) order.push_back({j, c});
+    std::vector<std::array<int, 3>> order;
+    for (int b = 0; b < blocks; ++b)
+        for (int c = 0; c < chunks; ++c)
+            for (int j = 0; j < tiles; ++j) order.push_back({j, c, b});
     std::shuffle(order.begin(), order.end(), g);
     std::barrier<> bar(256);
     cta_barrier = &bar;
@@ -33,8 +36,8 @@ void launch(const float* x, const T* w, const float* scale, const float* res, fl
     for (int t = 0; t < 256; ++t)
         threads.emplace_back([&, t] {
             threadIdx = {(unsigned)t, 0, 0};
-            for (auto [j, c] : order) {
-                blockIdx = {(unsigned)j, (unsigned)c, 0};
+            for (auto [j, c, b] : order) {
+                blockIdx = {(unsigned)j, (unsigned)c, (unsigned)b};
                 linear_chunks<T, NT, MR, EPI>(x, w, scale, res, y, part, counters, M, N_out, K);
                 bar.arrive_and_wait();  // the next CTA starts once this one has finished
             }
@@ -71,9 +74,10 @@ int check(int M, int N_w, int K, bool with_res, std::mt19937& g) {
     const int N_out = EPI ? N_w / 2 : N_w, per_tile = EPI ? NT / 2 : NT;
     const int tiles = (N_out + per_tile - 1) / per_tile, chunks = (K + 63) / 64;
     std::vector<float> res((size_t)M * N_out), y((size_t)M * N_out, -777.0f);
-    std::vector<float> part((size_t)tiles * chunks * 64 * NT, NAN);
+    const int blocks = (M + MR - 1) / MR;
+    std::vector<float> part((size_t)blocks * tiles * chunks * MR * NT, NAN);
     for (auto& v : res) v = normal(g);
-    std::vector<unsigned> counters(tiles, 0u);
+    std::vector<unsigned> counters((size_t)blocks * tiles, 0u);
     const float* rp = (with_res && EPI == 0) ? res.data() : nullptr;
     launch<T, NT, MR, EPI>(x.data(), w.data(), sizeof(T) == 1 ? sc.data() : y.data(), rp,
                            y.data(), part.data(), counters.data(), M, N_out, K, tiles, g);
@@ -104,7 +108,7 @@ int sweep(std::mt19937& g, int& runs) {
     const int shapes[][2] = {{70, 112}, {96, 192}, {130, 64}, {64, 16}, {34, 80}};  // N_w, K
     int fails = 0;
     for (auto& s : shapes)
-        for (int M : {1, 5, 16, 17, 31, 32, 33, 50, 64}) {
+        for (int M : {1, 5, 16, 17, 31, 32, 33, 50, 64, 65, 130, 192}) {
             fails += by_rows<T, NT, 0>(M, s[0], s[1], false, g);
             fails += by_rows<T, NT, 0>(M, s[0], s[1], true, g);
             fails += by_rows<T, NT, 1>(M, s[0], s[1], false, g);
