@@ -56,13 +56,34 @@ def weight(n: int, k: int, int8: bool = True) -> DeviceWeight:
 def test_use_chunks_thresholds() -> None:
     assert cc.CHUNKS_FROM == {cc.EPI_STORE: 48, cc.EPI_SWIGLU: 32} and cc.CHUNKS_MAX_M == 64
     assert not cc.use_chunks(47, 576, 576) and cc.use_chunks(48, 576, 576)
-    assert cc.use_chunks(64, 576, 1536) and not cc.use_chunks(65, 576, 1536)
+    assert cc.use_chunks(64, 576, 1536) and cc.use_chunks(65, 576, 1536)  # row blocks
     assert not cc.use_chunks(31, 3072, 576, cc.EPI_SWIGLU)
     assert cc.use_chunks(32, 3072, 576, cc.EPI_SWIGLU)
     assert not cc.use_chunks(33, 3071, 576, cc.EPI_SWIGLU)  # no [2F, K] split
     assert not cc.use_chunks(64, 960, 576, 2)  # RoPE is not built
     assert not cc.use_chunks(48, 70, 100) and cc.use_chunks(48, 70, 112)  # K % 16
     assert not cc.use_chunks(48, 49152, 576)  # the LM head: 113 MB of partials
+
+
+@pytest.mark.parametrize("m, n, k, epi, want", [
+    # bench/gemm-chunks-h200.json (132 SMs): faster than the wide kernel's pick ...
+    (96, 576, 576, 0, True), (256, 576, 576, 0, True), (512, 576, 1536, 0, True),
+    (1024, 576, 576, 0, True), (256, 960, 576, 0, True), (768, 960, 576, 0, True),
+    (128, 3072, 576, 1, True), (256, 3072, 576, 1, True),
+    # ... and slower: 0.6-0.9 and from 1.5 tiles of 64x64 a SM, or the partials too big
+    (768, 576, 576, 0, False), (384, 960, 576, 0, False), (1024, 960, 576, 0, False),
+    (512, 3072, 576, 1, False), (1024, 3072, 576, 1, False), (2048, 576, 576, 0, False),
+    (300, 49152, 576, 0, False),
+])
+def test_use_chunks_past_64_rows(m, n, k, epi, want) -> None:
+    assert cc.use_chunks(m, n, k, epi, sms=132) is want
+
+
+def test_tile_width_past_64_rows() -> None:
+    # 64 columns once row blocks give 4 x CTA_TARGET CTAs of them (measured, same file)
+    assert cc.chunks_nt(576, 576, 0, 256) == 32 and cc.chunks_nt(576, 576, 0, 1024) == 64
+    assert cc.chunks_nt(3072, 576, 1, 256) == 64 and cc.chunks_nt(960, 576, 0, 256) == 32
+    assert cc.chunks_nt(576, 1536, 0, 256) == 32 and cc.chunks_nt(960, 576, 0, 768) == 64
 
 
 def test_tile_policy() -> None:
@@ -232,7 +253,7 @@ def test_routing(fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -
         ck.linear(dev((m, 576)), wd, dev((m, 576)), dev((m, 576)))
     ck.linear(dev((48, 576)), wd, dev((48, 576)), tiled=True)
     ck.linear(dev((48, 576)), wd, dev((48, 576), offset=4))
-    assert seen == [("rows", 0), ("rows", 0), ("chunks", 0), ("chunks", 0), ("rows", 0),
+    assert seen == [("rows", 0), ("rows", 0), ("chunks", 0), ("chunks", 0), ("chunks", 0),
                     ("tiled", 0), ("rows", 0)]
     seen.clear()
     be = CupyBackend.__new__(CupyBackend)

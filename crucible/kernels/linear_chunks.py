@@ -40,6 +40,18 @@ CHUNKS_FROM = {EPI_STORE: 48, EPI_SWIGLU: 32}
 CHUNKS_MAX_M = 64  # rows a CTA holds (thread tile of up to 4 rows); past it, row blocks
 CHUNKS_MAX_ROWS = 1024  # rows of one launch: row blocks of 64 (blockIdx.z)
 CHUNKS_MAX_SCRATCH = 32 << 20  # bytes of partials a weight may need at 64 rows (not the LM head)
+CHUNKS_MAX_SCRATCH_ROWS = 64 << 20  # and past 64 rows (down at 1,024 rows: 57 MB)
+# Past 64 rows the chunk kernel serves the shapes the wide kernel (linear_wide.py) serves
+# poorly: by 64x64 output tiles per SM, up to ROWS_LOW (one short wave, where the wide
+# kernel splits K in a CTA over 3-4 warp groups) and inside ROWS_MID (just over a wave, its
+# 32x32 form). bench/gemm-chunks-h200.json, default model's shapes, M = 96..1,024: there the
+# chunk kernel ran 1.1-1.7x the picked kernel (e.g. O at 256 rows 12.4 vs 8.5 TFLOP/s, down
+# 15.2 vs 10.5, QKV 15.3 vs 12.7), and 0.7-0.95x of it between and above.
+ROWS_LOW = 0.56
+ROWS_MID = (1.0, 1.5)
+# Up to here (the row kernels' last row count, linear_rows.ROWS_MAX_M) the chunk kernel beat
+# what linear() and mlp_in picked on all four shapes (at 96 and 128 rows: 1.1-1.6x).
+ROWS_ALWAYS_TO = 128
 NT_CHOICES = (32, 64)  # columns per tile (NT in linear_chunks.cu)
 THREADS = 256
 # Tile width policy (chunks_nt): 64-column tiles read x half as often, but below ~2 CTAs per
@@ -74,10 +86,14 @@ def tile_count(n_w: int, nt: int, epi: int) -> int:
     return -(-n_out(n_w, epi) // per_tile)
 
 
-def chunks_nt(n_w: int, k: int, epi: int = EPI_STORE) -> int:
-    """Default tile width: 64 columns when that still makes CTA_TARGET CTAs and the
-    finisher's read stays short, else 32 (SmolLM2: gate/up 64; O and down 32)."""
+def chunks_nt(n_w: int, k: int, epi: int = EPI_STORE, m: int = CHUNKS_MAX_M) -> int:
+    """Default tile width: up to 64 rows, 64 columns when that still makes CTA_TARGET CTAs
+    and the finisher's read stays short, else 32 (SmolLM2: gate/up 64; O and down 32). Past
+    64 rows, 64 columns once row blocks make 4 x CTA_TARGET CTAs of them (measured: the
+    finisher's longer read then costs less than re-reading x for twice the tiles)."""
     c = chunk_count(k)
+    if m > CHUNKS_MAX_M:
+        return 64 if tile_count(n_w, 64, epi) * c * row_blocks(m) >= 4 * CTA_TARGET else 32
     wide = tile_count(n_w, 64, epi) * c >= CTA_TARGET and c <= FINISH_MAX_CHUNKS
     return 64 if wide else 32
 
@@ -87,15 +103,29 @@ def scratch_floats(n_w: int, k: int, epi: int, nt: int, m: int = CHUNKS_MAX_M) -
     return row_blocks(m) * tile_count(n_w, nt, epi) * chunk_count(k) * chunks_mr(m) * nt
 
 
-def use_chunks(m: int, n: int, k: int, epi: int = EPI_STORE) -> bool:
+def use_chunks(m: int, n: int, k: int, epi: int = EPI_STORE, sms: int | None = None) -> bool:
     """Whether the backend runs an [n, k] weight (n = 2F for SwiGLU) on this kernel for m
-    rows: CHUNKS_FROM[epi] <= m <= 64, K a multiple of 16 (16-byte chunk loads), a store or
-    SwiGLU epilogue, and partials within CHUNKS_MAX_SCRATCH (never the LM head)."""
-    if epi not in CHUNKS_FROM or not CHUNKS_FROM[epi] <= m <= CHUNKS_MAX_M:
+    rows: K a multiple of 16 (16-byte chunk loads), a store or SwiGLU epilogue, and either
+    CHUNKS_FROM[epi] <= m <= 64 with partials within CHUNKS_MAX_SCRATCH (never the LM
+    head), or more rows with partials within CHUNKS_MAX_SCRATCH_ROWS: to ROWS_ALWAYS_TO, then
+    (to CHUNKS_MAX_ROWS) in the tile counts the wide kernel serves poorly (ROWS_LOW,
+    ROWS_MID: 64x64 output tiles per SM, ``sms`` SMs, default the device's)."""
+    if epi not in CHUNKS_FROM or not CHUNKS_FROM[epi] <= m <= CHUNKS_MAX_ROWS:
         return False
     if k <= 0 or k % 16 or n <= 0 or (epi == EPI_SWIGLU and n % 2):
         return False
-    return 4 * max(scratch_floats(n, k, epi, nt) for nt in NT_CHOICES) <= CHUNKS_MAX_SCRATCH
+    if m <= CHUNKS_MAX_M:
+        return 4 * max(scratch_floats(n, k, epi, nt) for nt in NT_CHOICES) <= CHUNKS_MAX_SCRATCH
+    if 4 * max(scratch_floats(n, k, epi, nt, m) for nt in NT_CHOICES) > CHUNKS_MAX_SCRATCH_ROWS:
+        return False
+    if m <= ROWS_ALWAYS_TO:
+        return True
+    if sms is None:
+        from crucible.kernels.loader import sm_count
+
+        sms = sm_count()
+    per_sm = -(-m // 64) * -(-n // 64) / sms
+    return per_sm <= ROWS_LOW or ROWS_MID[0] < per_sm < ROWS_MID[1]
 
 
 def aligned(*arrays: Any) -> bool:
@@ -181,7 +211,7 @@ def linear_chunks(x: Any, wd: DeviceWeight, out: Any, residual: Any = None,
     check_out(out, (m, n_out(n_w, epi)), "out")
     if residual is not None:
         check_out(residual, (m, n_w), "residual")
-    nt = chunks_nt(n_w, k, epi) if nt is None else nt
+    nt = chunks_nt(n_w, k, epi, m) if nt is None else nt
     need(nt in NT_CHOICES, f"linear_chunks: {nt} columns per tile is not built {NT_CHOICES}")
     need(aligned(x, wd.w, out, residual),
           "linear_chunks: x, the weight, out and residual must start on 16-byte boundaries")

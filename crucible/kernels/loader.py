@@ -75,9 +75,14 @@ def attention_kernel(variant: Variant) -> Any:
 
 @functools.cache
 def sm_count() -> int:
-    """Multiprocessors of the current device (cudaDevAttrMultiProcessorCount is 16)."""
-    cupy = _cupy()
-    return int(cupy.cuda.runtime.deviceGetAttribute(16, cupy.cuda.runtime.getDevice()))
+    """Multiprocessors of the current device (cudaDevAttrMultiProcessorCount is 16); asked
+    once per device (the GEMM wrappers ask at every launch)."""
+    return _sm_count(int(_cupy().cuda.runtime.getDevice()))
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    return int(_cupy().cuda.runtime.deviceGetAttribute(16, device))
 
 
 @functools.cache
