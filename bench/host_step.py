@@ -13,12 +13,15 @@ batch's token ids before, which a pipelined step leaves at 0: every row drew one
 control character). ``--running``
 requests of the tiny model's tokenizer (prompts 16-95 tokens, ``ignore_eos``, long
 outputs) are all admitted first; then ``--steps`` steps are timed, each a decode step of
-every running request. Three modes, in turn within a round:
+every running request. Four modes, in turn within a round:
 
 - ``ids``: one delta per request, at its end (``LLM.generate``, ``final_only``);
 - ``deltas``: a delta of token ids every step, no text (the server's engine process,
   ``LLMEngine.detokenize`` off: its front detokenises);
-- ``text``: every delta detokenised (the in-process server, ``AsyncLLMEngine``).
+- ``text``: every delta detokenised (the in-process server, ``AsyncLLMEngine``);
+- ``arrivals``: serving's shape instead, each request that ends replaced by a new one
+  (prompts 30-800 tokens, 64-255 out), so most steps are pipelined mixed steps
+  (``arrivals_ms``).
 
 Figures: host ms per step (the process's CPU time, so other load on the machine does not
 count), median and min-max over rounds, per running count. ``--profile`` prints the top of
@@ -102,11 +105,50 @@ class InstantRunner:
         return _Done(SampleOutput(tuple(ids), (None,) * len(ids)), host)
 
 
-MODES = ("ids", "deltas", "text")
+MODES = ("ids", "deltas", "text", "arrivals")
+
+
+def arrivals_ms(running: int, steps: int, seed: int,
+                profile: cProfile.Profile | None = None) -> float:
+    """Serving's shape: ``running`` requests (prompts 30-800 tokens, 64-255 out, sampled at
+    temperature 0.7), each that ends replaced by a new one, id deltas every step (the
+    engine process): pipelined mixed steps beside the decode chain."""
+    tok = tiny_tokenizer()
+    runner = InstantRunner(running * 80 + 16, TINY_VOCAB_SIZE, 4096, tok.encode(TEXT))
+    eng = LLMEngine(runner, tok, SchedulerConfig(token_budget=1024, max_queue=4 * running,
+                                                 max_running=running), seed=seed)
+    eng.detokenize = False
+    rng = np.random.default_rng(seed)
+
+    def add() -> None:
+        eng.add_request(rng.integers(8, TINY_VOCAB_SIZE, int(rng.integers(30, 801))).tolist(),
+                        SamplingParams(temperature=0.7, max_tokens=int(rng.integers(64, 256)),
+                                       ignore_eos=True))
+
+    def step() -> None:
+        for d in eng.step():
+            if d.finished:
+                add()
+
+    for _ in range(running):
+        add()
+    for _ in range(40):  # every prompt of the first wave in, ends and arrivals under way
+        step()
+    if profile is not None:
+        profile.enable()
+    t = time.process_time()
+    for _ in range(steps):
+        step()
+    ms = (time.process_time() - t) / steps * 1e3
+    if profile is not None:
+        profile.disable()
+    return ms
 
 
 def round_ms(running: int, steps: int, mode: str, seed: int,
              profile: cProfile.Profile | None = None) -> float:
+    if mode == "arrivals":
+        return arrivals_ms(running, steps, seed, profile)
     tok = tiny_tokenizer()
     runner = InstantRunner(running * 40 + 16, TINY_VOCAB_SIZE, 4096, tok.encode(TEXT))
     eng = LLMEngine(runner, tok, SchedulerConfig(token_budget=4096, max_queue=running,

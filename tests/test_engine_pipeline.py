@@ -136,7 +136,7 @@ def test_pipelined_engine_equals_plain_engine(kind, pages, budget):
     want = per_request(LLMEngine(plain, fake_tokenizer(EOS), cfg), prompts, params,
                        {3: ["req-2"]}, {5: later})
     assert got == want
-    assert plain.num_fed == 0 and eng.num_chained == fed.num_fed > 0
+    assert plain.num_fed == 0 and eng.num_chained >= fed.num_fed > 0  # some need no feed
     assert eng.allocator.num_free == pages  # every page came back, dropped rows included
     assert any(r[3] == ["stop"] for r in want.values()) or kind == "greedy"
 

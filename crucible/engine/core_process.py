@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 from dataclasses import asdict
+from pathlib import Path
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -59,7 +60,7 @@ def core_main(conn: Connection, model: str, settings: Settings, factory: str,
              "tokenizer": wire.tokenizer_payload(engine.tokenizer),
              "stats": dict(zip(wire.STATS_KEYS, core.counters()))}
     if _send(conn, wire.encode_json(wire.READY, ready)):
-        core.run()
+        core.run(settings.core_profile)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -93,8 +94,9 @@ class EngineCore:
         self.adds_seen = 0
         self.stopping = False
 
-    def run(self) -> None:
-        prof = _Profile.from_env()
+    def run(self, profile: Path | None = None) -> None:
+        """The loop; ``profile`` (Settings.core_profile): run it under cProfile."""
+        prof = None if profile is None else _Profile(str(profile))
         try:
             self._loop(prof)
         finally:
@@ -216,9 +218,10 @@ class EngineCore:
 
 
 class _Profile:
-    """``CRUCIBLE_CORE_PROFILE=PATH`` (a diagnostic): the engine process's loop runs under
-    cProfile and its stats go to PATH (pstats format) every few seconds and at the end, since
-    the front may end this process at any time. Read them with ``python3 -m pstats PATH``."""
+    """``CRUCIBLE_CORE_PROFILE=PATH`` (Settings.core_profile, a diagnostic): the engine
+    process's loop runs under cProfile and its stats go to PATH (pstats format) every few
+    seconds and at the end, since the front may end this process at any time. Read them
+    with ``python3 -m pstats PATH``."""
 
     EVERY_S = 5.0
 
@@ -228,11 +231,6 @@ class _Profile:
         self.path, self.next = path, time.monotonic() + self.EVERY_S
         self.prof = cProfile.Profile()
         self.prof.enable()
-
-    @classmethod
-    def from_env(cls) -> "_Profile | None":
-        path = os.environ.get("CRUCIBLE_CORE_PROFILE", "")
-        return cls(path) if path else None
 
     def tick(self) -> None:
         if time.monotonic() >= self.next:

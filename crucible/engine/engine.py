@@ -184,8 +184,8 @@ class LLMEngine(StepUpdates):
         if mixed is None:
             return None
         self.num_chained += 1
-        self.num_chained_mixed += len(mixed.slices) != mixed.batch.num_rows
-        return self._launch(mixed.slices, mixed.batch, mixed.rows, mixed.feed,
+        self.num_chained_mixed += any(sl.length > 1 for sl in mixed.slices)
+        return self._launch(mixed.slices, mixed.batch, mixed.rows, mixed.feed, mixed.decode,
                             host_rows=mixed.host_rows)
 
     def stats(self) -> dict[str, int]:

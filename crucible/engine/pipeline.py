@@ -46,11 +46,11 @@ _NEVER = np.iinfo(np.int64).max  # a plain_from that no counter reaches (penalty
 class Launched:
     """A step handed to the runner whose results the engine has not applied yet."""
 
-    slices: tuple[ScheduledSlice, ...]  # the scheduler's step (empty for a pipelined one)
+    slices: tuple[ScheduledSlice, ...]  # scheduled rows, after ``decode``'s when both
     pending: Any  # a runner.PendingStep, or None when ``updates`` are ready
     updates: list | None  # the host sampler's (slice, prompt logits, draw) list
     num_sampled: int  # sampling rows (their ids, in slice order, are the next step's feed)
-    decode: DecodeRows | None = None  # a pipelined step: its rows as columns
+    decode: DecodeRows | None = None  # a pipelined step's decode rows (rows 0 .. n-1)
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,8 @@ def plan_chained(cur: Launched, running: list, has_waiting: bool, allocator: Any
     results (then the scheduler plans it as usual)."""
     if not max_rows or cur.pending is None or has_waiting or cur.num_sampled > max_rows:
         return None
+    if cur.decode is not None and cur.slices:
+        return None  # a pipelined mixed step: its columns are not every running request's
     prev, alive = cur.decode, None
     if prev is None:
         prev = decode_rows(cur.slices, running, max_context)
@@ -94,7 +96,7 @@ def plan_chained(cur: Launched, running: list, has_waiting: bool, allocator: Any
         running_status = RequestStatus.RUNNING
         alive = np.fromiter((r.status is running_status for r in prev.requests), bool,
                             len(prev.requests))
-    return _advance(prev, alive, allocator, max_rows)
+    return advance(prev, alive, allocator, max_rows)
 
 
 def decode_rows(slices: Sequence[ScheduledSlice], running: list, max_context: int
@@ -107,6 +109,11 @@ def decode_rows(slices: Sequence[ScheduledSlice], running: list, max_context: in
     for sl in slices:
         if not sl.sample or sl.prompt_rows or sl.request.status is not running_status:
             return None
+    return slice_columns(slices, max_context)
+
+
+def slice_columns(slices: Sequence[ScheduledSlice], max_context: int) -> DecodeRows:
+    """Sampling slices of a launched step as columns: row i is the last row of slice i."""
     n = len(slices)
     reqs = tuple(sl.request for sl in slices)
     pages = [r.page_table.pages for r in reqs]
@@ -126,6 +133,20 @@ def decode_rows(slices: Sequence[ScheduledSlice], running: list, max_context: in
         stop_ids=frozenset().union(*(r.stop_ids for r in reqs)))
 
 
+def concat_rows(a: DecodeRows, b: DecodeRows) -> DecodeRows:
+    """``a``'s rows, then ``b``'s."""
+    w = max(a.tables.shape[1], b.tables.shape[1])
+    tables = np.zeros((len(a.requests) + len(b.requests), w), np.int32)
+    tables[: len(a.requests), : a.tables.shape[1]] = a.tables
+    tables[len(a.requests) :, : b.tables.shape[1]] = b.tables
+    cat = np.concatenate
+    return DecodeRows(a.requests + b.requests, a.request_ids + b.request_ids,
+                      cat([a.positions, b.positions]), cat([a.counters, b.counters]),
+                      cat([a.limits, b.limits]), cat([a.plain_from, b.plain_from]),
+                      a.plains + b.plains, tables, cat([a.lengths, b.lengths]),
+                      cat([a.slow, b.slow]), a.stop_ids | b.stop_ids)
+
+
 def _slow(req: Request) -> bool:
     """Its update needs the general path at every step: logprobs to keep, prompt logprobs,
     or stop strings to look for in its text."""
@@ -133,8 +154,12 @@ def _slow(req: Request) -> bool:
             or bool(req.params.stop and req.output_text.streams))
 
 
-def _advance(prev: DecodeRows, alive: np.ndarray | None, allocator: Any,
-             max_rows: int) -> ChainedStep | None:
+def advance(prev: DecodeRows, alive: np.ndarray | None, allocator: Any, max_rows: int,
+            allow_empty: bool = False) -> ChainedStep | None:
+    """The rows of step t+1 from step t's (``prev``; ``alive``: which of its requests still
+    run, None for all), or None when they cannot be planned before t's results: more than
+    ``max_rows``, a row that reads t's token (penalties, ``min_tokens``), no page free, or
+    (unless ``allow_empty``) no row left."""
     counters = prev.counters + 1  # with step t's token: the next row's draw counter
     keep = counters < prev.limits  # the others end at step t for sure
     if alive is not None:
@@ -148,7 +173,7 @@ def _advance(prev: DecodeRows, alive: np.ndarray | None, allocator: Any,
             prev.lengths[keep], prev.slow[keep], prev.stop_ids)
         counters = counters[keep]
     n = len(cols.requests)
-    if not n or n > max_rows or (counters < cols.plain_from).any():
+    if (not n and not allow_empty) or n > max_rows or (counters < cols.plain_from).any():
         return None  # nothing left, too many rows, or penalties / min_tokens read the token
     positions = cols.positions + 1
     tables, lengths = cols.tables, cols.lengths
@@ -164,6 +189,8 @@ def _advance(prev: DecodeRows, alive: np.ndarray | None, allocator: Any,
                 tables = np.pad(tables, ((0, 0), (0, k - tables.shape[1])))
             tables[i, lengths[i] : k] = table.pages[lengths[i] :]
             lengths[i] = k
+    if n and tables.shape[1] > (w := max(int(lengths.max()), 1)):  # the widest row ended
+        tables = np.ascontiguousarray(tables[:, :w])
     decode = DecodeRows(cols.requests, cols.request_ids, positions, counters, cols.limits,
                         cols.plain_from, cols.plains, tables, lengths, cols.slow,
                         cols.stop_ids)

@@ -2,32 +2,28 @@
 
 Under load nearly every step packs prefill slices beside the running decodes, and those
 steps are where the device used to wait: between two of them the host read step t's ids,
-updated hundreds of requests, scheduled, packed and launched (bench/throughput-h200-*.json:
-~10% of a 1,000-request run). The decode chain (pipeline.py) cannot plan such a step, since
-it holds no prefill and admits nobody; this planner can, because nothing in a mixed step
-but its decode rows' input ids depends on step t's results:
+updated hundreds of requests, scheduled, packed and launched (~10% of a 1,000-request run
+on the H200). The decode chain (pipeline.py) cannot plan such a step, since it holds no
+prefill and admits nobody; this planner can, because nothing in a mixed step but its
+decode rows' input ids depends on step t's results. Step t+1 is two parts:
 
-- a request whose row of t samples gets a decode row at the next position, its input id
-  read on the device from t's sampled ids (``feed``), its draw counter one more than now.
-  It must be a plain sampling row (no penalty, ``min_tokens`` met): others read the token;
-  then no step is planned. Requests that t certainly ends (``max_tokens``, the context) are
-  left out; those t may stop (a stop id, a stop string) are computed and dropped, as in the
-  decode chain, and for the same reason that is safe;
-- a request whose slice of t does not sample goes on with its prompt from where t leaves it;
-- running requests that t did not touch and waiting requests take the scheduler's own
-  rules (``Scheduler.prefill_slice``, ``Scheduler.admit``), in the scheduler's order:
-  decodes, running prefills, admissions.
+- its decode rows, as columns (pipeline.py ``DecodeRows``): one per request whose row of
+  t samples, at the next position, its input id read on the device from t's sampled ids
+  (``feed``), its draw counter one more. Step t's sampled rows are columns already (the
+  decode rows of a pipelined step, then the columns of its sampling slices), so this is
+  the decode chain's own ``advance``: requests t ends for sure are left out, those it may
+  stop (a stop id, a stop string) are computed and dropped, a row that reads t's token
+  (penalties, ``min_tokens``) or finds no free page sends the step back to the scheduler;
+- the rest, as slices after them: requests whose slice of t does not sample go on from
+  where t leaves them, running requests t did not touch and waiting ones take the
+  scheduler's own rules (``Scheduler.prefill_slice``, ``Scheduler.admit``).
 
-It never preempts: when a decode row finds no free page it returns None and the scheduler
-plans that step after t's results, as before. Pages that t's results free (ended requests)
-or publish (the prefix cache) are not seen yet: such a plan admits a little less or maps
-fewer cached pages; no bit depends on it, since every kernel is batch-invariant.
-
-A step whose rows are all known (t sampled nothing that goes on) needs no feed and may
-replay any graph. A fed step runs where the runner can feed it: a decode graph, or eagerly
-(the CuPy backend's mixed graphs take no feed). Fed steps smaller than
-``runner.mixed_feed_rows`` are not planned at all, since a graph replayed after t's results
-costs the host less than the eager launches of a fed one.
+It never preempts. Pages that t's results free (ended requests) or publish (the prefix
+cache) are not seen yet: such a plan admits a little less or maps fewer cached pages; no
+bit depends on it, since every kernel is batch-invariant. A step whose rows are all known
+needs no feed and may replay any graph; a fed step runs where the runner can feed it
+(backend/cupy_route.py). Fed steps with slices smaller than ``runner.mixed_feed_rows`` are
+not planned (a backend whose graphs take no feed would run them eagerly).
 """
 
 from __future__ import annotations
@@ -37,16 +33,18 @@ from typing import Any
 
 import numpy as np
 
-from crucible.step.batch import PackedBatch, SegmentSpec, build_packed_batch
+from crucible.step.batch import PackedBatch, build_packed_batch, concat_batches
 from crucible.step.rows import RowSampling
-from crucible.engine.request import Request, RequestStatus
+from crucible.engine.pipeline import DecodeRows, advance, concat_rows, slice_columns
+from crucible.engine.request import RequestStatus
 from crucible.engine.scheduler import ScheduledSlice, Scheduler
 from crucible.engine.step_rows import sampling_rows
 
 
 @dataclass(frozen=True)
 class MixedStep:
-    slices: tuple[ScheduledSlice, ...]
+    decode: DecodeRows | None  # its decode rows as columns (rows 0 .. n-1), fed from t
+    slices: tuple[ScheduledSlice, ...]  # the rest, packed after them
     batch: PackedBatch
     rows: list[RowSampling]  # the device sampler's rows
     host_rows: list[int]  # logits rows that come to the host (prompt logprobs)
@@ -54,110 +52,78 @@ class MixedStep:
     #                          None when no row is fed
 
 
-def inflight(cur: Any) -> dict[int, tuple[int, int]]:
-    """Per request (by ``id``) of step t: (its computed length once t is applied, the index
-    of its row among t's sampled ids or -1)."""
-    if cur.decode is not None:
-        d = cur.decode
-        return {id(r): (p + 1, i) for i, (r, p) in
-                enumerate(zip(d.requests, d.positions.tolist()))}
-    out, k = {}, 0
-    for sl in cur.slices:
-        out[id(sl.request)] = (sl.start + sl.length, k if sl.sample else -1)
-        k += sl.sample
-    return out
+def sampled_columns(cur: Any, max_context: int) -> DecodeRows | None:
+    """Step t's sampled rows as columns, row i being its i-th sampled id: its decode rows'
+    columns (a pipelined step keeps them), then its sampling slices'."""
+    parts = [] if cur.decode is None else [cur.decode]
+    sampled = [sl for sl in cur.slices if sl.sample]
+    if sampled:
+        parts.append(slice_columns(sampled, max_context))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else concat_rows(parts[0], parts[1])
 
 
 def plan_mixed(cur: Any, scheduler: Scheduler, max_context: int, vocab_size: int,
                max_fed: int, min_fed_rows: int | None) -> MixedStep | None:
     """Step t+1 planned from step t (``cur``, launched, results pending), or None.
     ``max_fed``: the most sampled ids a fed step can read; ``min_fed_rows``: the fewest rows
-    worth a fed step of prefill slices (None: the runner feeds decode graphs only)."""
+    worth a fed step of prefill slices (None: the runner feeds decode steps only)."""
     if cur.pending is None or not max_fed or cur.num_sampled > max_fed:
         return None
-    state = inflight(cur)
-    running = scheduler.running
-    live = RequestStatus.RUNNING
-    fed_rows: list[tuple[Request, int, int]] = []  # (request, position, feed index)
-    known_decodes: list[tuple[Request, int]] = []  # (request, position)
-    prefills: list[tuple[Request, int]] = []  # (request, start)
-    for req in running:
-        if req.status is not live:
-            continue
-        end, k = state.get(id(req), (req.num_computed_tokens, -1))
-        if k >= 0:
-            n_out = end + 1 - req.num_prompt_tokens  # its output once t's token is in
-            if n_out >= req.params.max_tokens or end + 1 >= max_context:
-                continue  # t ends it for sure
-            fed_rows.append((req, end, k))
-        elif len(req.token_ids) - end == 1:
-            if req.prompt_logprobs is not None:
-                return None  # its row may carry prompt rows: the scheduler's to plan
-            known_decodes.append((req, end))
-        elif len(req.token_ids) > end:
-            if id(req) in state and req.prompt_logprobs is not None:
-                return None  # its prompt logprobs of t are not in yet
-            prefills.append((req, end))
     budget = scheduler.config.token_budget
-    admits = bool(scheduler.waiting) and len(running) < scheduler.config.max_running
-    if fed_rows and (prefills or admits):
-        rest = sum(len(r.token_ids) - s for r, s in prefills)
-        if admits:
-            rest += sum(len(r.token_ids) for r in scheduler.waiting)
-        n_dec = len(fed_rows) + len(known_decodes)
-        if min_fed_rows is None or n_dec + min(max(budget - n_dec, 0), rest) < min_fed_rows:
+    live = RequestStatus.RUNNING
+    prev = sampled_columns(cur, max_context)
+    dec = None
+    if prev is not None:
+        alive = np.fromiter((r.status is live for r in prev.requests), bool,
+                            len(prev.requests))
+        # Rows step t ends for sure are left out; a row that reads t's token (penalties,
+        # min_tokens) or finds no page sends the step back to the scheduler.
+        dec = advance(prev, alive, scheduler.allocator, min(max_fed, budget), True)
+        if dec is None:
             return None
-    rows: list[RowSampling] = []
-    fed_at: list[tuple[int, int]] = []  # (packed row, feed index)
+    n_dec = 0 if dec is None else len(dec.decode.requests)
+    # The rest: requests t did not sample for, from where t leaves them.
+    ends = {id(sl.request): sl.start + sl.length for sl in cur.slices if not sl.sample}
+    fed = set() if prev is None else {id(r) for r in prev.requests}
+    rest_reqs: list[tuple[Any, int]] = []
+    for req in scheduler.running:
+        if req.status is not live or id(req) in fed:
+            continue
+        end = ends.get(id(req))
+        if end is not None and req.prompt_logprobs is not None:
+            return None  # its prompt logprobs of t are not in yet
+        end = req.num_computed_tokens if end is None else end
+        if len(req.token_ids) > end:
+            rest_reqs.append((req, end))
+    budget -= n_dec
+    admits = bool(scheduler.waiting) and len(scheduler.running) < scheduler.config.max_running
+    if n_dec and (rest_reqs or admits):
+        more = sum(len(r.token_ids) - e for r, e in rest_reqs)
+        if admits:
+            more += sum(len(r.token_ids) for r in scheduler.waiting)
+        if min_fed_rows is None or n_dec + min(max(budget, 0), more) < min_fed_rows:
+            return None
     slices: list[ScheduledSlice] = []
-    specs: list[SegmentSpec] = []
-    alloc = scheduler.allocator
-    # The scheduler's order: decodes (running order), running prefills, admissions. Fed and
-    # known decodes keep the running list's order among themselves.
-    order = {id(r): i for i, r in enumerate(running)}
-    decodes = sorted([(order[id(r)], r, p, k) for r, p, k in fed_rows] +
-                     [(order[id(r)], r, p, -1) for r, p in known_decodes],
-                     key=lambda x: x[0])
-    row = 0
-    for _, req, pos, k in decodes:
-        if budget == 0:
-            break
-        if not req.page_table.grow(alloc, pos + 1):
-            return None  # the scheduler decides whom to preempt, after t's results
-        sl = ScheduledSlice(req, pos, 1, (), True)
-        if k >= 0:  # decodes come first: row i of the step is logits row i
-            meta = req.plain_row(row, pos + 1 - req.num_prompt_tokens)
-            if meta is None:
-                return None  # penalties or min_tokens read the token it does not have
-            rows.append(meta)
-            fed_at.append((row, k))
-            specs.append(SegmentSpec(req.request_id, (0,), pos, req.page_table.pages, (0,)))
-        else:  # its token is known: the usual row
-            rows += sampling_rows([sl], vocab_size, row0=row)[0]
-            specs.append(sl.segment())
-        slices.append(sl)
-        row += 1
-        budget -= 1
-    n_dec = len(slices)
-    for req, start in prefills:
-        if budget == 0:
+    for req, start in rest_reqs:
+        if budget <= 0:
             break
         sl = scheduler.prefill_slice(req, start, budget)
         if sl is not None:
             slices.append(sl)
             budget -= sl.length
-    scheduler.admit(budget, slices)
-    if not slices:
+    if budget > 0:
+        scheduler.admit(budget, slices)
+    if not slices and not n_dec:
         return None
-    rest = slices[n_dec:]
-    specs += [sl.segment() for sl in rest]
-    more, host_rows = sampling_rows(rest, vocab_size, row0=row)
-    feed = _feed(row + sum(sl.length for sl in rest), fed_at) if fed_at else None
-    return MixedStep(tuple(slices), build_packed_batch(specs), rows + more, host_rows, feed)
-
-
-def _feed(num_rows: int, fed_at: list[tuple[int, int]]) -> np.ndarray:
-    feed = np.full(num_rows, -1, np.int32)
-    at = np.asarray(fed_at, np.int64)
-    feed[at[:, 0]] = at[:, 1]
-    return feed
+    rows: list[RowSampling] = [] if dec is None else list(dec.rows)
+    more_rows, host_rows = sampling_rows(slices, vocab_size, row0=n_dec)
+    batch = build_packed_batch([sl.segment() for sl in slices]) if slices else None
+    feed = None
+    if n_dec:
+        batch = dec.batch if batch is None else concat_batches(dec.batch, batch)
+        feed = np.full(batch.num_rows, -1, np.int32)
+        feed[:n_dec] = dec.feed
+    return MixedStep(None if not n_dec else dec.decode, tuple(slices), batch,
+                     rows + more_rows, host_rows, feed)

@@ -82,6 +82,7 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_PREFIX_CACHE_SIZE": ("prefix_cache_size", _cache_size),
     "CRUCIBLE_PREFIX_CACHE_MAX_TOKENS": ("prefix_cache_max_tokens", _positive),
     "CRUCIBLE_PREFIX_CACHE_ENTRIES": ("prefix_cache_entries", _positive),
+    "CRUCIBLE_CORE_PROFILE": ("core_profile", _path),
 }
 
 
@@ -110,6 +111,7 @@ class Settings:
     prefix_cache_size: int | None = None  # bytes of cached pages; None: the pool; 0: off
     prefix_cache_max_tokens: int = 8192  # longest retained prefix per chain
     prefix_cache_entries: int = 4096  # most retained chains
+    core_profile: Path | None = None  # the engine process's cProfile stats (a diagnostic)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -139,8 +141,9 @@ class Settings:
                               f"gpu_memory_fraction; got {' and '.join(given)}")
         if self.cpu_threads is not None and self.cpu_threads > MAX_THREADS:
             raise ConfigError(f"cpu_threads must be at most {MAX_THREADS}, got {self.cpu_threads}")
-        if self.cache_dir is not None:
-            object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+        for name in ("cache_dir", "core_profile"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
 
     def _check_int(self, name: str, low: int, optional: bool = False) -> None:
         v = getattr(self, name)

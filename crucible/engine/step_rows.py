@@ -82,7 +82,9 @@ def sampling_rows(slices: Sequence[ScheduledSlice], vocab_size: int, row0: int =
     return rows, host_rows
 
 def device_updates(cur: Any, vocab_size: int) -> list[Update]:
-    """A launched step's results (waits for them), as (slice, prompt logits, draw)."""
+    """A launched step's results (waits for them), as (slice, prompt logits, draw) of its
+    slices; a pipelined mixed step's decode rows (``cur.decode``) come first among the ids
+    and are not in it (``StepUpdates._apply_rows`` takes them)."""
     out, host = cur.pending.result()
     n_host = sum(len(sl.prompt_rows) for sl in cur.slices)
     if len(out.token_ids) != cur.num_sampled or host.shape != (n_host, vocab_size):
@@ -91,7 +93,8 @@ def device_updates(cur: Any, vocab_size: int) -> list[Update]:
                            f"{(n_host, vocab_size)}")
     # The device already drew: its (token id, logprobs) go straight to _update.
     updates: list[Update] = []
-    hrow = k = 0
+    hrow = 0
+    k = 0 if cur.decode is None else len(cur.decode.requests)
     for sl in cur.slices:
         n = len(sl.prompt_rows)
         draw = None

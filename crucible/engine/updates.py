@@ -2,8 +2,9 @@
 
 ``StepUpdates`` is the half of ``LLMEngine`` (engine.py) that runs after the sampler
 answered. A scheduled step goes slice by slice through ``_update``, the general path:
-prompt logprobs, host draws, prefill ends, every stop rule. A pipelined decode step
-(``DecodeRows``, pipeline.py) is one vectorised pass first: from its columns and the
+prompt logprobs, host draws, prefill ends, every stop rule. The decode rows of a
+pipelined step (``DecodeRows``, pipeline.py; a pipelined mixed step's slices follow them)
+are one vectorised pass first: from its columns and the
 sampled ids it finds the rows that may end now (length, a stop id), may complete a cache
 page, or keep logprobs or stop strings; only those take ``_update``. Every other row
 cannot end or publish, so it appends its token and, when its caller streams, gets its
@@ -16,11 +17,11 @@ deltas in the same order, same pages published and freed in the same order.
 from __future__ import annotations
 
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from crucible.engine.pipeline import Launched
+from crucible.engine.pipeline import DecodeRows, Launched
 from crucible.engine.prefix_cache import PrefixCache
 from crucible.engine.request import Request, RequestDelta, RequestStatus
 from crucible.engine.sampling import log_softmax, top_logprobs
@@ -46,10 +47,18 @@ class StepUpdates:
     def _collect(self, cur: Launched) -> tuple[list[RequestDelta], bool]:
         """The step's deltas, and whether any of its rows still belonged to a live
         request."""
-        if cur.decode is not None:
+        if cur.decode is not None and not cur.slices:
             return self._collect_rows(cur)
         updates = cur.updates if cur.updates is not None else device_updates(cur, self.vocab_size)
-        deltas, live = [], False
+        deltas: list[RequestDelta] = []
+        live = False
+        if cur.decode is not None:  # a pipelined mixed step: its decode rows in one pass
+            out = cur.pending.result()[0]
+            n = len(cur.decode.requests)
+            deltas, dropped, general = self._apply_rows(cur.decode, out.token_ids[:n],
+                                                        out.logprobs[:n])
+            self.num_generated += n - dropped - general
+            live = dropped < n
         finished, update, append = RequestStatus.FINISHED, self._update, deltas.append
         for sl, prompt_logits, draw in updates:
             if sl.request.status is finished:
@@ -70,7 +79,14 @@ class StepUpdates:
             raise RuntimeError(f"device sampler returned {len(out.token_ids)} tokens and "
                                f"{host.shape} host rows, expected {n} and "
                                f"{(0, self.vocab_size)}")
-        tokens = out.token_ids
+        deltas, dropped, general = self._apply_rows(rows, out.token_ids, out.logprobs)
+        self.num_generated += n - dropped - general  # _update counted its own
+        return deltas, dropped < n
+
+    def _apply_rows(self, rows: DecodeRows, tokens: Sequence[int],
+                    logprobs: Sequence[Any]) -> tuple[list[RequestDelta], int, int]:
+        """Decode rows' ids applied: (deltas, rows dropped, rows that took ``_update``)."""
+        n = len(rows.requests)
         slow = rows.slow | (rows.counters + 1 >= rows.limits)  # may end by length
         if self.prefix_cache is not None:
             # A page can only complete on its last slot; _update decides whether it does.
@@ -82,8 +98,7 @@ class StepUpdates:
         deltas: list[RequestDelta] = []
         append, update, finished = deltas.append, self._update, RequestStatus.FINISHED
         dropped = general = 0
-        for req, token, logprobs, general_row in zip(rows.requests, tokens, out.logprobs,
-                                                     flags):
+        for req, token, lps, general_row in zip(rows.requests, tokens, logprobs, flags):
             if req.status is finished:
                 dropped += 1  # it ended after this step was queued: the row is dropped
                 continue
@@ -107,11 +122,10 @@ class StepUpdates:
                 continue
             general += 1
             delta = update(ScheduledSlice(req, req.num_computed_tokens, 1, (), True), None,
-                           (token, logprobs))
+                           (token, lps))
             if delta is not None:
                 append(delta)
-        self.num_generated += n - dropped - general  # _update counted its own
-        return deltas, dropped < n
+        return deltas, dropped, general
 
     def _update(self, sl: ScheduledSlice, prompt_logits: np.ndarray | None,
                 draw: Draw) -> RequestDelta | None:

@@ -159,6 +159,26 @@ def decode_batch(request_ids: tuple[str, ...], positions: np.ndarray, tables: np
                        request_ids=request_ids)
 
 
+def concat_batches(a: PackedBatch, b: PackedBatch) -> PackedBatch:
+    """``a``'s segments, then ``b``'s, as one batch (a pipelined mixed step: its decode rows
+    as columns, then the slices packed from specs)."""
+    t, s = a.num_rows, a.num_segments
+    segs = b.segments.copy()
+    segs[:, 0] += t
+    segs[:, 3] += s
+    w = max(a.page_tables.shape[1], b.page_tables.shape[1])
+    tables = np.zeros((s + b.num_segments, w), np.int32)
+    tables[:s, : a.page_tables.shape[1]] = a.page_tables
+    tables[s:, : b.page_tables.shape[1]] = b.page_tables
+    return PackedBatch(token_ids=np.concatenate([a.token_ids, b.token_ids]),
+                       positions=np.concatenate([a.positions, b.positions]),
+                       segments=np.concatenate([a.segments, segs]), page_tables=tables,
+                       table_lengths=np.concatenate([a.table_lengths, b.table_lengths]),
+                       final_rows=np.concatenate([a.final_rows, b.final_rows + t]).astype(
+                           np.int32, copy=False),
+                       request_ids=a.request_ids + b.request_ids)
+
+
 def page_tables(pages: Sequence[Sequence[int]], n_pages: np.ndarray) -> np.ndarray:
     """Every segment's page list as one zero-padded int32 [S, P] table, in one copy."""
     width = max(int(n_pages.max()), 1) if len(pages) else 1
