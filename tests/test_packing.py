@@ -119,3 +119,22 @@ def test_pack_decodes_equals_the_spec_packing() -> None:
             a, b = getattr(got, f), getattr(want, f)
             assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all(), f
         assert got.request_ids == want.request_ids
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_concatenated_batches_equal_one_packing(seed: int) -> None:
+    """A pipelined mixed step packs its decode rows and its slices apart and joins them
+    (``concat_batches``): that must be the batch of all the specs packed at once, every
+    column and dtype, whichever packer made each half (empty halves included)."""
+    from crucible.step.batch import concat_batches
+
+    rng = np.random.default_rng(100 + seed)
+    specs = _random_specs(rng, int(rng.integers(1, 40)))
+    cut = int(rng.integers(1, len(specs) + 1))
+    got = concat_batches(build_packed_batch(specs[:cut]), build_packed_batch(specs[cut:]))
+    want = build_packed_batch(specs)
+    for f in FIELDS:
+        x, y = getattr(got, f), getattr(want, f)
+        assert x.dtype == y.dtype == np.int32 and x.shape == y.shape, f
+        assert np.array_equal(x, y), f
+    assert got.request_ids == want.request_ids
