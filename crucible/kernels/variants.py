@@ -142,6 +142,7 @@ class LaunchPlan:
     decode_heads: int = 1  # query heads per attn_decode CTA
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every layer of every step, with few keys
 def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: int,
                 capacity: int, smem_limit: int, decode: bool = False, rows: int = 0,
                 sm_count: int = 132) -> LaunchPlan:
