@@ -1,4 +1,4 @@
-"""Pipelined mixed steps (crucible/engine/pipeline_mixed.py), on the CPU with a fake device.
+"""Pipelined mixed steps (crucible/engine/pipeline_next.py), on the CPU with a fake device.
 
 ``FeedRunner`` (test_engine_pipeline.py) resolves a fed row's input id from the previous
 launch's sampled ids, which only the "device" knows; its logits depend on each request's

@@ -23,7 +23,7 @@ changes no bits, only shared memory):
 - final rows: ``finals`` entries, the padding ones pointing at row 0 (computed, not read);
 - feed: ``tokens`` entries, -1 (the row's own id) but for a pipelined step's decode rows,
   whose ids the graph reads from ``fed_in``: a buffer of its own at a fixed address, into
-  which a fed replay first copies the previous step's ids (engine/pipeline_mixed.py);
+  which a fed replay first copies the previous step's ids (engine/pipeline_next.py);
 - page tables: one row per real segment, then the scratch row; only the rows in use are
   uploaded (the rest of the buffer is never read: no segment points at it).
 Attention runs split as in eager mixed steps (kernels/attention.py paged_attention_mixed),

@@ -3,7 +3,7 @@
 Tried in order, the first that takes the step runs it:
 1. decode graphs (backend/cupy_graphs.py): every segment one row, every row final, up to
    the largest bucket. They alone read a pipelined step's ids on the device inside a graph;
-2. a fed step of any other shape (a pipelined mixed step, engine/pipeline_mixed.py) takes
+2. a fed step of any other shape (a pipelined mixed step, engine/pipeline_next.py) takes
    a mixed graph, which copies the ids into its own buffer first, or runs eagerly. Either
    way its embedding reads the previous step's ids from the decode graphs' ``fed`` buffer
    that the previous step's sampler or argmax wrote. The buffer is not flipped: this

@@ -111,7 +111,7 @@ class Backend(Protocol):
 
     def mixed_feed_rows(self) -> int | None:
         """The fewest rows a fed step holding prefill slices should have (engine/
-        pipeline_mixed.py), or None when only decode steps can be fed."""
+        pipeline_next.py), or None when only decode steps can be fed."""
 
     def sampled_ids(self, rows: int) -> Array | None:
         """The latest step's greedy ids when its graph already ran the argmax, else None."""

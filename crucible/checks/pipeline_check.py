@@ -8,7 +8,7 @@ added mid-run. Every request's ids, logprobs, text and finish reason must be ide
 pages must come back, and on the GPU the pipeline must actually have run.
 
 ``mixed`` ("graphs" or "eager"): the late arrivals come one a step and make mixed steps,
-which are planned ahead too (engine/pipeline_mixed.py), their decode rows reading step t's
+which are planned ahead too (engine/pipeline_next.py), their decode rows reading step t's
 ids on the device. With "graphs" the candidate's mixed graphs capture every shape at its
 first sighting, so fed steps replay them; with "eager" it has none, so they run eagerly.
 Some mixed step must have been fed, and with "graphs" some mixed graph replayed.

@@ -22,8 +22,8 @@ import numpy as np
 from crucible.step.rows import RowSampling
 from crucible.step.batch import PackedBatch, build_packed_batch
 from crucible.engine.pages import PageAllocator, pages_for
-from crucible.engine.pipeline import DecodeRows, Launched, plan_chained
-from crucible.engine.pipeline_mixed import plan_mixed
+from crucible.engine.pipeline import DecodeRows, Launched
+from crucible.engine.pipeline_next import plan_next
 from crucible.engine.prefix_cache import PrefixCache, cache_counters
 from crucible.engine.request import Logprobs, Request, RequestDelta
 from crucible.engine.rng import derive_seed
@@ -132,7 +132,7 @@ class LLMEngine(StepUpdates):
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
         """Run one step and return what it produced. With a runner that can pipeline
-        (crucible/engine/pipeline.py) the next decode step is queued before this one's
+        (crucible/engine/pipeline_next.py) the next step is queued before this one's
         results are read, so one step may still be in flight when this returns."""
         while True:
             cur = self._inflight
@@ -169,24 +169,19 @@ class LLMEngine(StepUpdates):
         return Launched(tuple(slices), pending, None, len(rows), decode)
 
     def _chain(self, cur: Launched) -> Launched | None:
-        """Step t+1 queued before step t's results are applied, or None (pipeline.py for
-        decode steps, pipeline_mixed.py for the rest)."""
-        runner, sched = self.runner, self.scheduler
-        nxt = plan_chained(cur, sched.running, bool(sched.waiting), self.allocator,
-                           self.max_context, runner.chain_rows)
-        if nxt is not None:
-            self.num_chained += 1
-            return self._launch((), nxt.batch, nxt.rows, nxt.feed, nxt.decode)
-        if self.prefix_cache is not None:  # admissions below may match cached pages
+        """Step t+1 queued before step t's results are applied, or None
+        (engine/pipeline_next.py)."""
+        runner = self.runner
+        if self.prefix_cache is not None and self.scheduler.waiting:  # admissions may hit
             self.prefix_cache.follow(runner.backend.arithmetic)
-        mixed = plan_mixed(cur, sched, self.max_context, self.vocab_size, runner.chain_rows,
-                           runner.mixed_feed_rows)
-        if mixed is None:
+        nxt = plan_next(cur, self.scheduler, self.max_context, self.vocab_size,
+                        runner.chain_rows, runner.mixed_feed_rows)
+        if nxt is None:
             return None
         self.num_chained += 1
-        self.num_chained_mixed += any(sl.length > 1 for sl in mixed.slices)
-        return self._launch(mixed.slices, mixed.batch, mixed.rows, mixed.feed, mixed.decode,
-                            host_rows=mixed.host_rows)
+        self.num_chained_mixed += any(sl.length > 1 for sl in nxt.slices)
+        return self._launch(nxt.slices, nxt.batch, nxt.rows, nxt.feed, nxt.decode,
+                            host_rows=nxt.host_rows)
 
     def stats(self) -> dict[str, int]:
         return {

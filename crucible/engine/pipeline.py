@@ -1,29 +1,26 @@
-"""Pipelined decode: queue step t+1 before step t's sampled ids reach the host.
+"""Pipelined steps' decode rows as columns, and how step t's become step t+1's.
 
-A decode step's metadata does not depend on the tokens it feeds: positions, pages and slots
+A decode row's metadata does not depend on the token it feeds: positions, pages and slots
 follow from the lengths, and a plain sampling row (no penalties, ``min_tokens`` met) needs
-only its draw counter. So when step t is a pure decode (or ends every running request's
-prefill) of every running request and nobody waits for admission, the engine can plan step
-t+1 from step t's plan alone and queue it; its rows read their input ids from the device,
-where step t's sampler wrote them (``ModelRunner.launch_sample(..., feed=...)``). The host
-then reads step t's ids while the device computes step t+1, so the host's share of a step
-(scheduling, packing, validation, detokenizing) overlaps the device's instead of adding
-to it. The tokens are the same bits as without pipelining: every row computes what it
-would have computed one step later.
+only its draw counter. So the engine can plan step t+1's decode rows from step t's plan
+alone (engine/pipeline_next.py) and queue the step; its rows read their input ids from the
+device, where step t's sampler wrote them (``ModelRunner.launch_sample(..., feed=...)``).
+The host then reads step t's ids while the device computes step t+1, so the host's share of
+a step (scheduling, packing, validation, detokenizing) overlaps the device's instead of
+adding to it. The tokens are the same bits as without pipelining: every row computes what
+it would have computed one step later.
 
 What a request cannot know yet is whether step t stopped it (a stop id, a stop string).
 Such a request's row of step t+1 is computed and dropped. That row only writes the K/V of
 the request's own last token at the next position, in a page the request owns; a page it
 releases afterwards is reused only by steps queued after that row, in stream order.
 Requests that step t certainly ends (``max_tokens``, the context) are left out of step t+1,
-and so are requests that ended since step t was planned: the chain goes on without them.
+and so are requests that ended since step t was planned.
 
-A pipelined step is kept as columns (``DecodeRows``: one row per request, numpy arrays of
-positions, draw counters, limits and page tables), so planning the next one is a few
-whole-array operations plus one sampling record per row; only rows that need a new page
-or leave the chain cost Python of their own. While a chain runs, no request joins the
-running set (admission and preemption happen only in the scheduler), so its rows always
-cover every running request.
+The rows are kept as columns (``DecodeRows``: one row per request, numpy arrays of
+positions, draw counters, limits and page tables), so ``advance`` is a few whole-array
+operations plus one sampling record per row; only rows that need a new page or leave cost
+Python of their own.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ import numpy as np
 
 from crucible.step.rows import RowSampling, plain_row
 from crucible.step.batch import PAGE_SIZE, PackedBatch, decode_batch, page_tables
-from crucible.engine.request import Request, RequestStatus
+from crucible.engine.request import Request
 from crucible.engine.scheduler import ScheduledSlice
 
 _NEVER = np.iinfo(np.int64).max  # a plain_from that no counter reaches (penalty rows)
@@ -77,39 +74,6 @@ class ChainedStep:
     batch: PackedBatch
     rows: tuple[RowSampling, ...]
     feed: np.ndarray  # per row: its token's index among the previous step's sampled ids
-
-
-def plan_chained(cur: Launched, running: list, has_waiting: bool, allocator: Any,
-                 max_context: int, max_rows: int) -> ChainedStep | None:
-    """Step t+1 planned from step t (``cur``), or None when it must wait for step t's
-    results (then the scheduler plans it as usual)."""
-    if not max_rows or cur.pending is None or has_waiting or cur.num_sampled > max_rows:
-        return None
-    if cur.decode is not None and cur.slices:
-        return None  # a pipelined mixed step: its columns are not every running request's
-    prev, alive = cur.decode, None
-    if prev is None:
-        prev = decode_rows(cur.slices, running, max_context)
-        if prev is None:
-            return None
-    elif len(running) != len(prev.requests):  # some request ended or was aborted since
-        running_status = RequestStatus.RUNNING
-        alive = np.fromiter((r.status is running_status for r in prev.requests), bool,
-                            len(prev.requests))
-    return advance(prev, alive, allocator, max_rows)
-
-
-def decode_rows(slices: Sequence[ScheduledSlice], running: list, max_context: int
-                ) -> DecodeRows | None:
-    """A scheduled step as columns, when it is one sampling row of every running request
-    (a decode, or the last slice of a prefill), else None."""
-    if not slices or len(slices) != len(running):
-        return None
-    running_status = RequestStatus.RUNNING
-    for sl in slices:
-        if not sl.sample or sl.prompt_rows or sl.request.status is not running_status:
-            return None
-    return slice_columns(slices, max_context)
 
 
 def slice_columns(slices: Sequence[ScheduledSlice], max_context: int) -> DecodeRows:

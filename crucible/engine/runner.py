@@ -93,7 +93,7 @@ class ModelRunner:
 
     @property
     def mixed_feed_rows(self) -> int | None:
-        """The fewest rows of a fed step that holds prefill slices (engine/pipeline_mixed.py),
+        """The fewest rows of a fed step that holds prefill slices (engine/pipeline_next.py),
         or None when only decode steps can be fed."""
         return self.backend.mixed_feed_rows() if self.chain_rows else None
 

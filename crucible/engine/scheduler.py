@@ -114,7 +114,7 @@ class Scheduler:
 
     def _slice(self, req: Request, n: int, start: int | None = None) -> ScheduledSlice:
         """``n`` rows of ``req`` from ``start`` (default: what it has computed; the
-        pipeline plans from where a queued step leaves it, engine/pipeline_mixed.py)."""
+        pipeline plans from where a queued step leaves it, engine/pipeline_next.py)."""
         if start is None:
             start = req.num_computed_tokens
         if req.prompt_logprobs is None:  # the usual case (every decode): no prompt rows

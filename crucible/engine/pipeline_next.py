@@ -1,22 +1,22 @@
-"""Pipelined mixed steps: plan step t+1 from step t's plan when t+1 holds prefill slices.
+"""Planning step t+1 from step t's plan, before t's ids reach the host: every pipelined step.
 
-Under load nearly every step packs prefill slices beside the running decodes, and those
-steps are where the device used to wait: between two of them the host read step t's ids,
-updated hundreds of requests, scheduled, packed and launched (~10% of a 1,000-request run
-on the H200). The decode chain (pipeline.py) cannot plan such a step, since it holds no
-prefill and admits nobody; this planner can, because nothing in a mixed step but its
-decode rows' input ids depends on step t's results. Step t+1 is two parts:
+Nothing in a step but its decode rows' input ids depends on step t's results, so the
+engine plans step t+1 while t runs and queues it; the host then reads t's ids while the
+device computes t+1 (engine/pipeline.py says why the bits are those of the plain engine).
+Step t+1 is two parts:
 
 - its decode rows, as columns (pipeline.py ``DecodeRows``): one per request whose row of
   t samples, at the next position, its input id read on the device from t's sampled ids
   (``feed``), its draw counter one more. Step t's sampled rows are columns already (the
   decode rows of a pipelined step, then the columns of its sampling slices), so this is
-  the decode chain's own ``advance``: requests t ends for sure are left out, those it may
-  stop (a stop id, a stop string) are computed and dropped, a row that reads t's token
+  pipeline.py's ``advance``: requests t ends for sure are left out, those it may stop (a
+  stop id, a stop string) are computed and dropped, a row that reads t's token
   (penalties, ``min_tokens``) or finds no free page sends the step back to the scheduler;
 - the rest, as slices after them: requests whose slice of t does not sample go on from
   where t leaves them, running requests t did not touch and waiting ones take the
-  scheduler's own rules (``Scheduler.prefill_slice``, ``Scheduler.admit``).
+  scheduler's own rules (``Scheduler.prefill_slice``, ``Scheduler.admit``). In a pure
+  decode chain (every running request has a row, nobody waits) there is no rest to look
+  for, and planning is a few whole-array operations.
 
 It never preempts. Pages that t's results free (ended requests) or publish (the prefix
 cache) are not seen yet: such a plan admits a little less or maps fewer cached pages; no
@@ -29,7 +29,7 @@ not planned (a backend whose graphs take no feed would run them eagerly).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -42,11 +42,11 @@ from crucible.engine.step_rows import sampling_rows
 
 
 @dataclass(frozen=True)
-class MixedStep:
+class NextStep:
     decode: DecodeRows | None  # its decode rows as columns (rows 0 .. n-1), fed from t
     slices: tuple[ScheduledSlice, ...]  # the rest, packed after them
     batch: PackedBatch
-    rows: list[RowSampling]  # the device sampler's rows
+    rows: Sequence[RowSampling]  # the device sampler's rows
     host_rows: list[int]  # logits rows that come to the host (prompt logprobs)
     feed: np.ndarray | None  # per packed row: index among step t's sampled ids, or -1;
     #                          None when no row is fed
@@ -64,17 +64,19 @@ def sampled_columns(cur: Any, max_context: int) -> DecodeRows | None:
     return parts[0] if len(parts) == 1 else concat_rows(parts[0], parts[1])
 
 
-def plan_mixed(cur: Any, scheduler: Scheduler, max_context: int, vocab_size: int,
-               max_fed: int, min_fed_rows: int | None) -> MixedStep | None:
-    """Step t+1 planned from step t (``cur``, launched, results pending), or None.
-    ``max_fed``: the most sampled ids a fed step can read; ``min_fed_rows``: the fewest rows
-    worth a fed step of prefill slices (None: the runner feeds decode steps only)."""
+def plan_next(cur: Any, scheduler: Scheduler, max_context: int, vocab_size: int,
+              max_fed: int, min_fed_rows: int | None) -> NextStep | None:
+    """Step t+1 planned from step t (``cur``, launched, results pending), or None when it
+    must wait for t's results (then the scheduler plans it). ``max_fed``: the most sampled
+    ids a fed step can read (0: no pipelining); ``min_fed_rows``: the fewest rows worth a
+    fed step with slices (None: the runner feeds decode steps only)."""
     if cur.pending is None or not max_fed or cur.num_sampled > max_fed:
         return None
     budget = scheduler.config.token_budget
     live = RequestStatus.RUNNING
+    running = scheduler.running
     prev = sampled_columns(cur, max_context)
-    dec = None
+    dec, whole = None, False
     if prev is not None:
         alive = np.fromiter((r.status is live for r in prev.requests), bool,
                             len(prev.requests))
@@ -83,12 +85,14 @@ def plan_mixed(cur: Any, scheduler: Scheduler, max_context: int, vocab_size: int
         dec = advance(prev, alive, scheduler.allocator, min(max_fed, budget), True)
         if dec is None:
             return None
+        # Every running request has a row of t (prev holds only running or ended ones).
+        whole = len(prev.requests) == len(running) and bool(alive.all())
     n_dec = 0 if dec is None else len(dec.decode.requests)
     # The rest: requests t did not sample for, from where t leaves them.
-    ends = {id(sl.request): sl.start + sl.length for sl in cur.slices if not sl.sample}
-    fed = set() if prev is None else {id(r) for r in prev.requests}
     rest_reqs: list[tuple[Any, int]] = []
-    for req in scheduler.running:
+    ends = {id(sl.request): sl.start + sl.length for sl in cur.slices if not sl.sample}
+    fed = set() if prev is None or whole else {id(r) for r in prev.requests}
+    for req in () if whole else running:
         if req.status is not live or id(req) in fed:
             continue
         end = ends.get(id(req))
@@ -117,13 +121,13 @@ def plan_mixed(cur: Any, scheduler: Scheduler, max_context: int, vocab_size: int
         scheduler.admit(budget, slices)
     if not slices and not n_dec:
         return None
-    rows: list[RowSampling] = [] if dec is None else list(dec.rows)
+    if not slices:  # a decode step: the columns are the whole of it
+        return NextStep(dec.decode, (), dec.batch, dec.rows, [], dec.feed)
     more_rows, host_rows = sampling_rows(slices, vocab_size, row0=n_dec)
-    batch = build_packed_batch([sl.segment() for sl in slices]) if slices else None
-    feed = None
-    if n_dec:
-        batch = dec.batch if batch is None else concat_batches(dec.batch, batch)
-        feed = np.full(batch.num_rows, -1, np.int32)
-        feed[:n_dec] = dec.feed
-    return MixedStep(None if not n_dec else dec.decode, tuple(slices), batch,
-                     rows + more_rows, host_rows, feed)
+    batch = build_packed_batch([sl.segment() for sl in slices])
+    if not n_dec:
+        return NextStep(None, tuple(slices), batch, more_rows, host_rows, None)
+    feed = np.full(batch.num_rows + n_dec, -1, np.int32)
+    feed[:n_dec] = dec.feed
+    return NextStep(dec.decode, tuple(slices), concat_batches(dec.batch, batch),
+                    list(dec.rows) + more_rows, host_rows, feed)
