@@ -46,6 +46,7 @@ from typing import Any, Callable
 import numpy as np
 
 from crucible.backend.cupy_capture import Captured, capture_forward
+from crucible.backend.cupy_graphs import BUCKETS
 from crucible.backend.cupy_meta import CupyMeta, MixedSegments, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.step.batch import PackedBatch
@@ -58,7 +59,7 @@ TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512)
 FINAL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SLICE_BUCKETS = (1, 2, 4)
 CAPACITY_BUCKETS = tuple(256 << i for i in range(8))  # 256 .. 32,768
-FED_ROWS = 512  # ids a fed step can read: the decode graphs' largest bucket
+FED_ROWS = BUCKETS[-1]  # ids a fed step can read: the decode graphs' largest bucket
 
 Key = tuple[int, int, int, int, int, int]
 

@@ -46,21 +46,16 @@ def run_step(be: Any, batch: PackedBatch, forward: Forward,
             out = g.run(batch, score_capacity(batch.max_end), forward, feed)
             if out is not None:
                 return out
-    if feed is not None:
-        if mixed_graphs_on(be) and is_mixed_graph_step(batch):
-            out = be.mixed_graphs.run(batch, forward, feed, g.fed[g.last])
-            if out is not None:
-                return out
-        return forward(device_meta(batch, feed, g.fed[g.last]))
-    if be.prefill_graphs is not None and is_singleton_prefill(batch):
+    fed = None if feed is None else g.fed[g.last]  # the previous step's ids
+    if feed is None and be.prefill_graphs is not None and is_singleton_prefill(batch):
         out = be.prefill_graphs.run(batch, score_capacity(batch.max_end), forward)
         if out is not None:
             return out
     if mixed_graphs_on(be) and is_mixed_graph_step(batch):
-        out = be.mixed_graphs.run(batch, forward)
+        out = be.mixed_graphs.run(batch, forward, *(() if feed is None else (feed, fed)))
         if out is not None:
             return out
-    return forward(be.prepare(batch))
+    return forward(be.prepare(batch) if feed is None else device_meta(batch, feed, fed))
 
 
 def mixed_graphs_on(be: Any) -> bool:
