@@ -32,6 +32,8 @@ import numpy as np
 from crucible.kernels.device_weight import (EPI_STORE, EPI_SWIGLU, KC, DeviceWeight, check_out,
                                             check_x, ctype, cupy, need)
 from crucible.kernels.launch import launch
+from crucible.kernels.linear_wide import ctas as wide_ctas
+from crucible.kernels.loader import sm_count
 from crucible.kernels.source import compile_module
 
 # Rows from which the backend routes to this kernel rather than the row kernels, per
@@ -120,11 +122,7 @@ def use_chunks(m: int, n: int, k: int, epi: int = EPI_STORE, sms: int | None = N
         return False
     if m <= ROWS_ALWAYS_TO:
         return True
-    if sms is None:
-        from crucible.kernels.loader import sm_count
-
-        sms = sm_count()
-    per_sm = -(-m // 64) * -(-n // 64) / sms
+    per_sm = wide_ctas(m, n, (64, 64)) / (sm_count() if sms is None else sms)
     return per_sm <= ROWS_LOW or ROWS_MID[0] < per_sm < ROWS_MID[1]
 
 
