@@ -145,10 +145,12 @@ def table(levels: list[dict[str, Any]], ratios: list[dict[str, Any]],
     print(head)
     for lv in levels:
         e = lv["engine"]
+        w = e.get("window") or e  # steps/s and eng tok/s of the steady window, if sampled
         print(f"{lv['mix']:>6} {lv['engine_mode']:>10} {lv['clients']:>7} {lv['tok_per_s']:>9} "
               f"{lv['ttft_p50_ms']!s:>9} {lv['ttft_p99_ms']!s:>9} {lv['gap_p50_ms']!s:>8} "
               f"{lv['gap_p99_ms']!s:>8} {lv['health_max_ms']:>7} {lv['errors']:>4} "
-              f"{e['steps_per_s']:>8} {e['tok_per_s']:>10} {e['mean_running']!s:>8} "
+              f"{w['steps_per_s']:>8} {w.get('rows_per_s', e['tok_per_s'])!s:>10} "
+              f"{e['mean_running']!s:>8} "
               f"{e['preemptions']:>7} {e.get('front_cpu_cores', '-')!s:>6} "
               f"{e.get('engine_cpu_cores', '-')!s:>6} {lv['client']['cpu_cores']:>6}")
     preempted = [lv["clients"] for lv in levels if lv["engine"]["preemptions"]]

@@ -64,11 +64,19 @@ def test_metrics_deltas_give_the_engine_figures() -> None:
     assert before == {"steps": 100, "generated_tokens": 500, "prompt_tokens": 1500,
                       "running": 4}
     after = {"steps": 300, "generated_tokens": 2500, "prompt_tokens": 5500}
-    samples = [(0.5, {"running": 2.0}), (1.0, {"running": 4.0}), (9.0, {"running": 99.0})]
+    samples = [(0.5, {"running": 2.0, "steps": 110, "rows": 1000, "sampled_tokens": 600}),
+               (1.0, {"running": 4.0}),
+               (1.5, {"running": 4.0, "steps": 210, "rows": 3500, "sampled_tokens": 1600}),
+               (9.0, {"running": 99.0, "steps": 900, "rows": 9000, "sampled_tokens": 9000})]
     e = engine_figures(before, after, 2.0, samples, (0.0, 2.0))
     assert e["steps_per_s"] == 100.0 and e["generated_tok_per_s"] == 1000.0
     assert e["tok_per_s"] == 3000.0 and e["rows_per_step"] == 30.0
-    assert e["mean_running"] == 3.0 and e["max_running"] == 4.0  # the late sample is out
+    assert e["mean_running"] == 3.33 and e["max_running"] == 4.0  # the late sample is out
+    # The window: the first and last in-window samples with the engine's counters.
+    assert e["window"] == {"seconds": 1.0, "steps_per_s": 100.0, "ms_per_step": 10.0,
+                           "rows_per_s": 2500.0, "sampled_tok_per_s": 1000.0,
+                           "rows_per_step": 25.0, "sampled_per_step": 10.0}
+    assert engine_figures(before, after, 2.0, samples[1:2], (0.0, 2.0))["window"] is None
 
 
 def _level(clients: int, tok: float, gap: float = 5.0, health: float = 20.0) -> dict:

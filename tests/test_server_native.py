@@ -138,6 +138,14 @@ def test_metrics_count_what_ran(server):
         "crucible_generation_tokens_total"] == 7
     assert after["crucible_prompt_tokens_total"] - before[
         "crucible_prompt_tokens_total"] == out["usage"]["prompt_tokens"]
+    # The engine's own per-step counters: 7 sampled tokens; rows = the prompt's positions
+    # not read from the prefix cache, plus 6 decode rows.
+    cached = after["crucible_prefix_cache_hit_tokens_total"] - before[
+        "crucible_prefix_cache_hit_tokens_total"]
+    assert after["crucible_engine_generated_tokens_total"] - before[
+        "crucible_engine_generated_tokens_total"] == 7
+    assert after["crucible_engine_rows_total"] - before[
+        "crucible_engine_rows_total"] == out["usage"]["prompt_tokens"] - cached + 6
     assert after["crucible_time_to_first_token_seconds_count"] == before[
         "crucible_time_to_first_token_seconds_count"] + 1
     assert after["crucible_inter_token_latency_seconds_count"] - before[

@@ -117,6 +117,12 @@ class Metrics:
                stats.get("pages_peak", 0))
         metric("crucible_engine_steps_total", "counter", "Packed forward steps.",
                stats.get("steps", 0))
+        metric("crucible_engine_rows_total", "counter",
+               "Rows the engine's steps computed (prompt positions and decode rows).",
+               stats.get("rows_computed", 0))
+        metric("crucible_engine_generated_tokens_total", "counter",
+               "Tokens the engine's steps sampled, counted as they are sampled.",
+               stats.get("tokens_generated", 0))
         metric("crucible_preemptions_total", "counter", "Requests preempted for pages.",
                stats.get("preemptions", 0))
         metric("crucible_engine_failures_total", "counter", "Steps that raised.",
