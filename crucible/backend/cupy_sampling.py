@@ -214,6 +214,10 @@ class PendingSample:
         """The copy back's event (None: nothing was sampled)."""
         return self._event
 
+    def done(self) -> bool:
+        """Whether the ids are in (the copy back's event has completed)."""
+        return self._event is None or bool(self._event.done)
+
     def result(self) -> SampleOutput:
         if self._event is None:
             return SampleOutput((), ())

@@ -32,6 +32,8 @@ class AsyncLLMEngine:
         self._ids = itertools.count()
         self._stop = False
         self._thread: threading.Thread | None = None
+        if engine.pacer is not None:  # late planning takes arrivals in while a step runs
+            engine.pacer.arrivals = self._apply_pending
 
     # -- called from the event loop ----------------------------------------------------
     def add(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,

@@ -93,6 +93,11 @@ class EngineCore:
         self.rids: dict[int, str] = {}  # and back
         self.adds_seen = 0
         self.stopping = False
+        # What late planning (engine/pacing.py) drains while a step runs, sent with its frame.
+        self._ended: list[tuple[int, RequestDelta]] = []
+        self._changed = False
+        if engine.pacer is not None:
+            engine.pacer.arrivals = self._arrivals
 
     def run(self, profile: Path | None = None) -> None:
         """The loop; ``profile`` (Settings.core_profile): run it under cProfile."""
@@ -108,7 +113,8 @@ class EngineCore:
         while not self.stopping:
             if prof is not None:
                 prof.tick()
-            ended: list[tuple[int, RequestDelta]] = []
+            self._ended = ended = []
+            self._changed = False
             changed = self._drain(ended, block=not engine.has_unfinished())
             deltas: list[RequestDelta] = []
             if engine.has_unfinished() and not self.stopping:
@@ -117,6 +123,7 @@ class EngineCore:
                 except Exception as exc:  # a failed step ends every live request, not the loop
                     self._fail_all(exc)
                     continue
+            changed = changed or self._changed
             # Without a step, a frame still goes out when adds or aborts changed the counts
             # (an abort frees pages even when nothing runs afterwards).
             if deltas or ended or changed:
@@ -125,6 +132,11 @@ class EngineCore:
                                 else handles[d.request_id], d) for d in deltas]
                 if not _send(self.conn, wire.encode_step(out, self.counters())):
                     return
+
+    def _arrivals(self) -> None:
+        """Late planning's drain, inside a step: adds and aborts as between steps."""
+        if not self.stopping:
+            self._changed = self._drain(self._ended, block=False) or self._changed
 
     def counters(self) -> list[int]:
         st: dict[str, Any] = self.engine.stats()

@@ -21,6 +21,7 @@ import numpy as np
 
 from crucible.step.rows import RowSampling
 from crucible.step.batch import PackedBatch, build_packed_batch
+from crucible.engine.pacing import Pacer
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import DecodeRows, Launched
 from crucible.engine.pipeline_next import plan_next
@@ -63,6 +64,8 @@ class LLMEngine(StepUpdates):
         self.num_chained = 0  # steps queued by the pipeline, before the previous one's ids
         self.num_chained_mixed = 0  # those of them that hold prefill slices
         self._inflight: Launched | None = None  # a queued step whose results are not applied
+        # Late planning (engine/pacing.py): set by a serving loop that takes arrivals.
+        self.pacer: Pacer | None = None
         # --profile: (stage, fn) -> fn(), timed; host sampling runs through it.
         self.stage_timer: Callable[[str, Callable[[], Any]], Any] | None = None
 
@@ -144,8 +147,15 @@ class LLMEngine(StepUpdates):
                     return []
                 cur = self._launch(plan.slices,
                                    build_packed_batch([s.segment() for s in plan.slices]))
+            pacer = self.pacer
+            if pacer is not None and cur.pending is not None:  # plan t+1 near t's end
+                sched = self.scheduler
+                pacer.wait(cur.pending, not sched.waiting
+                           and len(sched.running) < sched.config.max_running)
             self._inflight = self._chain(cur)
             deltas, live = self._collect(cur)
+            if pacer is not None and cur.pending is not None:
+                pacer.ended()
             if live:  # else every row of cur belonged to requests that ended meanwhile
                 return deltas
 
@@ -166,6 +176,8 @@ class LLMEngine(StepUpdates):
         if rows is None:
             rows, host_rows = sampling_rows(slices, self.vocab_size)
         pending = self.runner.launch_sample(batch, rows, host_rows, feed)
+        if self.pacer is not None:
+            self.pacer.launched()
         return Launched(tuple(slices), pending, None, len(rows), decode)
 
     def _chain(self, cur: Launched) -> Launched | None:

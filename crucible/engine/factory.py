@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from crucible.backend.select import make_backend, resolve_device
 from crucible.backend.protocol import Backend
 from crucible.engine.engine import LLMEngine
+from crucible.engine.pacing import Pacer
 from crucible.engine.pool_size import PoolSize, page_bytes, pool_size
 from crucible.engine.prefix_cache import PrefixCache
 from crucible.engine.runner import ModelRunner
@@ -86,6 +87,8 @@ def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngin
     engine = LLMEngine(runner, loaded.tokenizer, settings.scheduler_config(),
                        seed=settings.seed,
                        prefix_cache=prefix_cache(settings, loaded, backend, runner.num_pages))
+    if settings.late_planning:  # a serving loop sets the arrivals it drains
+        engine.pacer = Pacer(arrivals=lambda: None)
     cfg = engine.config
     graphs = ""
     if settings.graph_warmup and device == "cuda":

@@ -144,3 +144,7 @@ class PendingStep:
         if self._out is None:
             self._out = self._pending.result()
         return self._out, self._host
+
+    def done(self) -> bool:
+        """Whether ``result()`` would return without waiting on the device."""
+        return self._out is not None or self._pending.done()

@@ -83,6 +83,7 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_PREFIX_CACHE_MAX_TOKENS": ("prefix_cache_max_tokens", _positive),
     "CRUCIBLE_PREFIX_CACHE_ENTRIES": ("prefix_cache_entries", _positive),
     "CRUCIBLE_CORE_PROFILE": ("core_profile", _path),
+    "CRUCIBLE_LATE_PLANNING": ("late_planning", _switch),
 }
 
 
@@ -112,6 +113,7 @@ class Settings:
     prefix_cache_max_tokens: int = 8192  # longest retained prefix per chain
     prefix_cache_entries: int = 4096  # most retained chains
     core_profile: Path | None = None  # the engine process's cProfile stats (a diagnostic)
+    late_planning: bool = False  # serving loops plan step t+1 near t's end (engine/pacing.py)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -120,7 +122,7 @@ class Settings:
             raise ConfigError(f"weights must be 'int8' or 'f32', got {self.weights!r}")
         object.__setattr__(self, "attention", parse_variant(self.attention).name)
         for name in ("decode_graphs", "prefill_graphs", "mixed_graphs", "graph_warmup", "pdl",
-                     "decode_stack", "pipeline"):
+                     "decode_stack", "pipeline", "late_planning"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name, low in (("cpu_threads", 1), ("num_pages", 1), ("chunk_cap", 1),
