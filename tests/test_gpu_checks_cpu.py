@@ -106,8 +106,8 @@ class _Graphs:
 def test_graph_check_catches(bug, monkeypatch, capsys) -> None:
     make_pair = graph_check.make_pair
 
-    def pair(model, device, num_pages):
-        cand, ref = make_pair(model, device, num_pages)
+    def pair(model, device, num_pages, rows=512):
+        cand, ref = make_pair(model, device, num_pages, rows)
         if bug == "no-replay":
             cand.backend.graphs = _Graphs()  # the numpy backend never consults it
         else:  # a "graph" whose 3-row decode steps round differently
@@ -170,3 +170,21 @@ def test_validate_reports_failures(monkeypatch, capsys) -> None:
     assert "gpu-paged" in table and "FAIL (exit 1)" in table and "ERROR" in table
     assert "kernel exploded" in cap.err
     assert "gpu-validate: 3 passed, 2 failed, 3 skipped" in cap.out
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_large_mixed_steps_check_and_its_control(bug) -> None:
+    """The pass over mixed steps past 512 rows (CRUCIBLE_MIXED_GRAPH_ROWS=1024), eagerly on
+    the CPU: every row of its 896-decode steps compared; a candidate that rounds one ulp
+    differently in steps past 512 rows must fail it, and 512 rows leaves nothing to check."""
+    from crucible.checks.mixed_large_check import check_mixed_large
+    from crucible.model.tiny import tiny_random_model
+
+    model = tiny_random_model(seed=1, weights="int8")
+    cand, ref = graph_check.make_pair(model, "cpu", 2048)
+    if bug:
+        forward = cand.forward
+        cand.forward = lambda b: bump(forward(b)) if b.num_rows > 512 else forward(b)
+    passed, failed = check_mixed_large(cand, ref, 2, 0, 1024)
+    assert passed + failed >= 2 * 896 and (failed > 0) == bug
+    assert check_mixed_large(cand, ref, 2, 0, 512) == (0, 0)

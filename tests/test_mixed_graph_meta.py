@@ -26,11 +26,12 @@ def graphs() -> MixedGraphs:
     return g
 
 
-def random_step(rng: np.random.Generator) -> PackedBatch:
-    n_dec, n_pre = int(rng.integers(0, 60)), int(rng.integers(1, MAX_SLICES + 1))
+def random_step(rng: np.random.Generator, max_tokens: int = MAX_TOKENS) -> PackedBatch:
+    n_dec = int(rng.integers(0, 60 if max_tokens <= 512 else max_tokens - 128))
+    n_pre = int(rng.integers(1, MAX_SLICES + 1))
     kinds = ["d"] * n_dec + ["p"] * n_pre
     rng.shuffle(kinds)  # decode rows and slices interleaved, as a scheduler may pack them
-    specs, budget = [], MAX_TOKENS - n_dec
+    specs, budget = [], max_tokens - n_dec
     for i, kind in enumerate(kinds):
         n = 1 if kind == "d" else int(rng.integers(2, max(3, budget // n_pre)))
         start = int(rng.integers(0, 3000))
@@ -54,9 +55,12 @@ def decode(g: MixedGraphs, key: tuple, out: np.ndarray) -> dict:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_every_real_row_sees_its_eager_inputs(seed: int) -> None:
+    # Seeds from 30: steps past 512 rows, as CRUCIBLE_MIXED_GRAPH_ROWS=1024 lets through.
+    max_tokens = 1024 if seed >= 30 else MAX_TOKENS
     rng = np.random.default_rng(seed)
-    batch = random_step(rng)
-    assert is_mixed_graph_step(batch)
+    batch = random_step(rng, max_tokens)
+    assert is_mixed_graph_step(batch, max_tokens)
+    assert batch.num_rows <= MAX_TOKENS or not is_mixed_graph_step(batch)  # default 512
     g = graphs()
     key = g.key(batch)
     t, f, s, chunk, cap1, capm = key
@@ -126,6 +130,9 @@ def test_steps_outside_the_graphs_run_eagerly() -> None:
     assert not is_mixed_graph_step(step([1, 1, 1]))  # a decode step: the decode graphs'
     assert not is_mixed_graph_step(step([1] * 10 + [MAX_TOKENS]))  # too many rows
     assert not is_mixed_graph_step(step([3] * (MAX_SLICES + 1)))  # too many slices
+    big = step([1] * 900 + [50])  # serving's shape past 512 rows
+    assert not is_mixed_graph_step(big) and is_mixed_graph_step(big, 1024)
+    assert not is_mixed_graph_step(step([1] * 1000 + [50]), 1024)
 
 
 def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

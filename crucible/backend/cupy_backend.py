@@ -92,7 +92,8 @@ class CupyBackend:
         if self.options.prefill_graphs:
             self.prefill_graphs = PrefillGraphs(table_width=width, scratch_page=num_pages)
         if self.options.mixed_graphs:
-            self.mixed_graphs = MixedGraphs(table_width=width, scratch_page=num_pages)
+            self.mixed_graphs = MixedGraphs(table_width=width, scratch_page=num_pages,
+                                            max_tokens=self.options.mixed_graph_rows)
 
     def memory_info(self) -> tuple[int, int]:
         cp = _cp()

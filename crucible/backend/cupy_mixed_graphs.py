@@ -5,8 +5,9 @@ hold a few prefill slices beside the running decodes. Eagerly such a step costs 
 host-side launches whatever its size (bench/mixed-step-h200.json), several times its GPU
 time when it is small. A graph replays it with one launch.
 
-A step qualifies when it has at most ``MAX_TOKENS`` rows and at most ``MAX_SLICES``
-segments of more than one row. It is padded to a graph's shape, the key
+A step qualifies when it has at most ``max_tokens`` rows (``MAX_TOKENS`` unless
+``CRUCIBLE_MIXED_GRAPH_ROWS`` says otherwise: one of ``ROW_CHOICES``) and at most
+``MAX_SLICES`` segments of more than one row. It is padded to a graph's shape, the key
 ``(tokens, finals, slices, chunk, capacity, capacity)``, each rounded up to a bucket. The
 buckets are coarse on purpose: chat traffic makes steps of every size, and each key costs a
 capture (a warm-up forward and the capture itself). So final rows round to a power of two,
@@ -29,9 +30,11 @@ changes no bits, only shared memory):
 Attention runs split as in eager mixed steps (kernels/attention.py paged_attention_mixed),
 so every real row's arithmetic is the eager step's, and padding rows only ever read and
 write the scratch page: replay == eager bit for bit (``gpu-graph-check`` checks it).
-Steps of more than ``MAX_TOKENS`` rows run eagerly: their GPU time (~24 ms for 1,024 rows
-with 500 decodes) already hides the launches, and each graph of that size would cost a
-capture of a whole step.
+Steps of more than ``max_tokens`` rows run eagerly: their GPU time (~24 ms for 1,024 rows
+with 500 decodes) hides the launches, and each graph of that size costs a capture of a
+whole step. Serving makes steps just past 512 rows (a few hundred decodes beside a prompt's
+slice), which launch eagerly without PDL between kernels; 1,024 covers them (measured
+choice pending: docs/throughput.md).
 
 Captures are bounded, so a stream of ever-new shapes can never make every step a capture:
 a key is captured the ``CAPTURE_AFTER``-th time it is seen (a one-off shape runs eagerly),
@@ -49,14 +52,17 @@ from crucible.backend.cupy_capture import Captured, capture_forward
 from crucible.backend.cupy_graphs import BUCKETS
 from crucible.backend.cupy_meta import CupyMeta, MixedSegments, split
 from crucible.backend.cupy_pinned import PinnedRing
+from crucible.backend.options import MIXED_GRAPH_ROWS
 from crucible.step.batch import PackedBatch
 
-MAX_TOKENS = 512
+MAX_TOKENS = 512  # the default max_tokens
 MAX_SLICES = 4
 MAX_GRAPHS = 32
 CAPTURE_AFTER = 2  # sightings of a key before it is captured
-TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512)
-FINAL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 640, 768, 1024)
+FINAL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ROW_CHOICES = MIXED_GRAPH_ROWS  # what max_tokens may be: every one a bucket
+assert set(ROW_CHOICES) <= set(TOKEN_BUCKETS)
 SLICE_BUCKETS = (1, 2, 4)
 CAPACITY_BUCKETS = tuple(256 << i for i in range(8))  # 256 .. 32,768
 FED_ROWS = BUCKETS[-1]  # ids a fed step can read: the decode graphs' largest bucket
@@ -74,20 +80,24 @@ def _capacity(segments: np.ndarray) -> int:
     return _up(int((segments[:, 2] + segments[:, 1]).max()), CAPACITY_BUCKETS)
 
 
-def is_mixed_graph_step(batch: PackedBatch) -> bool:
+def is_mixed_graph_step(batch: PackedBatch, max_tokens: int = MAX_TOKENS) -> bool:
     """Whether a step can replay a mixed graph: some slice of more than one row, at most
-    MAX_SLICES of them, at most MAX_TOKENS rows (decode steps and lone prefills have graphs
-    of their own, tried first)."""
-    if not 0 < batch.num_rows <= MAX_TOKENS:
+    MAX_SLICES of them, at most ``max_tokens`` rows (decode steps and lone prefills have
+    graphs of their own, tried first)."""
+    if not 0 < batch.num_rows <= max_tokens:
         return False
     n_multi = int((batch.segments[:, 1] > 1).sum())
     return 0 < n_multi <= MAX_SLICES
 
 
 class MixedGraphs:
-    def __init__(self, table_width: int, scratch_page: int) -> None:
+    def __init__(self, table_width: int, scratch_page: int,
+                 max_tokens: int = MAX_TOKENS) -> None:
         import cupy as cp
 
+        if max_tokens not in ROW_CHOICES:
+            raise ValueError(f"mixed graphs: max_tokens {max_tokens} is not one of {ROW_CHOICES}")
+        self.max_tokens = max_tokens
         self.width = table_width  # pages of one full context
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)

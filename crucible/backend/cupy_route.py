@@ -51,7 +51,7 @@ def run_step(be: Any, batch: PackedBatch, forward: Forward,
         out = be.prefill_graphs.run(batch, score_capacity(batch.max_end), forward)
         if out is not None:
             return out
-    if mixed_graphs_on(be) and is_mixed_graph_step(batch):
+    if mixed_graphs_on(be) and is_mixed_graph_step(batch, be.mixed_graphs.max_tokens):
         out = be.mixed_graphs.run(batch, forward, *(() if feed is None else (feed, fed)))
         if out is not None:
             return out

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from crucible.kernels.variants import DEFAULT_VARIANT
 
+# What mixed_graph_rows may be: the mixed graphs' row buckets from 128 (cupy_mixed_graphs).
+MIXED_GRAPH_ROWS = (128, 192, 256, 384, 512, 640, 768, 1024)
+
 
 @dataclass(frozen=True)
 class BackendOptions:
@@ -13,6 +16,7 @@ class BackendOptions:
     decode_graphs: bool = True  # decode steps replay CUDA graphs
     prefill_graphs: bool = True  # singleton prefills replay CUDA graphs
     mixed_graphs: bool = True  # mixed steps (prefill slices + decodes) replay CUDA graphs
+    mixed_graph_rows: int = 512  # the largest mixed step a graph replays (cupy_mixed_graphs)
     pdl: bool = True  # programmatic dependent launch inside decode graphs
     decode_stack: bool = True  # batch-1 decode as three kernels per layer (same bits)
     cpu_threads: int | None = None  # the CPU kernels' threads (None: the available cores)

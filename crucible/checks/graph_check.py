@@ -33,8 +33,10 @@ import numpy as np
 
 from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.checks.batch_check import Counts, Req, add_common, load, pages_for, report, run_step
+from crucible.checks.mixed_large_check import check_mixed_large
 from crucible.checks.pipeline_check import check_pipeline
 from crucible.engine.runner import ModelRunner
+from crucible.engine.settings import Settings
 
 GRAPH_SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 32, 33, 47, 48, 49, 63, 64,
                65, 96, 97, 129, 200, 257, 384, 385, 512, 17, 1)
@@ -42,9 +44,12 @@ PROMPT_LENGTHS = (1, 2, 5, 15, 16, 17, 31, 33, 64, 100)
 NO_GRAPHS = "graphs: not available on this device, checked eager only"
 
 
-def make_pair(model: object, device: str, num_pages: int) -> tuple[ModelRunner, ModelRunner]:
-    """(candidate, eager reference): one model, two pools; the reference never replays."""
-    cand = ModelRunner(model, num_pages=num_pages, device=device)
+def make_pair(model: object, device: str, num_pages: int,
+              mixed_graph_rows: int = 512) -> tuple[ModelRunner, ModelRunner]:
+    """(candidate, eager reference): one model, two pools; the reference never replays.
+    ``mixed_graph_rows``: the candidate's largest mixed graph (CRUCIBLE_MIXED_GRAPH_ROWS)."""
+    cand = ModelRunner(model, num_pages=num_pages, device=device,
+                       settings=Settings(mixed_graph_rows=mixed_graph_rows))
     ref = ModelRunner(model, num_pages=num_pages, device=device)
     if hasattr(ref.backend, "graphs"):
         ref.backend.graphs = ref.backend.prefill_graphs = ref.backend.mixed_graphs = None
@@ -148,7 +153,8 @@ def check_mixed(cand: ModelRunner, ref: ModelRunner, steps: int, max_prompt: int
         chunk = int(rng.integers(2, max_prompt + 1))
         fed = [min(chunk, len(a.tokens) - a.done) for a, _, _ in live]
         # (A lone prompt is a singleton prefill: the prefill graphs take it first.)
-        qualifies = (len(fed) > 1 and sum(fed) <= MAX_TOKENS
+        qualifies = (len(fed) > 1 and sum(fed) <= (MAX_TOKENS if mixed is None
+                                                     else mixed.max_tokens)
                      and 0 < sum(n > 1 for n in fed) <= MAX_SLICES)
         before = mixed.num_replays if mixed is not None else 0
         run_step(cand, [x[0] for x in live], chunk=chunk)
@@ -206,12 +212,15 @@ def graph_main(argv: list[str]) -> int:
     model = load(args)
     max_prompt = min(args.max_prompt, model.config.max_context - 3 * args.steps - 3)
     per_req = pages_for(max_prompt + 3 * args.steps + 2)
-    cand, ref = make_pair(model, args.device, max(args.sizes) * per_req + 16)
+    rows = Settings.from_env().mixed_graph_rows
+    cand, ref = make_pair(model, args.device, max(args.sizes) * per_req + 16, rows)
     graphs = graphs_of(cand)
     if graphs is None:
         print(NO_GRAPHS)
     passed, failed = check_graphs(cand, ref, args.sizes, args.steps, max_prompt, args.seed)
     more = check_mixed(cand, ref, 12 * args.steps, max_prompt, args.seed)
+    passed, failed = passed + more[0], failed + more[1]
+    more = check_mixed_large(cand, ref, 2 * args.steps, args.seed, rows)
     passed, failed = passed + more[0], failed + more[1]
     if graphs is not None:
         print(f"graphs: {graphs.num_captures} captures, {graphs.num_replays} replays")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from crucible.backend.cpu_ext import MAX_THREADS
-from crucible.backend.options import BackendOptions
+from crucible.backend.options import MIXED_GRAPH_ROWS, BackendOptions
 from crucible.engine.scheduler import SchedulerConfig
 from crucible.engine.sizes import parse_bytes
 from crucible.errors import ConfigError
@@ -39,6 +39,14 @@ def _threads(name: str, raw: str) -> int | None:
         return None
     if not value.isdigit() or not 1 <= int(value) <= MAX_THREADS:
         raise ConfigError(f"{name} must be a whole number from 1 to {MAX_THREADS}, "
+                          f"got {raw!r}")
+    return int(value)
+
+
+def _graph_rows(name: str, raw: str) -> int:
+    value = raw.strip()
+    if not value.isdigit() or int(value) not in MIXED_GRAPH_ROWS:
+        raise ConfigError(f"{name} must be one of {', '.join(map(str, MIXED_GRAPH_ROWS))}, "
                           f"got {raw!r}")
     return int(value)
 
@@ -73,6 +81,7 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_DECODE_GRAPHS": ("decode_graphs", _switch),
     "CRUCIBLE_PREFILL_GRAPHS": ("prefill_graphs", _switch),
     "CRUCIBLE_MIXED_GRAPHS": ("mixed_graphs", _switch),
+    "CRUCIBLE_MIXED_GRAPH_ROWS": ("mixed_graph_rows", _graph_rows),
     "CRUCIBLE_GRAPH_WARMUP": ("graph_warmup", _switch),
     "CRUCIBLE_PDL": ("pdl", _switch),
     "CRUCIBLE_DECODE_STACK": ("decode_stack", _switch),
@@ -95,6 +104,7 @@ class Settings:
     decode_graphs: bool = True
     prefill_graphs: bool = True
     mixed_graphs: bool = True
+    mixed_graph_rows: int = 512  # the largest mixed step a graph replays
     graph_warmup: bool = True  # capture the decode graphs at start-up (engine factory)
     pdl: bool = True
     decode_stack: bool = True
@@ -132,6 +142,10 @@ class Settings:
                           ("prefix_cache_max_tokens", 1), ("prefix_cache_entries", 1)):
             self._check_int(name, low)
         self._check_int("prefix_cache_size", 0, optional=True)
+        r = self.mixed_graph_rows
+        if isinstance(r, bool) or r not in MIXED_GRAPH_ROWS:
+            raise ConfigError(f"mixed_graph_rows must be one of "
+                              f"{', '.join(map(str, MIXED_GRAPH_ROWS))}, got {r!r}")
         f = self.gpu_memory_fraction
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
                               or not 0 < f <= 1):
@@ -180,7 +194,8 @@ class Settings:
     def backend_options(self) -> BackendOptions:
         return BackendOptions(attention=self.attention, decode_graphs=self.decode_graphs,
                               prefill_graphs=self.prefill_graphs,
-                              mixed_graphs=self.mixed_graphs, pdl=self.pdl,
+                              mixed_graphs=self.mixed_graphs,
+                              mixed_graph_rows=self.mixed_graph_rows, pdl=self.pdl,
                               decode_stack=self.decode_stack, cpu_threads=self.cpu_threads)
 
     def scheduler_config(self) -> SchedulerConfig:
