@@ -19,6 +19,7 @@ class Graphs:
     def __init__(self, name: str, takes: bool) -> None:
         self.name, self.takes, self.offered = name, takes, []
         self.fed, self.last, self.last_replayed = ("fed0", "fed1"), 1, True
+        self.max_tokens = 512  # MixedGraphs' largest step (CRUCIBLE_MIXED_GRAPH_ROWS)
 
     def run(self, batch, forward, *args):
         self.offered.append((batch.num_rows, args))
