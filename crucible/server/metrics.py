@@ -18,6 +18,31 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0
                     0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
 
+# The engine's own figures (its stats: gauges, and counters it keeps step by step), as
+# (series, kind, help, stats key); /metrics renders them in this order.
+ENGINE_SERIES = (
+    ("crucible_requests_running", "gauge", "Admitted requests holding pages.", "running"),
+    ("crucible_requests_waiting", "gauge", "Requests in the waiting queue.", "waiting"),
+    ("crucible_requests_waiting_preempted", "gauge",
+     "Waiting requests that were preempted (re-queued beyond the bound).", "waiting_preempted"),
+    ("crucible_queue_peak", "gauge",
+     "Most new (never admitted) requests waiting at once; never above the bound.",
+     "queue_peak"),
+    ("crucible_requests_waiting_peak", "gauge",
+     "Most requests waiting at once, preempted ones included.", "waiting_peak"),
+    ("crucible_pages_total", "gauge", "Pages in the KV pool.", "pages_total"),
+    ("crucible_pages_used", "gauge", "Pages held by requests now.", "pages_used"),
+    ("crucible_pages_used_peak", "gauge", "Most pages ever held at once.", "pages_peak"),
+    ("crucible_engine_steps_total", "counter", "Packed forward steps.", "steps"),
+    ("crucible_engine_rows_total", "counter",
+     "Rows the engine's steps computed (prompt positions and decode rows).", "rows_computed"),
+    ("crucible_engine_generated_tokens_total", "counter",
+     "Tokens the engine's steps sampled, counted as they are sampled.", "tokens_generated"),
+    ("crucible_preemptions_total", "counter", "Requests preempted for pages.", "preemptions"),
+    ("crucible_engine_failures_total", "counter", "Steps that raised.", "failures"),
+)
+
+
 class Histogram:
     def __init__(self, name: str, help_text: str,
                  buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> None:
@@ -94,39 +119,10 @@ class Metrics:
             out.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
 
         metric("crucible_healthy", "gauge", "1 while the engine loop serves.", int(healthy))
-        metric("crucible_requests_running", "gauge", "Admitted requests holding pages.",
-               stats.get("running", 0))
-        metric("crucible_requests_waiting", "gauge", "Requests in the waiting queue.",
-               stats.get("waiting", 0))
         metric("crucible_queue_bound", "gauge", "Waiting-queue bound (429 beyond it).",
                queue_bound)
-        metric("crucible_requests_waiting_preempted", "gauge",
-               "Waiting requests that were preempted (re-queued beyond the bound).",
-               stats.get("waiting_preempted", 0))
-        metric("crucible_queue_peak", "gauge",
-               "Most new (never admitted) requests waiting at once; never above the bound.",
-               stats.get("queue_peak", 0))
-        metric("crucible_requests_waiting_peak", "gauge",
-               "Most requests waiting at once, preempted ones included.",
-               stats.get("waiting_peak", 0))
-        metric("crucible_pages_total", "gauge", "Pages in the KV pool.",
-               stats.get("pages_total", 0))
-        metric("crucible_pages_used", "gauge", "Pages held by requests now.",
-               stats.get("pages_used", 0))
-        metric("crucible_pages_used_peak", "gauge", "Most pages ever held at once.",
-               stats.get("pages_peak", 0))
-        metric("crucible_engine_steps_total", "counter", "Packed forward steps.",
-               stats.get("steps", 0))
-        metric("crucible_engine_rows_total", "counter",
-               "Rows the engine's steps computed (prompt positions and decode rows).",
-               stats.get("rows_computed", 0))
-        metric("crucible_engine_generated_tokens_total", "counter",
-               "Tokens the engine's steps sampled, counted as they are sampled.",
-               stats.get("tokens_generated", 0))
-        metric("crucible_preemptions_total", "counter", "Requests preempted for pages.",
-               stats.get("preemptions", 0))
-        metric("crucible_engine_failures_total", "counter", "Steps that raised.",
-               stats.get("failures", 0))
+        for name, kind, text, key in ENGINE_SERIES:
+            metric(name, kind, text, stats.get(key, 0))
         metric("crucible_prompt_tokens_total", "counter", "Prompt tokens of ended requests.",
                self.prompt_tokens)
         metric("crucible_generation_tokens_total", "counter",
