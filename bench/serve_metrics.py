@@ -99,7 +99,8 @@ def engine_figures(before: dict[str, float], after: dict[str, float], span_s: fl
     12.6 ms), so the window's figures are the steady state's."""
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTERS.values()}
     span = max(span_s, 1e-9)
-    live = [m for t, m in samples if window[0] <= t <= window[1]]
+    inside = [(t, m) for t, m in samples if window[0] <= t <= window[1]]
+    live = [m for _, m in inside]
 
     def mean(key: str) -> float | None:
         vals = [m[key] for m in live if key in m]
@@ -120,8 +121,7 @@ def engine_figures(before: dict[str, float], after: dict[str, float], span_s: fl
             "max_running": max((m.get("running", 0) for m in live), default=None),
             "mean_waiting": mean("waiting"),
             "max_pages_used": max((m.get("pages_used", 0) for m in live), default=None),
-            "gauge_samples": len(live), "window": window_figures(
-                [(t, m) for t, m in samples if window[0] <= t <= window[1]])}
+            "gauge_samples": len(live), "window": window_figures(inside)}
 
 
 def window_figures(live: list[tuple[float, dict[str, float]]]) -> dict[str, Any] | None:
