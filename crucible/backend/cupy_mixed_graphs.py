@@ -6,7 +6,7 @@ host-side launches whatever its size (bench/mixed-step-h200.json), several times
 time when it is small. A graph replays it with one launch.
 
 A step qualifies when it has at most ``max_tokens`` rows (``MAX_TOKENS`` unless
-``CRUCIBLE_MIXED_GRAPH_ROWS`` says otherwise: one of ``ROW_CHOICES``) and at most
+``CRUCIBLE_MIXED_GRAPH_ROWS`` says otherwise: one of options.MIXED_GRAPH_ROWS) and at most
 ``MAX_SLICES`` segments of more than one row. It is padded to a graph's shape, the key
 ``(tokens, finals, slices, chunk, capacity, capacity)``, each rounded up to a bucket. The
 buckets are coarse on purpose: chat traffic makes steps of every size, and each key costs a
@@ -61,8 +61,7 @@ MAX_GRAPHS = 32
 CAPTURE_AFTER = 2  # sightings of a key before it is captured
 TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 640, 768, 1024)
 FINAL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-ROW_CHOICES = MIXED_GRAPH_ROWS  # what max_tokens may be: every one a bucket
-assert set(ROW_CHOICES) <= set(TOKEN_BUCKETS)
+assert set(MIXED_GRAPH_ROWS) <= set(TOKEN_BUCKETS)  # what max_tokens may be: buckets
 SLICE_BUCKETS = (1, 2, 4)
 CAPACITY_BUCKETS = tuple(256 << i for i in range(8))  # 256 .. 32,768
 FED_ROWS = BUCKETS[-1]  # ids a fed step can read: the decode graphs' largest bucket
@@ -95,8 +94,9 @@ class MixedGraphs:
                  max_tokens: int = MAX_TOKENS) -> None:
         import cupy as cp
 
-        if max_tokens not in ROW_CHOICES:
-            raise ValueError(f"mixed graphs: max_tokens {max_tokens} is not one of {ROW_CHOICES}")
+        if max_tokens not in MIXED_GRAPH_ROWS:
+            raise ValueError(f"mixed graphs: max_tokens {max_tokens} is not one of "
+                             f"{MIXED_GRAPH_ROWS}")
         self.max_tokens = max_tokens
         self.width = table_width  # pages of one full context
         self.scratch = scratch_page
