@@ -28,6 +28,7 @@ from common import stat, write_json
 
 from crucible.kernels import launch as pdl_launch
 from crucible.step.batch import SegmentSpec, build_packed_batch
+from crucible.engine.settings import Settings
 from crucible.model.loader import load_model
 from crucible.engine.runner import ModelRunner
 
@@ -168,11 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--json", default="bench/gpu-generate.json")
+    p.add_argument("--gemm", default="fma", choices=("fma", "mma"),
+                   help="the int8 GEMMs' order (CRUCIBLE_GEMM)")
     p.add_argument("--parts", default="decode,engine,prefill,profile",
                    help="comma-separated subset of decode,engine,prefill,profile")
     args = p.parse_args(argv)
     model = load_model(args.model, args.weights)
-    runner = ModelRunner(model, num_pages=1100, device="cuda")
+    runner = ModelRunner(model, num_pages=1100, device="cuda",
+                         settings=Settings(device="cuda", gemm=args.gemm))
     rng = np.random.default_rng(0)
     res: dict[str, list[float]] = {}
     graphs = runner.backend.graphs

@@ -89,9 +89,11 @@ def load(args: argparse.Namespace) -> LoadedModel:
 def fresh_llm(model: LoadedModel, args: argparse.Namespace, cache_size: int | None) -> LLM:
     given = {k: getattr(args, k) for k in ("num_pages", "token_budget", "max_running")
              if getattr(args, k) is not None}
-    settings = Settings(device=args.device, weights=model.weights_mode,
-                        prefix_cache_size=cache_size,
-                        max_queue=max(Settings.max_queue, args.users), **given)
+    # from_env: CRUCIBLE_* switches (late planning, the GEMM order) reach the engines, so
+    # bench/env_ab.py can A/B them; cache_size None means "not given": the cache is on.
+    settings = Settings.from_env(device=args.device, weights=model.weights_mode,
+                                 prefix_cache_size=cache_size,
+                                 max_queue=max(Settings.max_queue, args.users), **given)
     return LLM(model, settings=settings)
 
 

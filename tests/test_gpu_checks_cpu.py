@@ -106,8 +106,8 @@ class _Graphs:
 def test_graph_check_catches(bug, monkeypatch, capsys) -> None:
     make_pair = graph_check.make_pair
 
-    def pair(model, device, num_pages, rows=512):
-        cand, ref = make_pair(model, device, num_pages, rows)
+    def pair(model, device, num_pages, settings=None):
+        cand, ref = make_pair(model, device, num_pages, settings)
         if bug == "no-replay":
             cand.backend.graphs = _Graphs()  # the numpy backend never consults it
         else:  # a "graph" whose 3-row decode steps round differently

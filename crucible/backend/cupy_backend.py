@@ -23,6 +23,7 @@ from crucible.backend.protocol import BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
 from crucible.kernels import linear as ck
 from crucible.kernels import linear_chunks as cc
+from crucible.kernels import linear_mma as lm
 from crucible.kernels import linear_rows as cf
 from crucible.kernels.device_weight import DeviceWeight, upload_weight
 from crucible.kernels.model_ops import flat_launch, rows_launch
@@ -43,7 +44,7 @@ class CupyBackend:
     def __init__(self, options: BackendOptions | None = None) -> None:
         self.options = options or BackendOptions()
         self.variant: Variant = parse_variant(self.options.attention)
-        self.use_stack = self.options.decode_stack  # kernels/decode_stack.py
+        self.use_stack = self.options.decode_stack and not self.mma  # kernels/decode_stack.py
         self.cfg: Geometry | None = None
         self.graphs = None  # DecodeGraphs once the pool exists (decode_graphs off: None)
         self.prefill_graphs = None  # PrefillGraphs likewise
@@ -52,8 +53,14 @@ class CupyBackend:
         self._norms: dict[str, Any] = {}
 
     @property
+    def mma(self) -> bool:
+        """gemm "mma": every int8 GEMM in linear_mma.cu's order, so the fused row kernels
+        and the decode stack (linear.cu's order inside) stay off."""
+        return self.options.gemm == "mma"
+
+    @property
     def arithmetic(self) -> str:
-        return f"cupy-{self.variant.name}"
+        return f"cupy-{self.variant.name}" + ("-mma" if self.mma else "")
 
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
         cp = _cp()
@@ -126,7 +133,7 @@ class CupyBackend:
     def set_decode_stack(self, on: bool) -> None:
         """The batch-1 decode stack on or off (same bits either way); drops every graph."""
         self._drop_graphs()
-        self.use_stack = bool(on)
+        self.use_stack = bool(on) and not self.mma
 
     def decode_stack(self, meta: CupyMeta) -> Any:
         """A batch-1 decode step in three kernels a layer (kernels/decode_stack.py); None
@@ -191,13 +198,17 @@ class CupyBackend:
         return y
 
     def linear(self, x: Any, weight: str) -> Any:
-        wd = self._linear[weight]
-        return ck.linear(x, wd, self.new((x.shape[0], wd.shape[0])), pdl=self.options.pdl)
+        return self._gemm(x, self._linear[weight], None)
 
     def linear_add(self, x: Any, weight: str, residual: Any) -> Any:
-        wd = self._linear[weight]
-        return ck.linear(x, wd, self.new((x.shape[0], wd.shape[0])), residual=residual,
-                         pdl=self.options.pdl)
+        return self._gemm(x, self._linear[weight], residual)
+
+    def _gemm(self, x: Any, wd: DeviceWeight, residual: Any, out: Any = None,
+              tiled: bool = False) -> Any:
+        out = self.new((x.shape[0], wd.shape[0])) if out is None else out
+        if self.mma and wd.dtype_name == "int8" and lm.supports(*wd.shape):
+            return lm.linear_mma(x, wd, out, residual)
+        return ck.linear(x, wd, out, residual=residual, tiled=tiled, pdl=self.options.pdl)
 
     # -- fused stage groups (stages.py composes the primitives).
     # Small M runs one row kernel per group (cuda/linear_rows.cu); large M runs the
@@ -205,7 +216,7 @@ class CupyBackend:
     def fuses(self, x: Any, group: str) -> bool:
         """Whether ``group`` (attn_in, mlp_in, norm_linear) runs as one row kernel for x."""
         epi = {"attn_in": cf.EPI_ROPE, "mlp_in": cf.EPI_SWIGLU}.get(group, cf.EPI_STORE)
-        ok = cf.fuses(x.shape[0], x.shape[1], epi)
+        ok = not self.mma and cf.fuses(x.shape[0], x.shape[1], epi)
         return ok and (group != "attn_in" or self.cfg.head_dim == 64)
 
     def attn_in(self, x: Any, layer: int, meta: CupyMeta, **combine: Any) -> Any:
@@ -224,7 +235,7 @@ class CupyBackend:
     def mlp_in(self, x: Any, layer: int) -> Any:
         """RMSNorm -> gate/up -> SwiGLU; returns [T, F] (decode sizes: norm, then chunks)."""
         wd = self._linear[f"l{layer}.gate_up"]
-        if cc.use_chunks(x.shape[0], wd.shape[0], x.shape[1], cc.EPI_SWIGLU):
+        if not self.mma and cc.use_chunks(x.shape[0], wd.shape[0], x.shape[1], cc.EPI_SWIGLU):
             y = self.new((x.shape[0], wd.shape[0] // 2))
             return cc.linear_chunks(self.rmsnorm(x, f"l{layer}.ffn_norm"), wd, y,
                                     epi=cc.EPI_SWIGLU, pdl=self.options.pdl)
@@ -239,7 +250,7 @@ class CupyBackend:
         wd = self._linear[weight]
         out = self.new((x.shape[0], wd.shape[0]))
         if x.shape[0] >= ck.HEAD_TILED_FROM and wd.shape[0] >= ck.HEAD_WIDE:
-            return ck.linear(self.rmsnorm(x, norm), wd, out, tiled=True, pdl=self.options.pdl)
+            return self._gemm(self.rmsnorm(x, norm), wd, None, out, tiled=True)
         if not self.fuses(x, "norm_linear"):
             return stages.norm_linear(self, x, norm, weight)
         per_sm = cf.HEAD_CTAS_PER_SM if x.shape[0] == 1 else cf.CTAS_PER_SM

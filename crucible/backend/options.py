@@ -8,6 +8,9 @@ from crucible.kernels.variants import DEFAULT_VARIANT
 
 # What mixed_graph_rows may be: the mixed graphs' row buckets from 128 (cupy_mixed_graphs).
 MIXED_GRAPH_ROWS = (128, 192, 256, 384, 512, 640, 768, 1024)
+# The int8 GEMMs' order: linear.cu's fma chains on the CUDA cores, or linear_mma.cu's exact
+# bf16-part products on the tensor cores. One order for every GEMM of a backend.
+GEMMS = ("fma", "mma")
 
 
 @dataclass(frozen=True)
@@ -19,4 +22,5 @@ class BackendOptions:
     mixed_graph_rows: int = 512  # the largest mixed step a graph replays (cupy_mixed_graphs)
     pdl: bool = True  # programmatic dependent launch inside decode graphs
     decode_stack: bool = True  # batch-1 decode as three kernels per layer (same bits)
+    gemm: str = "fma"  # int8 GEMMs' order, one of GEMMS (mma: no fused row kernels, no stack)
     cpu_threads: int | None = None  # the CPU kernels' threads (None: the available cores)

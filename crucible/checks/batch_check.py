@@ -29,6 +29,7 @@ import numpy as np
 
 from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.engine.runner import ModelRunner
+from crucible.engine.settings import Settings
 
 BATCH_SIZES = (1, 2, 3, 5, 8, 15, 16, 17, 24, 31, 32, 33, 47, 48, 49, 63, 64)
 
@@ -228,7 +229,7 @@ def batch_main(argv: list[str]) -> int:
     model = load(args)
     steps, max_prompt = args.steps, min(args.max_prompt, model.config.max_context - args.steps - 1)
     runner = ModelRunner(model, num_pages=max(args.sizes) * pages_for(max_prompt + steps + 1) + 8,
-                         device=args.device)
+                         device=args.device, settings=Settings.from_env())
     passed, failed = check_batch(runner, args.sizes, steps, max_prompt, args.seed)
     print(f"needle alone vs inside batches of {args.sizes}, {steps} decode steps")
     return report("gpu-batch", runner, args, passed, failed, t0)
@@ -242,7 +243,8 @@ def paged_main(argv: list[str]) -> int:
     t0 = time.time()
     model = load(args)
     n_pages = 2 * sum(pages_for(args.max_prompt + args.steps + 1) for _ in range(12)) + 2
-    runner = ModelRunner(model, num_pages=n_pages, device=args.device)
+    runner = ModelRunner(model, num_pages=n_pages, device=args.device,
+                         settings=Settings.from_env())
     passed, failed = check_paged(runner, args.requests, args.steps, args.max_prompt, args.seed)
     print("layouts interleaved/reversed/shuffled/strided vs contiguous, "
           f"{args.requests} requests, {args.steps} decode steps")

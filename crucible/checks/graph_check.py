@@ -45,12 +45,12 @@ NO_GRAPHS = "graphs: not available on this device, checked eager only"
 
 
 def make_pair(model: object, device: str, num_pages: int,
-              mixed_graph_rows: int = 512) -> tuple[ModelRunner, ModelRunner]:
-    """(candidate, eager reference): one model, two pools; the reference never replays.
-    ``mixed_graph_rows``: the candidate's largest mixed graph (CRUCIBLE_MIXED_GRAPH_ROWS)."""
-    cand = ModelRunner(model, num_pages=num_pages, device=device,
-                       settings=Settings(mixed_graph_rows=mixed_graph_rows))
-    ref = ModelRunner(model, num_pages=num_pages, device=device)
+              settings: Settings | None = None) -> tuple[ModelRunner, ModelRunner]:
+    """(candidate, eager reference): one model, two pools, both built by ``settings`` (the
+    entry point's: CRUCIBLE_MIXED_GRAPH_ROWS, CRUCIBLE_GEMM); the reference never replays."""
+    settings = settings or Settings()
+    cand = ModelRunner(model, num_pages=num_pages, device=device, settings=settings)
+    ref = ModelRunner(model, num_pages=num_pages, device=device, settings=settings)
     if hasattr(ref.backend, "graphs"):
         ref.backend.graphs = ref.backend.prefill_graphs = ref.backend.mixed_graphs = None
     return cand, ref
@@ -212,8 +212,9 @@ def graph_main(argv: list[str]) -> int:
     model = load(args)
     max_prompt = min(args.max_prompt, model.config.max_context - 3 * args.steps - 3)
     per_req = pages_for(max_prompt + 3 * args.steps + 2)
-    rows = Settings.from_env().mixed_graph_rows
-    cand, ref = make_pair(model, args.device, max(args.sizes) * per_req + 16, rows)
+    settings = Settings.from_env()
+    rows = settings.mixed_graph_rows
+    cand, ref = make_pair(model, args.device, max(args.sizes) * per_req + 16, settings)
     graphs = graphs_of(cand)
     if graphs is None:
         print(NO_GRAPHS)

@@ -30,6 +30,7 @@ from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import SchedulerConfig
 from crucible.engine.runner import ModelRunner
+from crucible.engine.settings import Settings
 
 Outcome = tuple[list[int], list[dict], Any, Any]  # tokens, logprobs, prompt logprobs, reason
 KINDS = [dict(temperature=0.0), dict(temperature=0.8, top_k=5), dict(temperature=0.8, top_k=40),
@@ -41,9 +42,12 @@ def run_workload(model: Any, prompts: list[list[int]], params: list[SamplingPara
                  device: str = "cpu", attention: str | None = None, budget: int = 1024,
                  chunk_cap: int | None = None, num_pages: int = 128,
                  order: list[int] | None = None, aborts: dict[int, list[str]] | None = None,
-                 max_running: int = 256) -> tuple[dict[str, Outcome], dict[str, int]]:
-    """Run requests ``str(i)`` to the end; abort ``aborts[step]`` before that step."""
-    runner = ModelRunner(model, num_pages=num_pages, device=device, attention=attention)
+                 max_running: int = 256, gemm: str = "fma"
+                 ) -> tuple[dict[str, Outcome], dict[str, int]]:
+    """Run requests ``str(i)`` to the end; abort ``aborts[step]`` before that step.
+    ``gemm``: the int8 GEMMs' order (CRUCIBLE_GEMM), the same for both sides of a check."""
+    runner = ModelRunner(model, num_pages=num_pages, device=device, attention=attention,
+                         settings=Settings(gemm=gemm))
     eng = LLMEngine(runner, model.tokenizer, SchedulerConfig(
         token_budget=budget, chunk_cap=chunk_cap, max_running=max_running,
         max_queue=max(64, len(prompts))))
@@ -69,11 +73,12 @@ def run_workload(model: Any, prompts: list[list[int]], params: list[SamplingPara
 
 
 def one_at_a_time(model: Any, prompts: list[list[int]], params: list[SamplingParams], *,
-                  device: str = "cpu", attention: str | None = None) -> dict[str, Outcome]:
+                  device: str = "cpu", attention: str | None = None,
+                  gemm: str = "fma") -> dict[str, Outcome]:
     out = {}
     for i in range(len(prompts)):
         r, _ = run_workload(model, [prompts[i]], [params[i]], device=device,
-                            attention=attention, num_pages=64)
+                            attention=attention, num_pages=64, gemm=gemm)
         out[str(i)] = r["0"]
     return out
 
@@ -128,8 +133,6 @@ def check_malformed(report: Report, vocab: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from crucible.engine.settings import Settings
-
     p = argparse.ArgumentParser(prog="llm-engine gpu-packed-prefill-check")
     p.add_argument("--model", default=None, help="model to check (default: a tiny random "
                    "model with the 9/3/64 attention geometry)")
@@ -139,7 +142,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--fuzz", type=int, default=24, help="random workloads")
     p.add_argument("--seed", type=int, default=20260908)
     args = p.parse_args(argv)
-    selected = Settings.from_env().attention
+    env = Settings.from_env()
+    selected = env.attention
     if args.model:
         from crucible.model.loader import load_model
 
@@ -154,10 +158,11 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     rnd = random.Random(args.seed)
     rep = Report()
-    kw = dict(device=args.device, attention=selected)
+    kw = dict(device=args.device, attention=selected, gemm=env.gemm)
 
     def alone(prompts: list[list[int]], params: list[SamplingParams]) -> dict[str, Outcome]:
-        return one_at_a_time(model, prompts, params, device=args.device, attention="reference")
+        return one_at_a_time(model, prompts, params, device=args.device, attention="reference",
+                             gemm=env.gemm)
 
     def progress(stage: str) -> None:  # a long run cut short still says how far it got
         print(f"  {stage}: {rep.runs} packed runs, {rep.sequences} sequences, "

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from crucible.backend.cpu_ext import MAX_THREADS
-from crucible.backend.options import MIXED_GRAPH_ROWS, BackendOptions
+from crucible.backend.options import GEMMS, MIXED_GRAPH_ROWS, BackendOptions
 from crucible.engine.scheduler import SchedulerConfig
 from crucible.engine.sizes import parse_bytes
 from crucible.errors import ConfigError
@@ -51,6 +51,13 @@ def _graph_rows(name: str, raw: str) -> int:
     return int(value)
 
 
+def _gemm(name: str, raw: str) -> str:
+    value = raw.strip()
+    if value not in GEMMS:
+        raise ConfigError(f"{name} must be one of {', '.join(GEMMS)}, got {raw!r}")
+    return value
+
+
 def _attention(name: str, raw: str) -> str:
     return parse_variant(raw).name if raw.strip() else DEFAULT_VARIANT
 
@@ -83,6 +90,7 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_MIXED_GRAPHS": ("mixed_graphs", _switch),
     "CRUCIBLE_MIXED_GRAPH_ROWS": ("mixed_graph_rows", _graph_rows),
     "CRUCIBLE_GRAPH_WARMUP": ("graph_warmup", _switch),
+    "CRUCIBLE_GEMM": ("gemm", _gemm),
     "CRUCIBLE_PDL": ("pdl", _switch),
     "CRUCIBLE_DECODE_STACK": ("decode_stack", _switch),
     "CRUCIBLE_PIPELINE": ("pipeline", _switch),
@@ -105,6 +113,7 @@ class Settings:
     prefill_graphs: bool = True
     mixed_graphs: bool = True
     mixed_graph_rows: int = 512  # the largest mixed step a graph replays
+    gemm: str = "fma"  # the CUDA int8 GEMMs' order: fma (linear.cu) or mma (linear_mma.cu)
     graph_warmup: bool = True  # capture the decode graphs at start-up (engine factory)
     pdl: bool = True
     decode_stack: bool = True
@@ -146,6 +155,8 @@ class Settings:
         if isinstance(r, bool) or r not in MIXED_GRAPH_ROWS:
             raise ConfigError(f"mixed_graph_rows must be one of "
                               f"{', '.join(map(str, MIXED_GRAPH_ROWS))}, got {r!r}")
+        if self.gemm not in GEMMS:
+            raise ConfigError(f"gemm must be one of {', '.join(GEMMS)}, got {self.gemm!r}")
         f = self.gpu_memory_fraction
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
                               or not 0 < f <= 1):
@@ -196,7 +207,8 @@ class Settings:
                               prefill_graphs=self.prefill_graphs,
                               mixed_graphs=self.mixed_graphs,
                               mixed_graph_rows=self.mixed_graph_rows, pdl=self.pdl,
-                              decode_stack=self.decode_stack, cpu_threads=self.cpu_threads)
+                              decode_stack=self.decode_stack, gemm=self.gemm,
+                              cpu_threads=self.cpu_threads)
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(token_budget=self.token_budget, chunk_cap=self.chunk_cap,

@@ -1,0 +1,108 @@
+"""The tensor-core int8 GEMM (cuda/linear_mma.cu, and cuda/linear_mma_rows.cu for few rows):
+exact products of x's three bf16 parts with the int8 codes, f32 accumulation in a fixed
+order of its own (not linear.cu's), so its bits are its own and the same for every launch
+shape (``FORMS``, ``ROW_FORMS``) and every M.
+
+Not routed by ``linear()`` yet: every GEMM of a run must share one order, and the batch-1
+decode stack (decode_stack.py) and the row and chunk kernels keep linear.cu's. This module
+is what ``bench/gemm_mma_bench.py`` measures against them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from crucible.kernels.device_weight import DeviceWeight, check_linear, need
+from crucible.kernels.source import cached_module
+
+# (MT, NT, WM, WN): a warp's 16 MT x 8 NT tile, WM x WN warps a CTA.
+FORMS: tuple[tuple[int, int, int, int], ...] = (
+    (1, 2, 2, 2), (1, 2, 1, 4), (1, 4, 2, 2), (2, 2, 2, 2), (2, 4, 2, 2), (1, 1, 4, 2),
+    (4, 2, 1, 4), (2, 4, 4, 1),
+)
+CONTROL = (1, 2, 2, 2)  # the form of the one-accumulator negative control
+# (NT, warps): linear_mma_rows' 16 x 8 NT tile a CTA, its K blocks over ``warps`` warps.
+ROW_FORMS: tuple[tuple[int, int], ...] = ((1, 8), (2, 8), (4, 8), (2, 4), (1, 12), (2, 12))
+ROW_CONTROL = (2, 8)  # the rows kernel's control form
+ROWS_MAX = 64  # rows up to which pick_form takes the rows kernel
+SMEM_DEFAULT = 48 * 1024
+
+
+def _name(form: tuple[int, int, int, int], one_acc: bool) -> str:
+    mt, nt, wm, wn = form
+    return f"linear_mma<{mt}, {nt}, {wm}, {wn}, {'true' if one_acc else 'false'}>"
+
+
+def _row_name(nt: int, one_acc: bool) -> str:
+    return f"linear_mma_rows<{nt}, {'true' if one_acc else 'false'}>"
+
+
+_NAMES = tuple(_name(f, False) for f in FORMS) + (_name(CONTROL, True),)
+_ROW_NAMES = tuple(_row_name(nt, False) for nt in (1, 2, 4)) + (_row_name(2, True),)
+
+
+@functools.cache
+def kernel(form: tuple[int, ...], one_acc: bool = False) -> Any:
+    if len(form) == 2:
+        return cached_module("linear_mma_rows.cu", _ROW_NAMES).get_function(
+            _row_name(form[0], one_acc))
+    return cached_module("linear_mma.cu", _NAMES).get_function(_name(form, one_acc))
+
+
+def row_smem(k: int, nt: int) -> int:
+    return (k // 64) * 16 * 8 * nt * 4  # linear_mma_rows' block values
+
+
+def fits(n: int, k: int, form: tuple[int, ...]) -> bool:
+    """The kernels' shape rules: whole 64-wide K blocks, whole CTA column tiles."""
+    nt, wn = (form[0], 1) if len(form) == 2 else (form[1], form[3])
+    return k % 64 == 0 and n % (8 * nt * wn) == 0 and (
+        len(form) == 4 or row_smem(k, nt) <= SMEM_DEFAULT)
+
+
+def supports(n: int, k: int) -> bool:
+    """Whether a weight [N, K] runs here at every M (a form of each kernel fits); one that
+    does not keeps linear.cu's order, the same for every M, so a weight's order is fixed."""
+    return k % 64 == 0 and n % 16 == 0 and row_smem(k, 1) <= SMEM_DEFAULT
+
+
+def pick_form(m: int, n: int, k: int) -> tuple[int, ...]:
+    """A form for the shape (any form gives the same bits; gemm-mma-h200.json's speeds)."""
+    if m <= ROWS_MAX:
+        order: tuple[tuple[int, ...], ...] = ((2, 8), (1, 8))
+    elif m >= 1024:
+        order = ((2, 4, 2, 2), (1, 4, 2, 2), (1, 2, 2, 2))
+    else:
+        order = ((1, 2, 1, 4), (1, 4, 2, 2), (1, 2, 2, 2))
+    for form in order + FORMS:
+        if fits(n, k, form):
+            return form
+    raise ValueError(f"linear_mma: no form fits N={n}, K={k}")
+
+
+def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
+               form: tuple[int, ...] | None = None, one_acc: bool = False) -> Any:
+    """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights only."""
+    import cupy as cp
+
+    m, n, k = check_linear(x, wd, out, residual)
+    need(wd.dtype_name == "int8", "linear_mma: int8 weights only")
+    form = form or pick_form(m, n, k)
+    need(fits(n, k, form), f"linear_mma: form {form} does not fit N={n}, K={k}")
+    for a in (x, wd.w, out, residual):
+        need(a is None or a.data.ptr % 16 == 0, "linear_mma: arrays must be 16-byte aligned")
+    if m == 0:
+        return out
+    res = residual if residual is not None else np.uint64(0)  # a null pointer
+    args = (x, wd.w, wd.scale, res, out, cp.int32(m), cp.int32(n), cp.int32(k))
+    if len(form) == 2:
+        nt, warps = form
+        kernel(form, one_acc)((n // (8 * nt), -(-m // 16)), (32 * min(warps, k // 64),), args,
+                              shared_mem=row_smem(k, nt))
+        return out
+    mt, nt, wm, wn = form
+    kernel(form, one_acc)((n // (8 * nt * wn), -(-m // (16 * mt * wm))), (32 * wm * wn,), args)
+    return out

@@ -1,0 +1,96 @@
+// linear_mma.cu: y[m, n] = scale[n] * sum_k x[m, k] * q[n, k] (plus residual[m, n] last) for
+// int8 codes q, on the tensor cores, with every product exact and f32 accumulation.
+//
+// Why exact products: x (f32) is cut into three bf16 parts, x = hi + mid + lo exactly (hi:
+// x with its low 16 bits cleared; mid: the same of x - hi; lo: the rest, at most 8
+// significant bits), and an int8 code is a bf16 exactly. So each mma's products are the
+// exact products of x's parts with the codes, summed by the tensor core into f32.
+//
+// Canonical order per output (m, n), fixed by this file and independent of M, of the row's
+// place in the tile and of the launch shape: K is cut into 64-wide blocks; block c's value
+// b_c = (lo + mid) + hi, three f32 accumulators from 0 that each take the block's four
+// mma.m16n8k16 steps j ascending, part by part (thread slot s of step j, slots 2t, 2t+1,
+// 2t+8, 2t+9 of lane group t = lane % 4, holds k = 64 c + 16 t + 4 j + s', s' = 0..3 in
+// slot order: a lane's 16 bytes of q and four float4 of x cover its slots of all four
+// steps); total = 0 + b_0 + b_1 + ... ascending; times scale[n]; residual + that, last.
+// Blocks are independent, so a kernel may compute them in any place and add them in
+// order (linear_mma_rows.cu splits K over warps).
+// An mma's output rows are independent dot products, so rows never change each other.
+//
+// Layout: x f32 [M, K] row-major; w int8 [N, K] row-major (DeviceWeight.w: the mma's
+// column-major B); scale f32 [N]; y, residual f32 [M, N]. K % 64 == 0, N % 8 == 0, 16-byte
+// aligned rows (the host checks).
+// Thread mapping: CTA of WM x WN warps; warp (wm, wn) owns rows m0 + 16 (MT wm + i), i < MT,
+// and columns n0 + 8 (NT wn + c), c < NT, of the CTA's (16 MT WM) x (8 NT WN) tile; lane =
+// 4 g + t: rows g and g + 8 of each 16-row tile (A and C), column g of each 8-column tile
+// (B), C columns 2t, 2t + 1. Grid (N / (8 NT WN), ceil(M / (16 MT WM))). No shared memory:
+// x and q come through L1 (a CTA's warps share rows and columns). ONE_ACC (a negative
+// control for the checks, never routed): one accumulator for all three parts, other bits.
+// No standard headers (NVRTC).
+#include "mma_common.cuh"
+
+template <int MT, int NT, int WM, int WN, bool ONE_ACC>
+__global__ void __launch_bounds__(32 * WM * WN)
+linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
+           const float* __restrict__ scale, const float* __restrict__ residual,
+           float* __restrict__ y, int M, int N, int K) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int wm = warp / WN, wn = warp % WN;
+    const int m0 = blockIdx.y * (16 * MT * WM) + 16 * MT * wm;
+    const int n0 = blockIdx.x * (8 * NT * WN) + 8 * NT * wn;
+    float part[MT][NT][3][4], total[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int c = 0; c < NT; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                total[i][c][e] = part[i][c][0][e] = part[i][c][1][e] = part[i][c][2][e] = 0.0f;
+    const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int kb = 0; kb < K; kb += 64) {
+        const int kt = kb + 16 * t;
+        int4 q[NT];
+#pragma unroll
+        for (int c = 0; c < NT; ++c)
+            q[c] = __ldg(reinterpret_cast<const int4*>(w + (size_t)(n0 + 8 * c + g) * K + kt));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            unsigned b[NT][2];
+#pragma unroll
+            for (int c = 0; c < NT; ++c) cru_codes_b(cru_word(q[c], j), b[c]);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const int r0 = m0 + 16 * i + g, r1 = r0 + 8;
+                const float4 v0 = r0 < M ? __ldg(reinterpret_cast<const float4*>(
+                                               x + (size_t)r0 * K + kt + 4 * j)) : zero4;
+                const float4 v1 = r1 < M ? __ldg(reinterpret_cast<const float4*>(
+                                               x + (size_t)r1 * K + kt + 4 * j)) : zero4;
+                unsigned a[3][4];
+                cru_split_a(v0, v1, a);
+#pragma unroll
+                for (int c = 0; c < NT; ++c) cru_mma3<ONE_ACC>(part[i][c], a, b[c]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int c = 0; c < NT; ++c)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    total[i][c][e] = cru_block_add<ONE_ACC>(total[i][c][e], part[i][c], e);
+    }
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int c = 0; c < NT; ++c) {
+            const int col = n0 + 8 * c + 2 * t;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + 16 * i + g + 8 * h;
+                if (row < M)
+                    cru_mma_store(y, residual, scale, row, col, N, total[i][c][2 * h],
+                                  total[i][c][2 * h + 1]);
+            }
+        }
+}

@@ -1,0 +1,109 @@
+"""CRUCIBLE_GEMM=mma on the CPU: the setting's parsing, the tensor-core GEMM's shape rules
+and form picks, and the CuPy backend's routes with it on and off (a fake CuPy records which
+kernel each stage would launch; the GPU bits are tests/test_gpu_linear_mma.py's)."""
+
+from __future__ import annotations
+
+import types
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from crucible.engine.settings import ConfigError, Settings
+from crucible.kernels import linear_mma as lm
+from tests.test_linear_chunks import dev, fake_cupy, weight  # noqa: F401 - fixture
+
+SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576))  # SmolLM2-135M
+
+
+def test_setting_parses_and_refuses_other_values() -> None:
+    assert Settings.from_env({}).gemm == "fma"
+    s = Settings.from_env({"CRUCIBLE_GEMM": " mma "})
+    assert s.gemm == "mma" and s.backend_options().gemm == "mma"
+    for bad in ("", "MMA", "tensor", "1"):
+        with pytest.raises(ConfigError, match="CRUCIBLE_GEMM must be one of fma, mma"):
+            Settings.from_env({"CRUCIBLE_GEMM": bad})
+    with pytest.raises(ConfigError, match="gemm must be one of fma, mma, got 'bf16'"):
+        Settings(gemm="bf16")
+
+
+def test_every_model_shape_has_a_form_at_every_size() -> None:
+    for n, k in SHAPES:
+        for m in (1, 16, 64, 65, 256, 1023, 1024, 4096):
+            form = lm.pick_form(m, n, k)
+            assert lm.fits(n, k, form)
+            assert (len(form) == 2) == (m <= lm.ROWS_MAX)  # the rows kernel for few rows
+    assert not lm.fits(576, 560, (1, 2, 2, 2))  # K not whole 64-blocks
+    assert not lm.fits(600, 576, (1, 2, 2, 2))  # N not whole 32-column tiles
+    assert not lm.fits(576, 64 * 49, (4, 8))  # the rows kernel's block values past 48 KB
+    with pytest.raises(ValueError, match="no form fits N=100, K=576"):
+        lm.pick_form(16, 100, 576)
+
+
+def test_wrapper_refuses_f32_weights_and_misfits(fake_cupy: types.ModuleType) -> None:
+    with pytest.raises(ValueError, match="int8 weights only"):
+        lm.linear_mma(dev((4, 576)), weight(576, 576, int8=False), dev((4, 576)))
+    with pytest.raises(ValueError, match=r"form \(1, 2, 2, 2\) does not fit N=40"):
+        lm.linear_mma(dev((4, 64)), weight(40, 64), dev((4, 40)), form=(1, 2, 2, 2))
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        lm.linear_mma(dev((4, 576), offset=4), weight(576, 576), dev((4, 576)))
+
+
+def backend(gemm: str, seen: list, monkeypatch: pytest.MonkeyPatch) -> object:
+    from crucible.backend.cupy_backend import CupyBackend
+    from crucible.backend.options import BackendOptions
+    from crucible.kernels import linear as ck
+    from crucible.kernels import linear_chunks as cc
+    from crucible.kernels import linear_rows as cf
+
+    monkeypatch.setattr(lm, "linear_mma", lambda x, wd, out, residual=None:
+                        seen.append(("mma", residual is not None)) or out)
+    monkeypatch.setattr(ck, "linear", lambda x, wd, out, residual=None, **kw:
+                        seen.append(("fma", residual is not None)) or out)
+    monkeypatch.setattr(cc, "linear_chunks", lambda x, wd, out, *a, **kw:
+                        seen.append(("chunks", kw.get("epi", 0))) or out)
+    monkeypatch.setattr(cf, "linear_rows", lambda x, wd, out, **kw:
+                        seen.append(("rows", kw.get("epi", 0))) or out)
+    be = CupyBackend(BackendOptions(gemm=gemm))
+    be._linear = {"l0.gate_up": weight(3072, 576), "l0.o": weight(576, 576),
+                  "l0.f32": weight(576, 576, int8=False), "lm_head": weight(49152, 576)}
+    be._norms = {"l0.ffn_norm": dev((576,)), "final_norm": dev((576,))}
+    be.cfg = SimpleNamespace(rms_eps=1e-5, head_dim=64)
+    be.new = lambda shape: dev(shape)
+    be.rmsnorm = lambda x, name: seen.append(("norm", name)) or x
+    be.swiglu = lambda gu: seen.append(("swiglu", 0)) or dev((gu.shape[0], gu.shape[1] // 2))
+    return be
+
+
+def test_mma_routes_every_int8_gemm_and_turns_the_fused_kernels_off(
+        fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list = []
+    be = backend("mma", seen, monkeypatch)
+    assert not be.use_stack and be.arithmetic.endswith("-mma")
+    be._drop_graphs = lambda: None
+    be.set_decode_stack(True)
+    assert not be.use_stack  # the stack keeps linear.cu's order: never with mma
+    x = dev((8, 576))
+    be.linear(x, "l0.o")
+    be.linear_add(x, "l0.o", x)
+    be.linear(x, "l0.f32")  # f32 weights keep linear.cu's kernels
+    assert seen == [("mma", False), ("mma", True), ("fma", False)]
+    seen.clear()
+    for m in (8, 40, 300):  # rows, chunks and wide sizes under fma
+        assert not be.fuses(dev((m, 576)), "mlp_in")
+        be.mlp_in(dev((m, 576)), 0)
+        be.norm_linear(dev((m, 576)), "final_norm", "lm_head")
+    assert seen == [("norm", "l0.ffn_norm"), ("mma", False), ("swiglu", 0),
+                    ("norm", "final_norm"), ("mma", False)] * 3
+
+
+def test_fma_keeps_the_fused_kernels(fake_cupy: types.ModuleType,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list = []
+    be = backend("fma", seen, monkeypatch)
+    assert be.use_stack and not be.arithmetic.endswith("-mma")
+    be.linear(dev((8, 576)), "l0.o")
+    be.mlp_in(dev((8, 576)), 0)
+    be.mlp_in(dev((40, 576)), 0)
+    assert seen == [("fma", False), ("rows", 1), ("norm", "l0.ffn_norm"), ("chunks", 1)]

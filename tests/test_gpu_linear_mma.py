@@ -1,0 +1,82 @@
+"""cuda/linear_mma.cu and linear_mma_rows.cu on a real GPU (skipped without CuPy or a
+device): every form of both kernels gives the rows of one 1,024-row launch bit for bit at
+every M, with and without the residual, on the model's shapes and small edges; rows in
+another order and huge values in other rows change nothing; the error against float64 is
+f32-sized. Negative controls: the one-accumulator form (another order of the same
+products) must differ, as must linear.cu's fma order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu  # tests/conftest.py skips them without a CUDA device
+
+from crucible.kernels import linear as ck  # noqa: E402
+from crucible.kernels import linear_mma as lm  # noqa: E402
+from crucible.kernels.device_weight import upload_weight  # noqa: E402
+
+NK = ((960, 576), (576, 1536), (64, 64), (128, 192))
+M_ALL = (1, 2, 15, 16, 17, 64, 65, 300, 1024)
+
+
+def same(a: Any, b: Any) -> bool:
+    return bool(cp.array_equal(a.view(cp.uint32), b.view(cp.uint32)))
+
+
+def case(n: int, k: int, seed: int) -> tuple[np.ndarray, Any, Any, Any]:
+    rng = np.random.default_rng(seed)
+    xh = (rng.standard_normal((1024, k)) * 10.0 ** rng.uniform(-2, 2, (1024, 1)))
+    codes = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    wd = upload_weight(codes, (0.001 + 0.02 * rng.random(n)).astype(np.float32))
+    res = cp.asarray(rng.standard_normal((1024, n)).astype(np.float32))
+    return xh.astype(np.float32), cp.asarray(xh.astype(np.float32)), wd, res
+
+
+@pytest.mark.parametrize("n,k", NK)
+@pytest.mark.parametrize("with_res", (False, True))
+def test_every_form_and_m_gives_the_same_rows(n: int, k: int, with_res: bool) -> None:
+    _, x, wd, res = case(n, k, n + k)
+    res = res if with_res else None
+    ref = lm.linear_mma(x, wd, cp.empty((1024, n), cp.float32), res, form=lm.CONTROL)
+    forms = [f for f in lm.FORMS + lm.ROW_FORMS if lm.fits(n, k, f)]
+    assert len(forms) >= 4
+    for form in forms:
+        for m in M_ALL:
+            if len(form) == 2 and m > 300:
+                continue
+            r = None if res is None else res[:m]
+            got = lm.linear_mma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r, form=form)
+            assert same(got, ref[:m]), f"form {form} M={m}"
+
+
+@pytest.mark.parametrize("n,k", NK[:2])
+def test_rows_are_independent_of_their_neighbours(n: int, k: int) -> None:
+    _, x, wd, _ = case(n, k, 7)
+    ref = lm.linear_mma(x, wd, cp.empty((1024, n), cp.float32))
+    perm = cp.asarray(np.random.default_rng(1).permutation(1024))
+    assert same(lm.linear_mma(x[perm], wd, cp.empty((1024, n), cp.float32)), ref[perm])
+    loud = x[:40].copy()
+    loud[1:] = cp.float32(3e38)
+    for form in ((2, 8), (1, 2, 2, 2)):
+        got = lm.linear_mma(loud, wd, cp.empty((40, n), cp.float32), form=form)
+        assert same(got[0], ref[0]), form
+
+
+@pytest.mark.parametrize("n,k", NK[:2])
+def test_error_is_f32_sized_and_the_controls_differ(n: int, k: int) -> None:
+    xh, x, wd, _ = case(n, k, 3)
+    codes, scale = wd.w.get().astype(np.float64), wd.scale.get().astype(np.float64)
+    y64 = (xh.astype(np.float64) @ codes.T) * scale
+    mag = (np.abs(xh.astype(np.float64)) @ np.abs(codes.T)) * scale
+    got = lm.linear_mma(x, wd, cp.empty((1024, n), cp.float32))
+    assert float((np.abs(got.get() - y64) / mag).max()) < 4e-7
+    for form in (lm.CONTROL, lm.ROW_CONTROL):
+        m = 1024 if len(form) == 4 else 64
+        ctl = lm.linear_mma(x[:m], wd, cp.empty((m, n), cp.float32), form=form, one_acc=True)
+        assert not same(ctl, got[:m]), form
+    fma = ck.linear(x, wd, cp.empty((1024, n), cp.float32))
+    assert not same(fma, got)
