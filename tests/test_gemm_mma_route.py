@@ -33,12 +33,15 @@ def test_every_model_shape_has_a_form_at_every_size() -> None:
         for m in (1, 16, 64, 65, 256, 1023, 1024, 4096):
             form = lm.pick_form(m, n, k)
             assert lm.fits(n, k, form)
-            assert (len(form) == 2) == (m <= lm.ROWS_MAX)  # the rows kernel for few rows
+            assert lm.supports(n, k)
+            rows_kernel = m <= 64 or (m <= 128 and n < 2048)
+            assert (len(form) == 2) == (rows_kernel and n < 8192), (n, k, m, form)
     assert not lm.fits(576, 560, (1, 2, 2, 2))  # K not whole 64-blocks
     assert not lm.fits(600, 576, (1, 2, 2, 2))  # N not whole 32-column tiles
     assert not lm.fits(576, 64 * 49, (4, 8))  # the rows kernel's block values past 48 KB
     with pytest.raises(ValueError, match="no form fits N=100, K=576"):
         lm.pick_form(16, 100, 576)
+    assert not lm.supports(100, 576) and not lm.supports(576, 100)  # these keep linear.cu
 
 
 def test_wrapper_refuses_f32_weights_and_misfits(fake_cupy: types.ModuleType) -> None:

@@ -27,7 +27,6 @@ CONTROL = (1, 2, 2, 2)  # the form of the one-accumulator negative control
 # (NT, warps): linear_mma_rows' 16 x 8 NT tile a CTA, its K blocks over ``warps`` warps.
 ROW_FORMS: tuple[tuple[int, int], ...] = ((1, 8), (2, 8), (4, 8), (2, 4), (1, 12), (2, 12))
 ROW_CONTROL = (2, 8)  # the rows kernel's control form
-ROWS_MAX = 64  # rows up to which pick_form takes the rows kernel
 SMEM_DEFAULT = 48 * 1024
 
 
@@ -70,14 +69,21 @@ def supports(n: int, k: int) -> bool:
 
 
 def pick_form(m: int, n: int, k: int) -> tuple[int, ...]:
-    """A form for the shape (any form gives the same bits; gemm-mma-h200.json's speeds)."""
-    if m <= ROWS_MAX:
-        order: tuple[tuple[int, ...], ...] = ((2, 8), (1, 8))
-    elif m >= 1024:
-        order = ((2, 4, 2, 2), (1, 4, 2, 2), (1, 2, 2, 2))
+    """A form for the shape, by bench/gemm-mma-h200.json (fastest or within 7% at each of
+    the default model's shapes); any form gives the same bits. The rows kernel up to 128
+    rows (the LM head's 49,152 columns give the tile kernel enough CTAs from 2 rows)."""
+    head, wide = n >= 8192, n >= 2048
+    if head:
+        order: tuple[tuple[int, ...], ...] = ((1, 2, 1, 4),) if m <= 32 else ((2, 4, 2, 2),)
+    elif m <= 16:
+        order = ((1, 12), (1, 8))
+    elif m <= 64 or (m <= 128 and not wide):
+        order = ((2, 12), (1, 12))
+    elif m >= 512 and wide:
+        order = ((2, 4, 4, 1), (2, 4, 2, 2))
     else:
-        order = ((1, 2, 1, 4), (1, 4, 2, 2), (1, 2, 2, 2))
-    for form in order + FORMS:
+        order = ((1, 4, 2, 2), (1, 2, 1, 4))
+    for form in order + FORMS + ROW_FORMS:
         if fits(n, k, form):
             return form
     raise ValueError(f"linear_mma: no form fits N={n}, K={k}")
