@@ -75,7 +75,8 @@ def main(argv: list[str]) -> int:
         tokens = tokens[: args.tokens + 1]
     pages = -(-args.ctx // 16) * 4
     runs: dict[str, Any] = {}
-    selected = Settings.from_env().attention
+    env = Settings.from_env()  # the attention variant and the GEMM order (CRUCIBLE_GEMM)
+    selected = env.attention
     plan = [("selected", selected, False)]
     if args.paged:
         plan.append(("shuffled pages", selected, True))
@@ -83,7 +84,8 @@ def main(argv: list[str]) -> int:
         plan.append((f"attention {args.compare_attn}", args.compare_attn, False))
     base = None
     for label, variant, shuffle in plan:
-        runner = ModelRunner(model, num_pages=pages, device=args.device, attention=variant)
+        runner = ModelRunner(model, num_pages=pages, device=args.device, attention=variant,
+                             settings=env)
         t0 = time.perf_counter()
         nll, count, logits = evaluate(runner, tokens, args.ctx, shuffle,
                                       np.random.default_rng(0))
