@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from crucible.backend.options import GEMMS
 from crucible.engine.sizes import UNITS_HELP, parse_bytes
 from crucible.errors import ConfigError
 from crucible.model.fetch import DEFAULT_MODEL
@@ -123,6 +124,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="auto picks CUDA when the CuPy backend and a GPU are there")
     g.add_argument("--weights", choices=("int8", "f32"), default="int8",
                    help="linear-layer weights: int8 per-channel or f32")
+    g.add_argument("--gemm", choices=GEMMS, default=None,
+                   help="CUDA int8 GEMMs: fma (CUDA cores, the default) or mma (tensor "
+                        "cores: faster under load, batch-1 decode slower, other bits); "
+                        "default: CRUCIBLE_GEMM or fma")
     add_pool_options(g)
 
 

@@ -18,7 +18,7 @@ from crucible.kernels.variants import parse_variant, startup_report
 
 def build_engine(args: argparse.Namespace) -> LLMEngine:
     """The flags over the environment's settings, through the one engine factory."""
-    settings = Settings.from_env(device=args.device, weights=args.weights,
+    settings = Settings.from_env(device=args.device, weights=args.weights, gemm=args.gemm,
                                  num_pages=args.num_pages, kv_cache_memory=args.kv_cache_memory,
                                  gpu_memory_fraction=args.gpu_memory_fraction,
                                  token_budget=args.token_budget, chunk_cap=args.chunk_cap,
@@ -30,6 +30,9 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
         print(f"crucible: {info.graphs}", file=sys.stderr)
     if info.device == "cuda":  # say which attention kernel runs
         print(f"crucible: {startup_report(parse_variant(info.attention))}", file=sys.stderr)
+        if info.gemm == "mma":
+            print("crucible: int8 GEMMs on the tensor cores (gemm mma: its own bits; "
+                  "batch-1 decode runs without the decode stack)", file=sys.stderr)
     if not args.profile:
         return engine
     from crucible.backend.profile import ProfiledSampler

@@ -78,7 +78,7 @@ def _built(model: str, settings: Settings):
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    settings = Settings.from_env(device=args.device, weights=args.weights,
+    settings = Settings.from_env(device=args.device, weights=args.weights, gemm=args.gemm,
                                  num_pages=args.num_pages, kv_cache_memory=args.kv_cache_memory,
                                  gpu_memory_fraction=args.gpu_memory_fraction,
                                  token_budget=args.token_budget,
@@ -94,8 +94,8 @@ async def _serve(args: argparse.Namespace) -> int:
         (lambda: _built(args.model, settings)) if args.engine_in_process
         else EngineProcessConfig(args.model, settings))
     runner, port, load = await start_server(state, args.host, args.port, source)
-    log.info("listening on http://%s:%d (loading %s on %s, %s weights, engine %s)",
-             args.host, port, args.model, args.resolved_device, args.weights,
+    log.info("listening on http://%s:%d (loading %s on %s, %s weights, gemm %s, engine %s)",
+             args.host, port, args.model, args.resolved_device, args.weights, settings.gemm,
              "in this process" if args.engine_in_process else "in its own process")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -39,6 +39,7 @@ class EngineInfo:
     max_running: int
     attention: str
     graphs: str = ""  # what was captured at start-up, for the start-up report
+    gemm: str = "fma"  # the CUDA int8 GEMMs' order (Settings.gemm); the CPU: always fma
 
 
 def load(model: str | LoadedModel, settings: Settings) -> LoadedModel:
@@ -105,7 +106,8 @@ def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngin
                       token_budget=cfg.token_budget, chunk_cap=cfg.chunk_cap,
                       max_queue=cfg.max_queue, max_running=cfg.max_running,
                       attention=settings.attention if device == "cuda"
-                      else "numpy reference order", graphs=graphs)
+                      else "numpy reference order", graphs=graphs,
+                      gemm=settings.gemm if device == "cuda" else "fma")
     return engine, info
 
 
