@@ -124,11 +124,15 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="auto picks CUDA when the CuPy backend and a GPU are there")
     g.add_argument("--weights", choices=("int8", "f32"), default="int8",
                    help="linear-layer weights: int8 per-channel or f32")
+    add_gemm_option(g)
+    add_pool_options(g)
+
+
+def add_gemm_option(g: argparse._ActionsContainer) -> None:
     g.add_argument("--gemm", choices=GEMMS, default=None,
                    help="CUDA int8 GEMMs: fma (CUDA cores, the default) or mma (tensor "
                         "cores: faster under load, batch-1 decode slower, other bits); "
                         "default: CRUCIBLE_GEMM or fma")
-    add_pool_options(g)
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:

@@ -16,8 +16,8 @@ import signal
 import sys
 
 from crucible.backend.select import resolve_device
-from crucible.cli_args import (Parser, add_pool_options, int_in, non_negative_int, positive_float,
-                               positive_int)
+from crucible.cli_args import (Parser, add_gemm_option, add_pool_options, int_in,
+                               non_negative_int, positive_float, positive_int)
 from crucible.engine.factory import build_engine, freeze_startup
 from crucible.engine.settings import Settings
 from crucible.errors import CrucibleError
@@ -44,6 +44,7 @@ def parser() -> argparse.ArgumentParser:
                         "before listening")
     p.add_argument("--weights", default="int8", choices=("int8", "f32"),
                    help="linear-layer weights: int8 per-channel or f32")
+    add_gemm_option(p)
     p.add_argument("--max-queue", type=positive_int, default=64,
                    help="waiting-queue bound; beyond it requests get 429 at once")
     add_pool_options(p.add_argument_group("pool and scheduler"))

@@ -136,3 +136,10 @@ def test_cli_flag_reaches_the_settings_and_refuses_other_orders(
     with pytest.raises(SystemExit):
         p.parse_args(["--prompt", "x", "--gemm", "tf32"])
     assert "invalid choice: 'tf32'" in capsys.readouterr().err
+
+
+def test_serve_takes_the_flag_too() -> None:
+    from crucible.cli_serve import parser as serve_parser
+
+    assert serve_parser().parse_args(["--gemm", "mma"]).gemm == "mma"
+    assert serve_parser().parse_args([]).gemm is None  # CRUCIBLE_GEMM or fma decides
