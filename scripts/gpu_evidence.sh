@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU evidence of docs/gpu-engine.md, in one run on the GPU machine (from the repo root).
 #   bash scripts/gpu_evidence.sh [MODEL.gguf]
-# Without a model: the exactness suite on tiny random models and the per-kernel bench. With
+# Without a model: the exactness suite on tiny random models, the per-kernel bench and the
+# tensor-core GEMM's checks (CRUCIBLE_GEMM=mma). With
 # the default model's GGUF: also the speed bench, perplexity (int8 and f32), the HF peer and
 # the full-size packed check (over 5 minutes on its own).
 # Logs and JSON go to $OUT (default: ./gpu-out). Copy what a doc quotes into bench/.
@@ -18,6 +19,12 @@ run() {  # name, command...: log to $out/name.log; a failure is reported, the re
 }
 run gpu-validate python3 -m crucible gpu-validate
 run gpu-kernels python3 bench/gpu_kernels.py --json "$out/gpu-kernels.json"
+# The tensor-core GEMM order (CRUCIBLE_GEMM=mma): its kernels' bits and speed, and the
+# exactness checks with every int8 GEMM in that order.
+run gemm-mma python3 bench/gemm_mma_bench.py --json "$out/gemm-mma.json"
+for check in gpu-graph-check gpu-packed-prefill-check gpu-batch gpu-paged; do
+    run "mma-$check" env CRUCIBLE_GEMM=mma python3 -m crucible "$check"
+done
 if [ $# -ge 1 ]; then
     model="$1"
     run gpu-generate python3 bench/gpu_generate.py --model "$model" --weights int8 --rounds 3 \
