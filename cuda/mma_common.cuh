@@ -56,11 +56,15 @@ __device__ __forceinline__ int cru_word(const int4& q, int j) {
 // c += A B over one 16 x 8 x 16 step (f32 accumulate).
 __device__ __forceinline__ void cru_mma(float (&c)[4], const unsigned (&a)[4],
                                         const unsigned (&b)[2]) {
+#ifdef CRU_HOST_SHIM  // tests/cuda_host/prelude.h: a stand-in sum, for the index arithmetic
+    cru_host_mma(c, a, b);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
 }
 
 // One block step j for the three parts (ONE_ACC: all into p[0], the checks' control).

@@ -14,6 +14,12 @@ whole steps) is gpu-engine-check's.
   gate/up, SwiGLU, down's chunk partials and their ascending combine; f32 and int8, several
   hidden and FFN sizes, 1 and 2 rows, 0-9 O partials, 96 runs. 0 or 1 partials add the same
   either way; the 48 runs with 3 or 9 must fail.
+- cuda/linear_mma.cu and linear_mma_rows.cu (mma_driver.cpp) against a plain spelling of
+  the tensor-core order: every tile and rows form, M = 1..40, two and three K blocks, the
+  residual on and off, 34 runs; the mma is prelude.h's stand-in sum (c + exact products in
+  double, rounded once), the same in kernel and reference, so this checks fragments,
+  blocks, tiles and epilogues, not the tensor core. The 20 runs with three blocks must fail
+  with the block values added in descending order.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import pytest
 from host_driver import build, run
 
 # driver: (runs, runs that fail with the partials added in descending order)
-CASES = {"chunks_driver.cpp": (720, 144), "stack_driver.cpp": (96, 48)}
+CASES = {"chunks_driver.cpp": (720, 144), "stack_driver.cpp": (96, 48),
+         "mma_driver.cpp": (34, 20)}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

@@ -57,6 +57,11 @@ inline float __uint_as_float(unsigned v) {
     std::memcpy(&f, &v, 4);
     return f;
 }
+inline unsigned __float_as_uint(float f) {
+    unsigned v;
+    std::memcpy(&v, &f, 4);
+    return v;
+}
 // Byte i of the result = byte (selector nibble i & 7) of the 8-byte value {y:x}.
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     const uint64_t v = (uint64_t)x | ((uint64_t)y << 32);
@@ -90,6 +95,41 @@ inline float __shfl_down_sync(unsigned, float v, int off) {
     const float r = lane + off < 32 ? warp_slots[t_flat + off] : v;
     b->arrive_and_wait();  // every lane has read before the slots are reused
     return r;
+}
+
+// mma.m16n8k16 (bf16 in, f32 accumulate) for mma_common.cuh: the warp's lanes deposit their
+// fragments, meet, and each forms its four outputs from the whole A (16 x 16) and B (16 x 8).
+// Its sum is a stand-in, not the tensor core's: c + the 16 exact products in slot order, in
+// double, rounded once (cru_host_mma_elem, which the drivers' references call too). So the
+// host checks the kernels' plumbing (fragments, blocks, tiles, epilogues), not the hardware.
+inline unsigned warp_frag[1024][6];
+inline float cru_host_bf16(unsigned reg, int half) {
+    return __uint_as_float(((reg >> (16 * half)) & 0xffffu) << 16);
+}
+inline float cru_host_mma_elem(float c, const float* a, const float* b) {
+    double s = c;
+    for (int kk = 0; kk < 16; ++kk) s += (double)a[kk] * (double)b[kk];
+    return (float)s;
+}
+inline void cru_host_mma(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    const int lane = t_flat & 31, base = t_flat - lane, g = lane >> 2, t = lane & 3;
+    std::barrier<>* bar = warp_barriers[t_flat >> 5];
+    for (int i = 0; i < 4; ++i) warp_frag[t_flat][i] = a[i];
+    warp_frag[t_flat][4] = b[0];
+    warp_frag[t_flat][5] = b[1];
+    bar->arrive_and_wait();
+    for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        float av[16], bv[16];
+        for (int kk = 0; kk < 16; ++kk) {  // slot kk: lane group (kk % 8) / 2, half kk % 2
+            const int tt = (kk % 8) / 2, half = kk % 2;
+            av[kk] = cru_host_bf16(warp_frag[base + 4 * (row % 8) + tt][(row >= 8) + 2 * (kk >= 8)],
+                                   half);
+            bv[kk] = cru_host_bf16(warp_frag[base + 4 * col + tt][4 + (kk >= 8)], half);
+        }
+        c[e] = cru_host_mma_elem(c[e], av, bv);
+    }
+    bar->arrive_and_wait();  // every lane has read before the fragments are reused
 }
 
 // rows_chunk.cuh's host branches (plain copies for cp.async, no register pins) and dynamic

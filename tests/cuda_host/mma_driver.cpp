@@ -1,0 +1,172 @@
+// mma_driver.cpp: cuda/linear_mma.cu and cuda/linear_mma_rows.cu run on the host (prelude.h,
+// its mma a stand-in sum) against a plain spelling of the tensor-core order, bit for bit
+// (tests/test_kernels_on_host.py builds it).
+//
+// The reference spells linear_mma.cu's order per output: per 64-wide K block, three part
+// accumulators (x = hi + mid + lo, cru_split3) each take the block's four mma steps, slot kk
+// of step j holding k = 64 c + 16 ((kk % 8) / 2) + 4 j + (kk % 2) + 2 (kk / 8); the block's
+// value (lo + mid) + hi; total = 0 + b_0 + b_1 + ...; times scale; residual last. Each mma
+// step is prelude.h's cru_host_mma_elem, the same function the kernels' host mma calls.
+// Sweep: every tile form and rows form the wrapper builds (crucible/kernels/linear_mma.py)
+// at M = 1..40 (row tails inside and past a 16-row tile), two and three K blocks, with and
+// without the residual. y starts as a
+// sentinel, so an output the kernel fails to write shows. `descending` makes the reference
+// add the block values in descending order: the negative control, which must fail exactly
+// the runs of three blocks (two add the same either way).
+#include "prelude.h"
+#include "linear_mma.cu"
+#include "linear_mma_rows.cu"
+
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+static bool descending = false;
+
+// One CTA at a time, its threads as std::threads (threadIdx, t_flat, warp barriers).
+template <typename F>
+void run_grid(dim3 grid, int threads_n, F kernel) {
+    std::barrier<> bar(threads_n);
+    std::vector<std::unique_ptr<std::barrier<>>> warps;
+    std::vector<std::barrier<>*> ptrs;
+    for (int w = 0; w < threads_n / 32; ++w) {
+        warps.push_back(std::make_unique<std::barrier<>>(32));
+        ptrs.push_back(warps.back().get());
+    }
+    cta_barrier = &bar;
+    warp_barriers = ptrs.data();
+    gridDim = grid;
+    blockDim = {(unsigned)threads_n, 1, 1};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < threads_n; ++t)
+        threads.emplace_back([&, t] {
+            threadIdx = {(unsigned)t, 0, 0};
+            t_flat = t;
+            for (unsigned y = 0; y < grid.y; ++y)
+                for (unsigned x = 0; x < grid.x; ++x) {
+                    blockIdx = {x, y, 0};
+                    kernel();
+                    bar.arrive_and_wait();
+                }
+        });
+    for (auto& t : threads) t.join();
+}
+
+static float reference(const float* x, const signed char* w, const float* sc, const float* res,
+                       int m, int n, int N, int K) {
+    std::vector<float> blocks;
+    for (int c = 0; c < K / 64; ++c) {
+        float p[3] = {0.0f, 0.0f, 0.0f};
+        for (int j = 0; j < 4; ++j) {
+            float a[3][16], b[16];
+            for (int kk = 0; kk < 16; ++kk) {
+                const int k = 64 * c + 16 * ((kk % 8) / 2) + 4 * j + (kk % 2) + 2 * (kk / 8);
+                cru_split3(x[(size_t)m * K + k], a[0][kk], a[1][kk], a[2][kk]);
+                b[kk] = (float)w[(size_t)n * K + k];
+            }
+            for (int s = 0; s < 3; ++s) p[s] = cru_host_mma_elem(p[s], a[s], b);
+        }
+        blocks.push_back(__fadd_rn(__fadd_rn(p[2], p[1]), p[0]));
+    }
+    if (descending) std::reverse(blocks.begin(), blocks.end());
+    float total = 0.0f;
+    for (float v : blocks) total = __fadd_rn(total, v);
+    const float y = __fmul_rn(total, sc[n]);
+    return res ? __fadd_rn(res[(size_t)m * N + n], y) : y;
+}
+
+struct Case {
+    int M, N, K;
+    std::vector<float> x, sc, res;
+    std::vector<signed char> w;
+};
+
+static Case make(int M, int N, int K, std::mt19937& g) {
+    std::normal_distribution<float> normal;
+    std::uniform_real_distribution<float> decade(-2.0f, 2.0f);
+    Case c{M, N, K, std::vector<float>((size_t)M * K), std::vector<float>(N),
+           std::vector<float>((size_t)M * N), std::vector<signed char>((size_t)N * K)};
+    for (int m = 0; m < M; ++m) {  // rows over four decades: every part of the split matters
+        const float s = std::pow(10.0f, decade(g));
+        for (int k = 0; k < K; ++k) c.x[(size_t)m * K + k] = s * normal(g);
+    }
+    for (auto& v : c.w) v = (signed char)((int)(g() % 255) - 127);
+    for (auto& v : c.sc) v = 0.001f + 0.02f * std::fabs(normal(g));
+    for (auto& v : c.res) v = normal(g);
+    return c;
+}
+
+static int compare(const Case& c, const std::vector<float>& y, bool with_res, const char* what) {
+    int bad = 0;
+    for (int m = 0; m < c.M; ++m)
+        for (int n = 0; n < c.N; ++n) {
+            const float want = reference(c.x.data(), c.w.data(), c.sc.data(),
+                                         with_res ? c.res.data() : nullptr, m, n, c.N, c.K);
+            bad += std::memcmp(&want, &y[(size_t)m * c.N + n], 4) != 0;
+        }
+    if (bad)
+        printf("FAIL %s M=%d N=%d K=%d residual=%d: %d wrong\n", what, c.M, c.N, c.K,
+               (int)with_res, bad);
+    return bad != 0;
+}
+
+template <int MT, int NT, int WM, int WN>
+int tile(const Case& c, bool with_res) {
+    std::vector<float> y((size_t)c.M * c.N, -777.0f);
+    const float* res = with_res ? c.res.data() : nullptr;
+    dim3 grid{(unsigned)(c.N / (8 * NT * WN)), (unsigned)((c.M + 16 * MT * WM - 1) / (16 * MT * WM)), 1};
+    run_grid(grid, 32 * WM * WN, [&] {
+        linear_mma<MT, NT, WM, WN, false>(c.x.data(), c.w.data(), c.sc.data(), res, y.data(),
+                                          c.M, c.N, c.K);
+    });
+    char what[64];
+    snprintf(what, sizeof what, "tile %dx%dx%dx%d", MT, NT, WM, WN);
+    return compare(c, y, with_res, what);
+}
+
+template <int NT>
+int rows(const Case& c, bool with_res, int warps) {
+    std::vector<float> y((size_t)c.M * c.N, -777.0f);
+    const float* res = with_res ? c.res.data() : nullptr;
+    dim3 grid{(unsigned)(c.N / (8 * NT)), (unsigned)((c.M + 15) / 16), 1};
+    run_grid(grid, 32 * std::min(warps, c.K / 64), [&] {
+        linear_mma_rows<NT, false>(c.x.data(), c.w.data(), c.sc.data(), res, y.data(), c.M,
+                                   c.N, c.K);
+    });
+    char what[64];
+    snprintf(what, sizeof what, "rows %dx%d", NT, warps);
+    return compare(c, y, with_res, what);
+}
+
+static int all_tiles(const Case& c, bool r) {
+    return tile<1, 2, 2, 2>(c, r) + tile<1, 2, 1, 4>(c, r) + tile<1, 4, 2, 2>(c, r) +
+           tile<2, 2, 2, 2>(c, r) + tile<2, 4, 2, 2>(c, r) + tile<1, 1, 4, 2>(c, r) +
+           tile<4, 2, 1, 4>(c, r) + tile<2, 4, 4, 1>(c, r);
+}
+
+static int all_rows(const Case& c, bool r) {
+    return rows<1>(c, r, 8) + rows<2>(c, r, 8) + rows<4>(c, r, 8) + rows<2>(c, r, 4) +
+           rows<1>(c, r, 12) + rows<2>(c, r, 12);
+}
+
+int main(int argc, char** argv) {
+    descending = argc > 1 && std::strcmp(argv[1], "descending") == 0;
+    std::mt19937 g(1);
+    // (M, K, residual): K = 192 is three blocks (the control's runs), 128 two. N = 64, which
+    // every form takes. Host threads are slow, so each form runs where it tells the most.
+    const int tile_cases[][3] = {{40, 192, 1}, {17, 128, 0}};
+    const int rows_cases[][3] = {{5, 192, 1}, {17, 192, 0}, {1, 128, 0}};
+    int runs = 0, fails = 0;
+    for (auto& t : tile_cases) {
+        fails += all_tiles(make(t[0], 64, t[1], g), t[2] != 0);
+        runs += 8;
+    }
+    for (auto& t : rows_cases) {
+        fails += all_rows(make(t[0], 64, t[1], g), t[2] != 0);
+        runs += 6;
+    }
+    printf("%d runs, %d failed\n", runs, fails);
+    return fails != 0;
+}
