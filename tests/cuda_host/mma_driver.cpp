@@ -25,35 +25,6 @@
 
 static bool descending = false;
 
-// One CTA at a time, its threads as std::threads (threadIdx, t_flat, warp barriers).
-template <typename F>
-void run_grid(dim3 grid, int threads_n, F kernel) {
-    std::barrier<> bar(threads_n);
-    std::vector<std::unique_ptr<std::barrier<>>> warps;
-    std::vector<std::barrier<>*> ptrs;
-    for (int w = 0; w < threads_n / 32; ++w) {
-        warps.push_back(std::make_unique<std::barrier<>>(32));
-        ptrs.push_back(warps.back().get());
-    }
-    cta_barrier = &bar;
-    warp_barriers = ptrs.data();
-    gridDim = grid;
-    blockDim = {(unsigned)threads_n, 1, 1};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < threads_n; ++t)
-        threads.emplace_back([&, t] {
-            threadIdx = {(unsigned)t, 0, 0};
-            t_flat = t;
-            for (unsigned y = 0; y < grid.y; ++y)
-                for (unsigned x = 0; x < grid.x; ++x) {
-                    blockIdx = {x, y, 0};
-                    kernel();
-                    bar.arrive_and_wait();
-                }
-        });
-    for (auto& t : threads) t.join();
-}
-
 static float reference(const float* x, const signed char* w, const float* sc, const float* res,
                        int m, int n, int N, int K) {
     std::vector<float> blocks;
@@ -117,7 +88,7 @@ int tile(const Case& c, bool with_res) {
     std::vector<float> y((size_t)c.M * c.N, -777.0f);
     const float* res = with_res ? c.res.data() : nullptr;
     dim3 grid{(unsigned)(c.N / (8 * NT * WN)), (unsigned)((c.M + 16 * MT * WM - 1) / (16 * MT * WM)), 1};
-    run_grid(grid, 32 * WM * WN, [&] {
+    run_grid(grid, {(unsigned)(32 * WM * WN), 1, 1}, [&] {
         linear_mma<MT, NT, WM, WN, false>(c.x.data(), c.w.data(), c.sc.data(), res, y.data(),
                                           c.M, c.N, c.K);
     });
@@ -131,7 +102,7 @@ int rows(const Case& c, bool with_res, int warps) {
     std::vector<float> y((size_t)c.M * c.N, -777.0f);
     const float* res = with_res ? c.res.data() : nullptr;
     dim3 grid{(unsigned)(c.N / (8 * NT)), (unsigned)((c.M + 15) / 16), 1};
-    run_grid(grid, 32 * std::min(warps, c.K / 64), [&] {
+    run_grid(grid, {(unsigned)(32 * std::min(warps, c.K / 64)), 1, 1}, [&] {
         linear_mma_rows<NT, false>(c.x.data(), c.w.data(), c.sc.data(), res, y.data(), c.M,
                                    c.N, c.K);
     });

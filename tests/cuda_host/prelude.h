@@ -17,6 +17,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #define __device__
 #define __global__
@@ -139,3 +142,33 @@ inline unsigned char cru_host_dyn_smem[256 * 1024] __attribute__((aligned(16)));
 #define CRU_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(cru_host_dyn_smem)
 using std::max;
 using std::min;
+
+// One CTA at a time, its threads as std::threads (threadIdx, t_flat, warp barriers).
+template <typename F>
+inline void run_grid(dim3 grid, dim3 block, F kernel) {
+    const int n = block.x * block.y;
+    std::barrier<> bar(n);
+    std::vector<std::unique_ptr<std::barrier<>>> warps;
+    std::vector<std::barrier<>*> ptrs;
+    for (int w = 0; w < n / 32; ++w) {
+        warps.push_back(std::make_unique<std::barrier<>>(32));
+        ptrs.push_back(warps.back().get());
+    }
+    cta_barrier = &bar;
+    warp_barriers = ptrs.data();
+    gridDim = grid;
+    blockDim = block;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < n; ++t)
+        threads.emplace_back([&, t] {
+            threadIdx = {(unsigned)(t % block.x), (unsigned)(t / block.x), 0};
+            t_flat = t;
+            for (unsigned y = 0; y < grid.y; ++y)
+                for (unsigned x = 0; x < grid.x; ++x) {
+                    blockIdx = {x, y, 0};
+                    kernel();
+                    bar.arrive_and_wait();  // the next CTA starts once this one has finished
+                }
+        });
+    for (auto& t : threads) t.join();
+}

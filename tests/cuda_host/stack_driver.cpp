@@ -20,36 +20,6 @@
 
 static bool descending = false;
 
-// One CTA at a time, its threads as std::threads (threadIdx, t_flat, warp barriers).
-template <typename F>
-void run_grid(dim3 grid, dim3 block, F kernel) {
-    const int n = block.x * block.y;
-    std::barrier<> bar(n);
-    std::vector<std::unique_ptr<std::barrier<>>> warps;
-    std::vector<std::barrier<>*> ptrs;
-    for (int w = 0; w < n / 32; ++w) {
-        warps.push_back(std::make_unique<std::barrier<>>(32));
-        ptrs.push_back(warps.back().get());
-    }
-    cta_barrier = &bar;
-    warp_barriers = ptrs.data();
-    gridDim = grid;
-    blockDim = block;
-    std::vector<std::thread> threads;
-    for (int t = 0; t < n; ++t)
-        threads.emplace_back([&, t] {
-            threadIdx = {(unsigned)(t % block.x), (unsigned)(t / block.x), 0};
-            t_flat = t;
-            for (unsigned y = 0; y < grid.y; ++y)
-                for (unsigned x = 0; x < grid.x; ++x) {
-                    blockIdx = {x, y, 0};
-                    kernel();
-                    bar.arrive_and_wait();  // the next CTA starts once this one has finished
-                }
-        });
-    for (auto& t : threads) t.join();
-}
-
 // rowops.cuh's RMSNorm tree, spelled out: 256 lanes of strided fma chains, each warp's
 // shuffle-down tree (16, 8, 4, 2, 1), the 8 warp partials ascending.
 static float inv_rms(const float* x, int K, float eps) {
