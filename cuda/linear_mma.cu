@@ -26,8 +26,10 @@
 // (B), C columns 2t, 2t + 1. Grid (N / (8 NT WN), ceil(M / (16 MT WM))). No shared memory:
 // x and q come through L1 (a CTA's warps share rows and columns). ONE_ACC (a negative
 // control for the checks, never routed): one accumulator for all three parts, other bits.
-// No standard headers (NVRTC).
+// PDL (pdl.cuh): the first K block's codes load before cru_pdl_wait; x and the residual
+// after it. No standard headers (NVRTC).
 #include "mma_common.cuh"
+#include "pdl.cuh"
 
 template <int MT, int NT, int WM, int WN, bool ONE_ACC>
 __global__ void __launch_bounds__(32 * WM * WN)
@@ -48,12 +50,19 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
             for (int e = 0; e < 4; ++e)
                 total[i][c][e] = part[i][c][0][e] = part[i][c][1][e] = part[i][c][2][e] = 0.0f;
     const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int4 q[NT];
+#pragma unroll
+    for (int c = 0; c < NT; ++c)  // block 0's codes: weights, never written by a step
+        q[c] = __ldg(reinterpret_cast<const int4*>(w + (size_t)(n0 + 8 * c + g) * K + 16 * t));
+    cru_pdl_wait();
+    cru_pdl_trigger();
     for (int kb = 0; kb < K; kb += 64) {
         const int kt = kb + 16 * t;
-        int4 q[NT];
+        if (kb > 0) {
 #pragma unroll
-        for (int c = 0; c < NT; ++c)
-            q[c] = __ldg(reinterpret_cast<const int4*>(w + (size_t)(n0 + 8 * c + g) * K + kt));
+            for (int c = 0; c < NT; ++c)
+                q[c] = __ldg(reinterpret_cast<const int4*>(w + (size_t)(n0 + 8 * c + g) * K + kt));
+        }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             unsigned b[NT][2];

@@ -15,8 +15,11 @@
 // of all NT 8-column tiles (lane 4 g + t: A rows g, g + 8; B column g; C columns 2t, 2t+1)
 // and writes each block value to shared memory; then thread i adds, for outputs i, i +
 // threads, ... of the 16 x 8 NT tile, the values of blocks 0, 1, ... in order.
-// Shared memory (dynamic): float blk[K / 64][16][8 NT]. No standard headers (NVRTC).
+// Shared memory (dynamic): float blk[K / 64][16][8 NT]. PDL (pdl.cuh): each warp's first
+// block's codes load before cru_pdl_wait (at decode sizes that is most of a warp's codes);
+// x and the residual after it. No standard headers (NVRTC).
 #include "mma_common.cuh"
+#include "pdl.cuh"
 
 #ifndef CRU_DYNAMIC_SMEM
 #define CRU_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
@@ -34,12 +37,21 @@ linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
     const int n0 = blockIdx.x * TW, m0 = blockIdx.y * 16, nb = K >> 6;
     const int r0 = m0 + g, r1 = r0 + 8;
     const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int4 q[NT];
+    const int first = warp < nb ? warp : 0;  // a warp with no block loads block 0, unused
+#pragma unroll
+    for (int n = 0; n < NT; ++n)  // weights, never written by a step (pdl.cuh)
+        q[n] = __ldg(reinterpret_cast<const int4*>(w + (size_t)(n0 + 8 * n + g) * K +
+                                                   64 * first + 16 * t));
+    cru_pdl_wait();
+    cru_pdl_trigger();
     for (int c = warp; c < nb; c += warps) {
         const int kt = 64 * c + 16 * t;
-        int4 q[NT];
+        if (c != warp) {
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
-            q[n] = __ldg(reinterpret_cast<const int4*>(w + (size_t)(n0 + 8 * n + g) * K + kt));
+            for (int n = 0; n < NT; ++n)
+                q[n] = __ldg(reinterpret_cast<const int4*>(w + (size_t)(n0 + 8 * n + g) * K + kt));
+        }
         float4 v0[4], v1[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {

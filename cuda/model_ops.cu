@@ -19,10 +19,16 @@
 // gather_rows:  y[r, :] = x[rows[r], :]. (Residual adds are fused into linear.cu's epilogue.)
 // The arithmetic of RMSNorm, RoPE and SwiGLU is spelled once in rowops.cuh, shared with the
 // fused decode GEMM (linear_rows.cu), so both paths give the same bits.
+// PDL (pdl.cuh): every kernel here reads only what earlier kernels of the step wrote, so each
+// waits first; with the tensor-core GEMMs (linear_mma*.cu) these are the kernels between
+// them, and a chain of PDL launches gains only where every link takes part.
+#include "pdl.cuh"
 #include "rowops.cuh"
 
 __global__ void embed_rows(const float* __restrict__ table, const int* __restrict__ ids,
                            float* __restrict__ y, int D) {
+    cru_pdl_wait();
+    cru_pdl_trigger();
     const long t = blockIdx.x;
     const float* src = table + (long)ids[t] * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x) y[t * D + d] = src[d];
@@ -31,6 +37,8 @@ __global__ void embed_rows(const float* __restrict__ table, const int* __restric
 __global__ void embed_fed(const float* __restrict__ table, const int* __restrict__ ids,
                           const int* __restrict__ feed, const int* __restrict__ fed,
                           float* __restrict__ y, int D) {
+    cru_pdl_wait();
+    cru_pdl_trigger();
     const long t = blockIdx.x;
     const int f = feed[t];
     const float* src = table + (long)(f >= 0 ? fed[f] : ids[t]) * D;
@@ -40,6 +48,8 @@ __global__ void embed_fed(const float* __restrict__ table, const int* __restrict
 __global__ void __launch_bounds__(256) rmsnorm_rows(const float* __restrict__ x,
                                                     const float* __restrict__ w,
                                                     float* __restrict__ y, int D, float eps) {
+    cru_pdl_wait();
+    cru_pdl_trigger();
     __shared__ float warp_part[8];
     __shared__ float inv_shared;
     const float* row = x + (long)blockIdx.x * D;
@@ -57,6 +67,8 @@ __global__ void rope_store(const float* __restrict__ qkv, float* __restrict__ q_
                            const float* __restrict__ sin_t, float* __restrict__ k_pool,
                            float* __restrict__ v_pool, int layer, int n_layers, int n_heads,
                            int n_kv, int hd) {
+    cru_pdl_wait();
+    cru_pdl_trigger();
     const long t = blockIdx.x;
     const int half = hd / 2;
     const int q_dim = n_heads * hd, kv_dim = n_kv * hd;
@@ -78,6 +90,8 @@ __global__ void rope_store(const float* __restrict__ qkv, float* __restrict__ q_
 }
 
 __global__ void swiglu_rows(const float* __restrict__ gu, float* __restrict__ y, int F, long n) {
+    cru_pdl_wait();
+    cru_pdl_trigger();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     long t = i / F;
@@ -88,6 +102,8 @@ __global__ void swiglu_rows(const float* __restrict__ gu, float* __restrict__ y,
 
 __global__ void gather_rows(const float* __restrict__ x, const int* __restrict__ rows,
                             float* __restrict__ y, int D) {
+    cru_pdl_wait();
+    cru_pdl_trigger();
     const long r = blockIdx.x;
     const float* src = x + (long)rows[r] * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x) y[r * D + d] = src[d];

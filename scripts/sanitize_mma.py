@@ -1,20 +1,25 @@
 """A few small launches of the tensor-core GEMM (cuda/linear_mma.cu) for compute-sanitizer:
-every form of both kernels, row tails, residual on and off; each must equal the first form's bits and
-stay within 1e-6 of float64 (relative to the products' magnitude).
+every form of both kernels, row tails, residual on and off, plain and as a PDL launch on a
+stream of its own; each must equal the first form's bits and stay within 1e-6 of float64
+(relative to the products' magnitude). Then a chain of PDL launches through model_ops.cu
+(embed, RMSNorm, gate/up, SwiGLU, down + residual, gather) must equal the plain chain.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_mma.py
     compute-sanitizer --tool racecheck python3 scripts/sanitize_mma.py
 
-Cases (M, N, K): (5, 64, 64), (33, 128, 192), (70, 192, 576). Prints one line per case
-and exits 1 on any difference.
+Cases (M, N, K): (5, 64, 64), (33, 128, 192), (70, 192, 576); chains at M = 5 and 70.
+Prints one line per case and exits 1 on any difference.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 from crucible.kernels import linear_mma as lm
 from crucible.kernels.device_weight import upload_weight
+from crucible.kernels.model_ops import flat_launch, rows_launch
 
 CASES = ((5, 64, 64), (33, 128, 192), (70, 192, 576))
 
@@ -23,6 +28,7 @@ def main() -> int:
     import cupy as cp
 
     rng = np.random.default_rng(0)
+    stream = cp.cuda.Stream(non_blocking=True)
     bad = 0
     for m, n, k in CASES:
         xh = (rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-2, 2, (m, 1))).astype(np.float32)
@@ -38,19 +44,57 @@ def main() -> int:
             if resh is not None:
                 y64, mag = y64 + resh, mag + np.abs(resh)
             first = None
-            for form in (f for f in lm.FORMS + lm.ROW_FORMS if lm.fits(n, k, f)):
-                got = lm.linear_mma(x, wd, cp.full((m, n), cp.nan, cp.float32), res, form=form)
+            forms = [f for f in lm.FORMS + lm.ROW_FORMS if lm.fits(n, k, f)]
+            for form, pdl in [(f, False) for f in forms] + [(f, True) for f in forms]:
+                with stream if pdl else cp.cuda.Stream.null:
+                    got = lm.linear_mma(x, wd, cp.full((m, n), cp.nan, cp.float32), res,
+                                        form=form, pdl=pdl)
+                    cp.cuda.get_current_stream().synchronize()
                 first = got if first is None else first
                 same = bool(cp.array_equal(got.view(cp.uint32), first.view(cp.uint32)))
                 err = float((np.abs(got.get() - y64) / mag).max())
                 ok = same and err < 1e-6
                 bad += not ok
-                print(f"M={m} N={n} K={k} residual={with_res} form={form}: "
+                print(f"M={m} N={n} K={k} residual={with_res} form={form} pdl={pdl}: "
                       f"{'==' if same else '!='} first form, error {err:.1e}"
                       f"{'' if ok else '  FAILED'}")
+    for m in (5, 70):
+        plain = chain(m, False)
+        with stream:
+            got = chain(m, True)
+            stream.synchronize()
+        same = bool(cp.array_equal(got.view(cp.uint32), plain.view(cp.uint32)))
+        bad += not same
+        print(f"chain M={m}: PDL {'==' if same else '!= FAILED'} plain")
     cp.cuda.Device().synchronize()
     print(f"{bad} failed")
     return 1 if bad else 0
+
+
+def chain(m: int, pdl: bool) -> Any:
+    """embed -> RMSNorm -> gate/up -> SwiGLU -> down + residual -> gather rows (reversed)."""
+    import cupy as cp
+
+    rng = np.random.default_rng(m)  # the same inputs for the plain and the PDL chain
+    d, f, vocab = 64, 128, 50
+    table = cp.asarray(rng.standard_normal((vocab, d)).astype(np.float32))
+    ids = cp.asarray(rng.integers(0, vocab, m).astype(np.int32))
+    norm = cp.asarray((0.5 + rng.random(d)).astype(np.float32))
+    gu = upload_weight(rng.integers(-127, 128, (2 * f, d)).astype(np.int8),
+                       (0.01 + 0.01 * rng.random(2 * f)).astype(np.float32))
+    down = upload_weight(rng.integers(-127, 128, (d, f)).astype(np.int8),
+                         (0.01 + 0.01 * rng.random(d)).astype(np.float32))
+    rows = cp.asarray(np.arange(m)[::-1].astype(np.int32))
+    x, xn, y = (cp.full((m, d), cp.nan, cp.float32) for _ in range(3))
+    g, h = cp.full((m, 2 * f), cp.nan, cp.float32), cp.full((m, f), cp.nan, cp.float32)
+    out = cp.full((m, d), cp.nan, cp.float32)
+    rows_launch("embed_rows", m, (table, ids, x, np.int32(d)), pdl=pdl)
+    rows_launch("rmsnorm_rows", m, (x, norm, xn, np.int32(d), np.float32(1e-5)), pdl=pdl)
+    lm.linear_mma(xn, gu, g, pdl=pdl)
+    flat_launch("swiglu_rows", h.size, (g, h, np.int32(f), np.int64(h.size)), pdl=pdl)
+    lm.linear_mma(h, down, y, x, pdl=pdl)
+    rows_launch("gather_rows", m, (y, rows, out, np.int32(d)), pdl=pdl)
+    return out
 
 
 if __name__ == "__main__":

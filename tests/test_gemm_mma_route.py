@@ -60,8 +60,8 @@ def backend(gemm: str, seen: list, monkeypatch: pytest.MonkeyPatch) -> object:
     from crucible.kernels import linear_chunks as cc
     from crucible.kernels import linear_rows as cf
 
-    monkeypatch.setattr(lm, "linear_mma", lambda x, wd, out, residual=None:
-                        seen.append(("mma", residual is not None)) or out)
+    monkeypatch.setattr(lm, "linear_mma", lambda x, wd, out, residual=None, pdl=None:
+                        seen.append(("mma", residual is not None, pdl)) or out)
     monkeypatch.setattr(ck, "linear", lambda x, wd, out, residual=None, **kw:
                         seen.append(("fma", residual is not None)) or out)
     monkeypatch.setattr(cc, "linear_chunks", lambda x, wd, out, *a, **kw:
@@ -91,14 +91,18 @@ def test_mma_routes_every_int8_gemm_and_turns_the_fused_kernels_off(
     be.linear(x, "l0.o")
     be.linear_add(x, "l0.o", x)
     be.linear(x, "l0.f32")  # f32 weights keep linear.cu's kernels
-    assert seen == [("mma", False), ("mma", True), ("fma", False)]
+    assert seen == [("mma", False, True), ("mma", True, True), ("fma", False)]
+    seen.clear()
+    be.set_pdl(False)  # the backend's PDL switch reaches the mma launches
+    be.linear(x, "l0.o")
+    assert seen == [("mma", False, False)]
     seen.clear()
     for m in (8, 40, 300):  # rows, chunks and wide sizes under fma
         assert not be.fuses(dev((m, 576)), "mlp_in")
         be.mlp_in(dev((m, 576)), 0)
         be.norm_linear(dev((m, 576)), "final_norm", "lm_head")
-    assert seen == [("norm", "l0.ffn_norm"), ("mma", False), ("swiglu", 0),
-                    ("norm", "final_norm"), ("mma", False)] * 3
+    assert seen == [("norm", "l0.ffn_norm"), ("mma", False, False), ("swiglu", 0),
+                    ("norm", "final_norm"), ("mma", False, False)] * 3
 
 
 def test_fma_keeps_the_fused_kernels(fake_cupy: types.ModuleType,

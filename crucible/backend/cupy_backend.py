@@ -184,17 +184,19 @@ class CupyBackend:
         y = self.new((meta.num_rows, d))
         if meta.feed is not None:
             rows_launch("embed_fed", meta.num_rows, (self.embedding, meta.token_ids,
-                                                      meta.feed, meta.fed, y, np.int32(d)))
+                                                      meta.feed, meta.fed, y, np.int32(d)),
+                        pdl=self.options.pdl)
         else:
             rows_launch("embed_rows", meta.num_rows, (self.embedding, meta.token_ids, y,
-                                                       np.int32(d)))
+                                                       np.int32(d)), pdl=self.options.pdl)
         return y
 
     def rmsnorm(self, x: Any, weight: str) -> Any:
         y = self.new(x.shape)
         rows_launch("rmsnorm_rows", x.shape[0], (x, self._norms[weight], y,
                                                   np.int32(x.shape[1]),
-                                                  np.float32(self.cfg.rms_eps)))
+                                                  np.float32(self.cfg.rms_eps)),
+                    pdl=self.options.pdl)
         return y
 
     def linear(self, x: Any, weight: str) -> Any:
@@ -207,7 +209,7 @@ class CupyBackend:
               tiled: bool = False) -> Any:
         out = self.new((x.shape[0], wd.shape[0])) if out is None else out
         if self.mma and wd.dtype_name == "int8" and lm.supports(*wd.shape):
-            return lm.linear_mma(x, wd, out, residual)
+            return lm.linear_mma(x, wd, out, residual, pdl=self.options.pdl)
         return ck.linear(x, wd, out, residual=residual, tiled=tiled, pdl=self.options.pdl)
 
     # -- fused stage groups (stages.py composes the primitives).
@@ -264,7 +266,7 @@ class CupyBackend:
                     (qkv, q, meta.positions, meta.pages, meta.slots, self._cos, self._sin,
                      self.k_pool, self.v_pool, np.int32(layer), np.int32(cfg.n_layers),
                      np.int32(cfg.n_heads), np.int32(cfg.n_kv_heads),
-                     np.int32(cfg.head_dim)), threads=128)
+                     np.int32(cfg.head_dim)), threads=128, pdl=self.options.pdl)
         return q
 
     def attention(self, q: Any, layer: int, meta: CupyMeta) -> Any:
@@ -279,7 +281,8 @@ class CupyBackend:
     def swiglu(self, gate_up: Any) -> Any:
         f = gate_up.shape[1] // 2
         y = self.new((gate_up.shape[0], f))
-        flat_launch("swiglu_rows", y.size, (gate_up, y, np.int32(f), np.int64(y.size)))
+        flat_launch("swiglu_rows", y.size, (gate_up, y, np.int32(f), np.int64(y.size)),
+                    pdl=self.options.pdl)
         return y
 
     def gather_rows(self, x: Any, meta: CupyMeta) -> Any:
@@ -287,7 +290,8 @@ class CupyBackend:
             return x
         y = self.new((meta.num_final, x.shape[1]))
         rows_launch("gather_rows", meta.num_final, (x, meta.final_rows, y,
-                                                     np.int32(x.shape[1])))
+                                                     np.int32(x.shape[1])),
+                    pdl=self.options.pdl)
         return y
 
     def to_host(self, x: Any) -> np.ndarray:

@@ -3,9 +3,8 @@ exact products of x's three bf16 parts with the int8 codes, f32 accumulation in 
 order of its own (not linear.cu's), so its bits are its own and the same for every launch
 shape (``FORMS``, ``ROW_FORMS``) and every M.
 
-Not routed by ``linear()`` yet: every GEMM of a run must share one order, and the batch-1
-decode stack (decode_stack.py) and the row and chunk kernels keep linear.cu's. This module
-is what ``bench/gemm_mma_bench.py`` measures against them.
+``linear()`` (linear.cu's order) never routes here: a run takes one order for all its
+GEMMs, and the CuPy backend calls this for every int8 GEMM under ``gemm="mma"``.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from crucible.kernels.device_weight import DeviceWeight, check_linear, need
+from crucible.kernels.launch import launch
 from crucible.kernels.source import cached_module
 
 # (MT, NT, WM, WN): a warp's 16 MT x 8 NT tile, WM x WN warps a CTA.
@@ -90,8 +90,10 @@ def pick_form(m: int, n: int, k: int) -> tuple[int, ...]:
 
 
 def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
-               form: tuple[int, ...] | None = None, one_acc: bool = False) -> Any:
-    """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights only."""
+               form: tuple[int, ...] | None = None, one_acc: bool = False,
+               pdl: bool = False) -> Any:
+    """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights only. ``pdl``: launch
+    with programmatic dependent launch (launch.py); the bits are the same either way."""
     import cupy as cp
 
     m, n, k = check_linear(x, wd, out, residual)
@@ -106,9 +108,10 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     args = (x, wd.w, wd.scale, res, out, cp.int32(m), cp.int32(n), cp.int32(k))
     if len(form) == 2:
         nt, warps = form
-        kernel(form, one_acc)((n // (8 * nt), -(-m // 16)), (32 * min(warps, k // 64),), args,
-                              shared_mem=row_smem(k, nt))
+        launch(kernel(form, one_acc), (n // (8 * nt), -(-m // 16)),
+               (32 * min(warps, k // 64),), args, row_smem(k, nt), pdl=pdl)
         return out
     mt, nt, wm, wn = form
-    kernel(form, one_acc)((n // (8 * nt * wn), -(-m // (16 * mt * wm))), (32 * wm * wn,), args)
+    launch(kernel(form, one_acc), (n // (8 * nt * wn), -(-m // (16 * mt * wm))),
+           (32 * wm * wn,), args, pdl=pdl)
     return out
