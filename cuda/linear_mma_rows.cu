@@ -8,49 +8,81 @@
 // warp waiting on one block's loads after another; here each 64-wide K block of a column
 // tile is its own warp's work, and all the loads of a CTA are in flight at once.
 //
+// NORM (the RMSNorm prologue): x's rows are normalised on the way in, x * inv * norm_w
+// with inv from rowops.cuh's canonical tree (the CTA's 16 rows at once), the values
+// rmsnorm_rows would write, so fused == rmsnorm_rows then this kernel, bit for bit.
+// EPI (the SwiGLU epilogue, NT even): w is gate/up [2F, K]; tiles 0 .. NT/2 - 1 take gate
+// rows f0 + ..., the rest the up rows F + f0 + ...; y[m, f] = swiglu(g * scale[f],
+// u * scale[F + f]) (rowops.cuh), the values gemm then swiglu_rows give.
+//
 // Layout: as linear_mma.cu (x f32 [M, K], w int8 [N, K], scale f32 [N], y, residual f32
-// [M, N]; K % 64 == 0, N % (8 NT) == 0, 16-byte aligned rows).
+// [M, N]; K % 64 == 0, N % (8 NT) == 0, 16-byte aligned rows); norm_w f32 [K]; with EPI y
+// is [M, N / 2] and there is no residual.
 // Thread mapping: CTA (n tile, 16-row tile) = (blockIdx.x, blockIdx.y), columns n0 = 8 NT
-// blockIdx.x .., rows m0 = 16 blockIdx.y ..; warp w computes blocks c = w, w + warps, ...
-// of all NT 8-column tiles (lane 4 g + t: A rows g, g + 8; B column g; C columns 2t, 2t+1)
-// and writes each block value to shared memory; then thread i adds, for outputs i, i +
-// threads, ... of the 16 x 8 NT tile, the values of blocks 0, 1, ... in order.
-// Shared memory (dynamic): float blk[K / 64][16][8 NT]. PDL (pdl.cuh): each warp's first
-// block's codes load before cru_pdl_wait (at decode sizes that is most of a warp's codes);
-// x and the residual after it. No standard headers (NVRTC).
+// blockIdx.x .. (EPI: gate f0 = 4 NT blockIdx.x .. and up F + f0 ..), rows m0 = 16
+// blockIdx.y ..; warp w computes blocks c = w, w + warps, ... of all NT 8-column tiles
+// (lane 4 g + t: A rows g, g + 8; B column g; C columns 2t, 2t+1) and writes each block
+// value to shared memory; then thread i adds, for outputs i, i + threads, ... of the tile,
+// the values of blocks 0, 1, ... in order.
+// Shared memory (dynamic): float blk[K / 64][16][8 NT]; static: the norm's 16 x 8 warp
+// partials and 16 inverses. PDL (pdl.cuh): each warp's first block's codes load before
+// cru_pdl_wait (at decode sizes that is most of a warp's codes); x and the residual after
+// it. No standard headers (NVRTC).
 #include "mma_common.cuh"
 #include "pdl.cuh"
+#include "rowops.cuh"
 
 #ifndef CRU_DYNAMIC_SMEM
 #define CRU_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
 #endif
 
-template <int NT, bool ONE_ACC>
+// Normalise one float4 of row r's x at k (NORM): rmsnorm_rows' cru_norm_apply, per element.
+__device__ __forceinline__ float4 cru_norm4(float4 v, float inv, const float* nw, int k) {
+    const float4 w = __ldg(reinterpret_cast<const float4*>(nw + k));
+    return make_float4(cru_norm_apply(v.x, inv, w.x), cru_norm_apply(v.y, inv, w.y),
+                       cru_norm_apply(v.z, inv, w.z), cru_norm_apply(v.w, inv, w.w));
+}
+
+template <int NT, bool ONE_ACC, bool NORM, bool EPI>
 __global__ void __launch_bounds__(512)
 linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
                 const float* __restrict__ scale, const float* __restrict__ residual,
-                float* __restrict__ y, int M, int N, int K) {
+                float* __restrict__ y, int M, int N, int K, const float* __restrict__ norm_w,
+                float eps) {
+    static_assert(!EPI || NT % 2 == 0, "the SwiGLU epilogue pairs gate and up tiles");
     CRU_DYNAMIC_SMEM(float, blk);
+    __shared__ float red[NORM ? 16 * 8 : 1], inv[NORM ? 16 : 1];
     constexpr int TW = 8 * NT;  // the tile's columns
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * TW, m0 = blockIdx.y * 16, nb = K >> 6;
+    const int F = N / 2, f0 = blockIdx.x * (TW / 2);
     const int r0 = m0 + g, r1 = r0 + 8;
     const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const signed char* wr[NT];  // the weight row of each tile's column g
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+        wr[n] = w + (size_t)(EPI ? (n < NT / 2 ? f0 + 8 * n : F + f0 + 8 * (n - NT / 2))
+                                 : n0 + 8 * n) * K + (size_t)g * K;
     int4 q[NT];
     const int first = warp < nb ? warp : 0;  // a warp with no block loads block 0, unused
 #pragma unroll
     for (int n = 0; n < NT; ++n)  // weights, never written by a step (pdl.cuh)
-        q[n] = __ldg(reinterpret_cast<const int4*>(w + (size_t)(n0 + 8 * n + g) * K +
-                                                   64 * first + 16 * t));
+        q[n] = __ldg(reinterpret_cast<const int4*>(wr[n] + 64 * first + 16 * t));
     cru_pdl_wait();
     cru_pdl_trigger();
+    if (NORM) {  // the CTA's rows' inverses, in rmsnorm_rows' order (rowops.cuh)
+        const int live = min(16, M - m0);
+        cru_rows_sumsq(x + (size_t)m0 * K, live, K, red);
+        if ((int)threadIdx.x < live) inv[threadIdx.x] = cru_inv_rms(cru_rows_total(red, threadIdx.x), K, eps);
+        __syncthreads();
+    }
     for (int c = warp; c < nb; c += warps) {
         const int kt = 64 * c + 16 * t;
         if (c != warp) {
 #pragma unroll
             for (int n = 0; n < NT; ++n)
-                q[n] = __ldg(reinterpret_cast<const int4*>(w + (size_t)(n0 + 8 * n + g) * K + kt));
+                q[n] = __ldg(reinterpret_cast<const int4*>(wr[n] + kt));
         }
         float4 v0[4], v1[4];
 #pragma unroll
@@ -59,6 +91,10 @@ linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
                            : zero4;
             v1[j] = r1 < M ? __ldg(reinterpret_cast<const float4*>(x + (size_t)r1 * K + kt + 4 * j))
                            : zero4;
+            if (NORM) {
+                if (r0 < M) v0[j] = cru_norm4(v0[j], inv[g], norm_w, kt + 4 * j);
+                if (r1 < M) v1[j] = cru_norm4(v1[j], inv[g + 8], norm_w, kt + 4 * j);
+            }
         }
         float part[NT][3][4];
 #pragma unroll
@@ -85,13 +121,23 @@ linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
                     cru_block_add<ONE_ACC>(0.0f, part[n], e) ;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < 16 * TW; i += blockDim.x) {
-        const int row = m0 + i / TW, col = n0 + i % TW;
+    constexpr int OW = EPI ? TW / 2 : TW;  // the tile's outputs a row
+    for (int i = threadIdx.x; i < 16 * OW; i += blockDim.x) {
+        const int r = i / OW, j = i % OW, row = m0 + r;
         if (row >= M) continue;
-        float total = 0.0f;
-        for (int c = 0; c < nb; ++c) total = __fadd_rn(total, blk[(size_t)c * 16 * TW + i]);
-        float v = __fmul_rn(total, scale[col]);
-        if (residual) v = __fadd_rn(residual[(size_t)row * N + col], v);
-        y[(size_t)row * N + col] = v;
+        float total = 0.0f, up = 0.0f;
+        for (int c = 0; c < nb; ++c) {
+            const float* b = blk + (size_t)c * 16 * TW + r * TW;
+            total = __fadd_rn(total, b[j]);
+            if (EPI) up = __fadd_rn(up, b[OW + j]);
+        }
+        if (EPI) {
+            y[(size_t)row * F + f0 + j] =
+                cru_swiglu(__fmul_rn(total, scale[f0 + j]), __fmul_rn(up, scale[F + f0 + j]));
+            continue;
+        }
+        float v = __fmul_rn(total, scale[n0 + j]);
+        if (residual) v = __fadd_rn(residual[(size_t)row * N + n0 + j], v);
+        y[(size_t)row * N + n0 + j] = v;
     }
 }

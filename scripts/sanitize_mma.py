@@ -2,7 +2,8 @@
 every form of both kernels, row tails, residual on and off, plain and as a PDL launch on a
 stream of its own; each must equal the first form's bits and stay within 1e-6 of float64
 (relative to the products' magnitude). Then a chain of PDL launches through model_ops.cu
-(embed, RMSNorm, gate/up, SwiGLU, down + residual, gather) must equal the plain chain.
+(embed, RMSNorm, gate/up, SwiGLU, down + residual, gather) must equal the plain chain, and
+every fused rows form (RMSNorm prologue, SwiGLU epilogue) the separate kernels.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_mma.py
     compute-sanitizer --tool racecheck python3 scripts/sanitize_mma.py
@@ -66,6 +67,9 @@ def main() -> int:
         same = bool(cp.array_equal(got.view(cp.uint32), plain.view(cp.uint32)))
         bad += not same
         print(f"chain M={m}: PDL {'==' if same else '!= FAILED'} plain")
+    for m in (5, 33):  # the fused rows forms (RMSNorm prologue, SwiGLU epilogue)
+        for swiglu in (False, True):
+            bad += fused_case(m, swiglu)
     cp.cuda.Device().synchronize()
     print(f"{bad} failed")
     return 1 if bad else 0
@@ -95,6 +99,32 @@ def chain(m: int, pdl: bool) -> Any:
     lm.linear_mma(h, down, y, x, pdl=pdl)
     rows_launch("gather_rows", m, (y, rows, out, np.int32(d)), pdl=pdl)
     return out
+
+
+def fused_case(m: int, swiglu: bool) -> int:
+    """Every fused rows form == rmsnorm_rows, linear_mma (and swiglu_rows); failures."""
+    import cupy as cp
+
+    rng = np.random.default_rng(m + swiglu)
+    n, k = 256, 192
+    x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+    norm = cp.asarray((0.5 + rng.random(k)).astype(np.float32))
+    wd = upload_weight(rng.integers(-127, 128, (n, k)).astype(np.int8),
+                       (0.01 + 0.01 * rng.random(n)).astype(np.float32))
+    xn, y = cp.empty_like(x), cp.empty((m, n), cp.float32)
+    rows_launch("rmsnorm_rows", m, (x, norm, xn, np.int32(k), np.float32(1e-5)))
+    ref = lm.linear_mma(xn, wd, y)
+    if swiglu:
+        ref = cp.empty((m, n // 2), cp.float32)
+        flat_launch("swiglu_rows", ref.size, (y, ref, np.int32(n // 2), np.int64(ref.size)))
+    bad = 0
+    for form in (f for f in lm.ROW_FORMS if not swiglu or f[0] % 2 == 0):
+        out = cp.full(ref.shape, cp.nan, cp.float32)
+        got = lm.linear_mma(x, wd, out, form=form, norm=norm, eps=1e-5, swiglu=swiglu)
+        ok = bool(cp.array_equal(got.view(cp.uint32), ref.view(cp.uint32)))
+        bad += not ok
+        print(f"fused M={m} swiglu={swiglu} form={form}: {'==' if ok else '!= FAILED'} separate")
+    return bad
 
 
 if __name__ == "__main__":

@@ -60,8 +60,10 @@ def backend(gemm: str, seen: list, monkeypatch: pytest.MonkeyPatch) -> object:
     from crucible.kernels import linear_chunks as cc
     from crucible.kernels import linear_rows as cf
 
-    monkeypatch.setattr(lm, "linear_mma", lambda x, wd, out, residual=None, pdl=None:
-                        seen.append(("mma", residual is not None, pdl)) or out)
+    monkeypatch.setattr(lm, "linear_mma", lambda x, wd, out, residual=None, pdl=None,
+                        norm=None, swiglu=False, **kw: seen.append(
+                            ("mma", residual is not None, pdl) if norm is None
+                            else ("mma+norm", swiglu, kw["form"])) or out)
     monkeypatch.setattr(ck, "linear", lambda x, wd, out, residual=None, **kw:
                         seen.append(("fma", residual is not None)) or out)
     monkeypatch.setattr(cc, "linear_chunks", lambda x, wd, out, *a, **kw:
@@ -97,12 +99,15 @@ def test_mma_routes_every_int8_gemm_and_turns_the_fused_kernels_off(
     be.linear(x, "l0.o")
     assert seen == [("mma", False, False)]
     seen.clear()
-    for m in (8, 40, 300):  # rows, chunks and wide sizes under fma
+    for m in (1, 40, 300):  # rows, chunks and wide sizes under fma
         assert not be.fuses(dev((m, 576)), "mlp_in")
         be.mlp_in(dev((m, 576)), 0)
         be.norm_linear(dev((m, 576)), "final_norm", "lm_head")
-    assert seen == [("norm", "l0.ffn_norm"), ("mma", False, False), ("swiglu", 0),
-                    ("norm", "final_norm"), ("mma", False, False)] * 3
+    head = [("norm", "final_norm"), ("mma", False, False)]  # the LM head: the tile kernel
+    # One row: RMSNorm, gate/up and SwiGLU in one rows launch (an even NT, for SwiGLU); past
+    # FUSE_MAX_ROWS (40, 300) the separate stages.
+    separate = [("norm", "l0.ffn_norm"), ("mma", False, False), ("swiglu", 0)]
+    assert seen == [("mma+norm", True, (2, 12))] + head + (separate + head) * 2
 
 
 def test_fma_keeps_the_fused_kernels(fake_cupy: types.ModuleType,

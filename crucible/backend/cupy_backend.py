@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend import cupy_stack, stages
+from crucible.backend import cupy_mma, cupy_stack, stages
 from crucible.backend.cupy_meta import CupyMeta, device_meta
 from crucible.backend.options import BackendOptions
 from crucible.backend.protocol import BackendWeights, Forward, Geometry
@@ -54,8 +54,7 @@ class CupyBackend:
 
     @property
     def mma(self) -> bool:
-        """gemm "mma": every int8 GEMM in linear_mma.cu's order, so the fused row kernels
-        and the decode stack (linear.cu's order inside) stay off."""
+        """gemm "mma": every int8 GEMM in linear_mma.cu's order (cupy_mma.py's fused forms)."""
         return self.options.gemm == "mma"
 
     @property
@@ -115,7 +114,6 @@ class CupyBackend:
 
     def device_sampler(self) -> Any:
         from crucible.backend.cupy_sampling import CupySampler
-
         return CupySampler()
 
     def set_variant(self, variant: Any) -> None:
@@ -169,7 +167,6 @@ class CupyBackend:
         """Logits [R, vocab] of the final rows as a device array (the backend's: valid until
         the next step), from a graph or eagerly: backend/cupy_route.py."""
         from crucible.backend.cupy_route import run_step
-
         return run_step(self, batch, forward, feed)
 
     def new(self, shape: tuple[int, ...]) -> Any:
@@ -225,7 +222,9 @@ class CupyBackend:
         """RMSNorm -> QKV -> RoPE -> K/V into the pool; returns Q [T, H*hd]. ``combine``
         (parts, pscale, x_out: the decode stack) goes to the row kernel's prologue."""
         if not combine and not self.fuses(x, "attn_in"):
-            return stages.attn_in(self, x, layer, meta)
+            qkv = cupy_mma.norm_gemm(self, x, f"l{layer}.attn_norm", f"l{layer}.qkv")
+            return (stages.attn_in(self, x, layer, meta) if qkv is None
+                    else self.rope_and_store(qkv, layer, meta))
         cfg = self.cfg
         q = self.new((meta.num_rows, cfg.q_dim))
         rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, self._cos, self._sin,
@@ -236,10 +235,13 @@ class CupyBackend:
 
     def mlp_in(self, x: Any, layer: int) -> Any:
         """RMSNorm -> gate/up -> SwiGLU; returns [T, F] (decode sizes: norm, then chunks)."""
+        fused = cupy_mma.norm_gemm(self, x, f"l{layer}.ffn_norm", f"l{layer}.gate_up", True)
+        if fused is not None:  # mma order, decode sizes: one launch
+            return fused
         wd = self._linear[f"l{layer}.gate_up"]
         if not self.mma and cc.use_chunks(x.shape[0], wd.shape[0], x.shape[1], cc.EPI_SWIGLU):
-            y = self.new((x.shape[0], wd.shape[0] // 2))
-            return cc.linear_chunks(self.rmsnorm(x, f"l{layer}.ffn_norm"), wd, y,
+            return cc.linear_chunks(self.rmsnorm(x, f"l{layer}.ffn_norm"), wd,
+                                    self.new((x.shape[0], wd.shape[0] // 2)),
                                     epi=cc.EPI_SWIGLU, pdl=self.options.pdl)
         if not self.fuses(x, "mlp_in"):
             return stages.mlp_in(self, x, layer)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from crucible.kernels.device_weight import DeviceWeight, check_linear, need
+from crucible.kernels.device_weight import DeviceWeight, check_linear, check_out, check_x, need
 from crucible.kernels.launch import launch
 from crucible.kernels.source import cached_module
 
@@ -28,6 +28,11 @@ CONTROL = (1, 2, 2, 2)  # the form of the one-accumulator negative control
 ROW_FORMS: tuple[tuple[int, int], ...] = ((1, 8), (2, 8), (4, 8), (2, 4), (1, 12), (2, 12))
 ROW_CONTROL = (2, 8)  # the rows kernel's control form
 SMEM_DEFAULT = 48 * 1024
+NORM_SMEM = (16 * 8 + 16) * 4  # linear_mma_rows' static red[] and inv[] under NORM
+# bench/mma-fused-h200.json (graphs with PDL, us per RMSNorm -> GEMM (-> SwiGLU)): fused
+# 4.3 vs 6.1 (gate/up) and 3.3 vs 4.0 (QKV) at one row, 4.9 vs 6.3 and 3.8 vs 4.1 at two,
+# QKV 4.8 vs 4.2 at four, 2-3x slower from 16 rows on.
+FUSE_MAX_ROWS = 2
 
 
 def _name(form: tuple[int, int, int, int], one_acc: bool) -> str:
@@ -35,19 +40,26 @@ def _name(form: tuple[int, int, int, int], one_acc: bool) -> str:
     return f"linear_mma<{mt}, {nt}, {wm}, {wn}, {'true' if one_acc else 'false'}>"
 
 
-def _row_name(nt: int, one_acc: bool) -> str:
-    return f"linear_mma_rows<{nt}, {'true' if one_acc else 'false'}>"
+def _row_name(nt: int, one_acc: bool, norm: bool = False, swiglu: bool = False) -> str:
+    b = lambda v: "true" if v else "false"  # noqa: E731
+    return f"linear_mma_rows<{nt}, {b(one_acc)}, {b(norm)}, {b(swiglu)}>"
 
 
 _NAMES = tuple(_name(f, False) for f in FORMS) + (_name(CONTROL, True),)
-_ROW_NAMES = tuple(_row_name(nt, False) for nt in (1, 2, 4)) + (_row_name(2, True),)
+# Plain for every NT; the RMSNorm prologue for every NT; with the SwiGLU epilogue for the
+# even ones (it pairs gate and up tiles).
+ROW_FUSED = tuple((nt, True, sw) for nt in (1, 2, 4) for sw in (False, True) if nt % 2 == 0
+                  or not sw)
+_ROW_NAMES = (tuple(_row_name(nt, False) for nt in (1, 2, 4)) + (_row_name(2, True),)
+              + tuple(_row_name(nt, False, n, sw) for nt, n, sw in ROW_FUSED))
 
 
 @functools.cache
-def kernel(form: tuple[int, ...], one_acc: bool = False) -> Any:
+def kernel(form: tuple[int, ...], one_acc: bool = False, norm: bool = False,
+           swiglu: bool = False) -> Any:
     if len(form) == 2:
         return cached_module("linear_mma_rows.cu", _ROW_NAMES).get_function(
-            _row_name(form[0], one_acc))
+            _row_name(form[0], one_acc, norm, swiglu))
     return cached_module("linear_mma.cu", _NAMES).get_function(_name(form, one_acc))
 
 
@@ -55,11 +67,12 @@ def row_smem(k: int, nt: int) -> int:
     return (k // 64) * 16 * 8 * nt * 4  # linear_mma_rows' block values
 
 
-def fits(n: int, k: int, form: tuple[int, ...]) -> bool:
-    """The kernels' shape rules: whole 64-wide K blocks, whole CTA column tiles."""
+def fits(n: int, k: int, form: tuple[int, ...], norm: bool = False) -> bool:
+    """The kernels' shape rules: whole 64-wide K blocks, whole CTA column tiles; a rows
+    form's block values (and with ``norm`` the prologue's static 576 bytes) in 48 KiB."""
     nt, wn = (form[0], 1) if len(form) == 2 else (form[1], form[3])
     return k % 64 == 0 and n % (8 * nt * wn) == 0 and (
-        len(form) == 4 or row_smem(k, nt) <= SMEM_DEFAULT)
+        len(form) == 4 or row_smem(k, nt) + NORM_SMEM * norm <= SMEM_DEFAULT)
 
 
 def supports(n: int, k: int) -> bool:
@@ -89,18 +102,49 @@ def pick_form(m: int, n: int, k: int) -> tuple[int, ...]:
     raise ValueError(f"linear_mma: no form fits N={n}, K={k}")
 
 
+def fused_form(m: int, n: int, k: int, swiglu: bool = False) -> tuple[int, int] | None:
+    """The rows form that runs RMSNorm (and SwiGLU) inside the GEMM at this shape, or None
+    where the stages stay separate (same bits): past FUSE_MAX_ROWS, where every CTA's
+    serial sums of squares for its rows cost more than the launches they save."""
+    if m > FUSE_MAX_ROWS:
+        return None
+    form = pick_form(m, n, k)
+    if len(form) != 2:
+        return None
+    if swiglu and form[0] % 2:
+        form = (form[0] + 1, form[1])
+    return (form[0], form[1]) if fits(n, k, form, norm=True) else None
+
+
 def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
                form: tuple[int, ...] | None = None, one_acc: bool = False,
-               pdl: bool = False) -> Any:
+               pdl: bool = False, norm: Any = None, eps: float = 0.0,
+               swiglu: bool = False) -> Any:
     """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights only. ``pdl``: launch
-    with programmatic dependent launch (launch.py); the bits are the same either way."""
+    with programmatic dependent launch (launch.py); the bits are the same either way.
+    ``norm`` (f32 [K]) and ``eps``: RMSNorm x first, as rmsnorm_rows does; ``swiglu``: the
+    weight is gate/up [2F, K] and out [M, F] = swiglu(gate, up), as swiglu_rows does. Both
+    need a rows form (``fused_form``) and give the bits of the separate kernels."""
     import cupy as cp
 
-    m, n, k = check_linear(x, wd, out, residual)
+    if swiglu:  # out is [M, F]: check_linear's [M, N] does not apply
+        need(residual is None, "linear_mma: the SwiGLU epilogue takes no residual")
+        n, k = wd.shape
+        check_x(x, k)
+        m = x.shape[0]
+        check_out(out, (m, n // 2), "out")
+    else:
+        m, n, k = check_linear(x, wd, out, residual)
     need(wd.dtype_name == "int8", "linear_mma: int8 weights only")
+    if norm is not None or swiglu:
+        need(norm is None or tuple(norm.shape) == (k,), f"linear_mma: norm weight must be [{k}]")
+        form = form or fused_form(m, n, k, swiglu)
+        need(form is not None and len(form) == 2 and (not swiglu or form[0] % 2 == 0),
+             f"linear_mma: no fused rows form for M={m}, N={n}, K={k}")
     form = form or pick_form(m, n, k)
-    need(fits(n, k, form), f"linear_mma: form {form} does not fit N={n}, K={k}")
-    for a in (x, wd.w, out, residual):
+    need(fits(n, k, form, norm is not None),
+         f"linear_mma: form {form} does not fit N={n}, K={k}")
+    for a in (x, wd.w, out, residual, norm):
         need(a is None or a.data.ptr % 16 == 0, "linear_mma: arrays must be 16-byte aligned")
     if m == 0:
         return out
@@ -108,8 +152,10 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     args = (x, wd.w, wd.scale, res, out, cp.int32(m), cp.int32(n), cp.int32(k))
     if len(form) == 2:
         nt, warps = form
-        launch(kernel(form, one_acc), (n // (8 * nt), -(-m // 16)),
-               (32 * min(warps, k // 64),), args, row_smem(k, nt), pdl=pdl)
+        nw = norm if norm is not None else np.uint64(0)
+        launch(kernel(form, one_acc, norm is not None, swiglu), (n // (8 * nt), -(-m // 16)),
+               (32 * min(warps, k // 64),), args + (nw, np.float32(eps)), row_smem(k, nt),
+               pdl=pdl)
         return out
     mt, nt, wm, wn = form
     launch(kernel(form, one_acc), (n // (8 * nt * wn), -(-m // (16 * mt * wm))),

@@ -103,8 +103,8 @@ int rows(const Case& c, bool with_res, int warps) {
     const float* res = with_res ? c.res.data() : nullptr;
     dim3 grid{(unsigned)(c.N / (8 * NT)), (unsigned)((c.M + 15) / 16), 1};
     run_grid(grid, {(unsigned)(32 * std::min(warps, c.K / 64)), 1, 1}, [&] {
-        linear_mma_rows<NT, false>(c.x.data(), c.w.data(), c.sc.data(), res, y.data(), c.M,
-                                   c.N, c.K);
+        linear_mma_rows<NT, false, false, false>(c.x.data(), c.w.data(), c.sc.data(), res,
+                                                 y.data(), c.M, c.N, c.K, nullptr, 0.0f);
     });
     char what[64];
     snprintf(what, sizeof what, "rows %dx%d", NT, warps);

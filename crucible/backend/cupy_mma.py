@@ -1,0 +1,25 @@
+"""The CuPy backend's fused stages under the tensor-core GEMM order (gemm "mma"):
+RMSNorm -> GEMM (-> SwiGLU) as one launch of linear_mma_rows.cu where the shape takes the
+rows kernel (decode sizes). The fused kernel writes the bits the separate kernels write
+(rmsnorm_rows, linear_mma, swiglu_rows), so which path a step takes never shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from crucible.kernels import linear_mma as lm
+
+
+def norm_gemm(be: Any, x: Any, norm: str, weight: str, swiglu: bool = False) -> Any | None:
+    """``swiglu(norm(x) @ W)`` or ``norm(x) @ W`` in one launch, or None where the stages
+    stay separate (fma order, f32 or unsupported weights, sizes for the tile kernel)."""
+    wd = be._linear[weight]
+    if not be.mma or wd.dtype_name != "int8" or not lm.supports(*wd.shape):
+        return None
+    form = lm.fused_form(x.shape[0], wd.shape[0], wd.shape[1], swiglu)
+    if form is None:
+        return None
+    out = be.new((x.shape[0], wd.shape[0] // 2 if swiglu else wd.shape[0]))
+    return lm.linear_mma(x, wd, out, form=form, norm=be._norms[norm], eps=be.cfg.rms_eps,
+                         swiglu=swiglu, pdl=be.options.pdl)
