@@ -16,10 +16,11 @@ whole steps) is gpu-engine-check's.
   either way; the 48 runs with 3 or 9 must fail.
 - cuda/linear_mma.cu and linear_mma_rows.cu (mma_driver.cpp) against a plain spelling of
   the tensor-core order: every tile and rows form, M = 1..40, two and three K blocks, the
-  residual on and off, 34 runs; the mma is prelude.h's stand-in sum (c + exact products in
-  double, rounded once), the same in kernel and reference, so this checks fragments,
-  blocks, tiles and epilogues, not the tensor core. The 20 runs with three blocks must fail
-  with the block values added in descending order.
+  residual on and off, then the fused rows forms (RMSNorm prologue against rowops_ref.h's
+  tree, with and without the SwiGLU epilogue), 42 runs; the mma is prelude.h's stand-in
+  sum (c + exact products in double, rounded once), the same in kernel and reference, so
+  this checks fragments, blocks, tiles, prologues and epilogues, not the tensor core. The
+  28 runs with three blocks must fail with the block values added in descending order.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from host_driver import build, run
 
 # driver: (runs, runs that fail with the partials added in descending order)
 CASES = {"chunks_driver.cpp": (720, 144), "stack_driver.cpp": (96, 48),
-         "mma_driver.cpp": (34, 20)}
+         "mma_driver.cpp": (42, 28)}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

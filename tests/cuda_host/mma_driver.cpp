@@ -10,12 +10,15 @@
 // Sweep: every tile form and rows form the wrapper builds (crucible/kernels/linear_mma.py)
 // at M = 1..40 (row tails inside and past a 16-row tile), two and three K blocks, with and
 // without the residual. y starts as a
-// sentinel, so an output the kernel fails to write shows. `descending` makes the reference
-// add the block values in descending order: the negative control, which must fail exactly
-// the runs of three blocks (two add the same either way).
+// sentinel, so an output the kernel fails to write shows. Then the fused rows forms
+// (RMSNorm prologue against rowops_ref.h's tree, with and without the SwiGLU epilogue) on
+// the three-block cases. `descending` makes the reference add the block values in
+// descending order: the negative control, which must fail exactly the runs of three blocks
+// (two add the same either way).
 #include "prelude.h"
 #include "linear_mma.cu"
 #include "linear_mma_rows.cu"
+#include "rowops_ref.h"
 
 #include <cstdio>
 #include <memory>
@@ -111,6 +114,44 @@ int rows(const Case& c, bool with_res, int warps) {
     return compare(c, y, with_res, what);
 }
 
+// The fused rows forms: x normalised by rowops_ref.h's tree (norm weight nw, eps 1e-5),
+// then the plain reference; with SwiGLU, y[m, f] = swiglu(ref(f), ref(N/2 + f)).
+template <int NT, bool EPI>
+int fused(const Case& c, bool with_res, int warps) {
+    const int F = c.N / 2, W = EPI ? F : c.N;
+    const float* res = with_res && !EPI ? c.res.data() : nullptr;
+    std::vector<float> nw(c.K), xn((size_t)c.M * c.K), y((size_t)c.M * W, -777.0f);
+    for (int k = 0; k < c.K; ++k) nw[k] = 0.5f + 0.01f * (float)(k % 37);
+    for (int m = 0; m < c.M; ++m) {
+        const float inv = inv_rms(&c.x[(size_t)m * c.K], c.K, 1e-5f);
+        for (int k = 0; k < c.K; ++k)
+            xn[(size_t)m * c.K + k] = cru_norm_apply(c.x[(size_t)m * c.K + k], inv, nw[k]);
+    }
+    dim3 grid{(unsigned)(c.N / (8 * NT)), (unsigned)((c.M + 15) / 16), 1};
+    run_grid(grid, {(unsigned)(32 * std::min(warps, c.K / 64)), 1, 1}, [&] {
+        linear_mma_rows<NT, false, true, EPI>(c.x.data(), c.w.data(), c.sc.data(), res,
+                                              y.data(), c.M, c.N, c.K, nw.data(), 1e-5f);
+    });
+    int bad = 0;
+    for (int m = 0; m < c.M; ++m)
+        for (int n = 0; n < W; ++n) {
+            auto ref = [&](int col) {
+                return reference(xn.data(), c.w.data(), c.sc.data(), res, m, col, c.N, c.K);
+            };
+            const float want = EPI ? cru_swiglu(ref(n), ref(F + n)) : ref(n);
+            bad += std::memcmp(&want, &y[(size_t)m * W + n], 4) != 0;
+        }
+    if (bad)
+        printf("FAIL fused rows %dx%d %s M=%d K=%d residual=%d: %d wrong\n", NT, warps,
+               EPI ? "norm+swiglu" : "norm", c.M, c.K, (int)(res != nullptr), bad);
+    return bad != 0;
+}
+
+static int all_fused(const Case& c, bool r) {
+    return fused<1, false>(c, r, 12) + fused<2, false>(c, r, 8) + fused<2, true>(c, r, 12) +
+           fused<4, true>(c, r, 8);
+}
+
 static int all_tiles(const Case& c, bool r) {
     return tile<1, 2, 2, 2>(c, r) + tile<1, 2, 1, 4>(c, r) + tile<1, 4, 2, 2>(c, r) +
            tile<2, 2, 2, 2>(c, r) + tile<2, 4, 2, 2>(c, r) + tile<1, 1, 4, 2>(c, r) +
@@ -137,6 +178,11 @@ int main(int argc, char** argv) {
     for (auto& t : rows_cases) {
         fails += all_rows(make(t[0], 64, t[1], g), t[2] != 0);
         runs += 6;
+    }
+    for (auto& t : rows_cases) {  // the fused forms on the three-block cases
+        if (t[1] != 192) continue;
+        fails += all_fused(make(t[0], 64, t[1], g), t[2] != 0);
+        runs += 4;
     }
     printf("%d runs, %d failed\n", runs, fails);
     return fails != 0;
