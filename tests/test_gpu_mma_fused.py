@@ -77,14 +77,15 @@ def test_fused_rows_forms_give_the_separate_kernels_bits(n: int, k: int, mode: s
 @pytest.mark.parametrize("swiglu", (False, True))
 def test_fused_controls_differ(swiglu: bool) -> None:
     x, wd, norm, _ = case(3072, 576, 5)
-    form = lm.fused_form(16, 3072, 576, swiglu)
-    assert form is not None
-    ref = fused(x[:16], wd, norm, None, swiglu, form)
-    assert same(ref, unfused(x[:16], wd, norm, None, swiglu))
-    assert not same(fused(x[:16], wd, norm, None, swiglu, form, eps=1e-3), ref)
+    m = lm.FUSE_MAX_ROWS  # the largest step the backend fuses
+    form = lm.fused_form(m, 3072, 576, swiglu)
+    assert form is not None and lm.fused_form(m + 1, 3072, 576, swiglu) is None
+    ref = fused(x[:m], wd, norm, None, swiglu, form)
+    assert same(ref, unfused(x[:m], wd, norm, None, swiglu))
+    assert not same(fused(x[:m], wd, norm, None, swiglu, form, eps=1e-3), ref)
     bumped = norm.copy()
     bumped[7] = cp.nextafter(bumped[7], cp.float32(np.inf))
-    assert not same(fused(x[:16], wd, bumped, None, swiglu, form), ref)
+    assert not same(fused(x[:m], wd, bumped, None, swiglu, form), ref)
 
 
 def test_fused_refuses_what_it_cannot_run() -> None:
