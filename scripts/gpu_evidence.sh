@@ -22,6 +22,13 @@ run gpu-kernels python3 bench/gpu_kernels.py --json "$out/gpu-kernels.json"
 # The tensor-core GEMM order (CRUCIBLE_GEMM=mma): its kernels' bits and speed, and the
 # exactness checks with every int8 GEMM in that order.
 run gemm-mma python3 bench/gemm_mma_bench.py --json "$out/gemm-mma.json"
+run mma-fused python3 bench/mma_fused_bench.py --json "$out/mma-fused.json"
+run mma-tests python3 -m pytest -q tests/test_gpu_linear_mma.py tests/test_gpu_mma_fused.py \
+    tests/test_gpu_pdl_chain.py
+for tool in memcheck racecheck; do
+    run "mma-$tool" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+        python3 scripts/sanitize_mma.py
+done
 for check in gpu-graph-check gpu-packed-prefill-check gpu-batch gpu-paged; do
     run "mma-$check" env CRUCIBLE_GEMM=mma python3 -m crucible "$check"
 done
