@@ -53,6 +53,31 @@ def test_wrapper_refuses_f32_weights_and_misfits(fake_cupy: types.ModuleType) ->
         lm.linear_mma(dev((4, 576), offset=4), weight(576, 576), dev((4, 576)))
 
 
+def test_wrapper_refuses_what_the_fused_forms_cannot_run(fake_cupy: types.ModuleType) -> None:
+    x, gu, norm, out = dev((2, 576)), weight(3072, 576), dev((576,)), dev((2, 1536))
+    cases = ((dict(swiglu=True), "comes with the RMSNorm prologue"),
+             (dict(norm=dev((64,)), swiglu=True), r"contiguous f32 \[576\]"),
+             (dict(norm=norm, swiglu=True, one_acc=True), "no fused form"),
+             (dict(norm=norm, swiglu=True, form=(1, 12)), "no fused rows form"),
+             (dict(norm=norm, swiglu=True, form=(2, 4, 2, 2)), "no fused rows form"))
+    for kw, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            lm.linear_mma(x, gu, out, **kw)
+    with pytest.raises(ValueError, match="takes no residual"):
+        lm.linear_mma(x, gu, out, dev((2, 1536)), norm=norm, swiglu=True)
+    with pytest.raises(ValueError, match=r"out must be contiguous f32 \(2, 1536\)"):
+        lm.linear_mma(x, gu, dev((2, 3072)), norm=norm, swiglu=True)
+    with pytest.raises(ValueError, match="no fused rows form for M=3"):
+        lm.linear_mma(dev((3, 576)), gu, dev((3, 1536)), norm=norm, swiglu=True)
+    # K = 1536 at NT = 4: the block values fill 48 KiB, the norm's 576 bytes do not fit.
+    assert lm.fits(576, 1536, (4, 8)) and not lm.fits(576, 1536, (4, 8), norm=True)
+    with pytest.raises(ValueError, match=r"form \(4, 8\) does not fit"):
+        lm.linear_mma(dev((2, 1536)), weight(576, 1536), dev((2, 576)), norm=dev((1536,)),
+                      form=(4, 8))
+    assert lm.fused_form(1, 3072, 576, swiglu=True) == (2, 12)  # an even NT for SwiGLU
+    assert lm.fused_form(lm.FUSE_MAX_ROWS + 1, 960, 576) is None
+
+
 def backend(gemm: str, seen: list, monkeypatch: pytest.MonkeyPatch) -> object:
     from crucible.backend.cupy_backend import CupyBackend
     from crucible.backend.options import BackendOptions

@@ -136,8 +136,11 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     else:
         m, n, k = check_linear(x, wd, out, residual)
     need(wd.dtype_name == "int8", "linear_mma: int8 weights only")
-    if norm is not None or swiglu:
-        need(norm is None or tuple(norm.shape) == (k,), f"linear_mma: norm weight must be [{k}]")
+    if norm is not None or swiglu:  # the compiled fused forms: NORM, NORM + EPI (ROW_FUSED)
+        need(norm is not None, "linear_mma: the SwiGLU epilogue comes with the RMSNorm prologue")
+        need(tuple(norm.shape) == (k,) and norm.dtype == np.float32 and norm.flags.c_contiguous,
+             f"linear_mma: norm weight must be contiguous f32 [{k}]")
+        need(not one_acc, "linear_mma: the one-accumulator control has no fused form")
         form = form or fused_form(m, n, k, swiglu)
         need(form is not None and len(form) == 2 and (not swiglu or form[0] % 2 == 0),
              f"linear_mma: no fused rows form for M={m}, N={n}, K={k}")
