@@ -13,6 +13,9 @@ JSON (the command's ``{json}`` is replaced by that run's path); the figures name
 
 A metric is a dotted path into the run's JSON: a dict key, a list index, or ``key=value``
 choosing the list element whose ``key`` equals ``value`` (``levels.clients=256.tok_per_s``).
+The runs' JSON and logs go to a folder beside ``--json`` (its name less the suffix);
+``--drop-runs`` removes it once every run passed, leaving the one summary (a GPU machine
+that sends back only a few files a command).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -78,6 +82,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--metric", action="append", required=True)
     p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--drop-runs", action="store_true",
+                   help="remove the per-run folder when every run passed")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the bench, with {json}")
     args = p.parse_args()
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -113,6 +119,8 @@ def main() -> int:
               "a": envs["a"], "b": envs["b"], "order": "a b, b a, ... (fresh process each)",
               "runs": runs, "ratio_b_over_a": ratios}
     args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.drop_runs and not failed:  # a failed run's log stays to be read
+        shutil.rmtree(work)
     for m, r in ratios.items():
         print(f"{m}: B/A {r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}]")
     return 1 if failed else 0

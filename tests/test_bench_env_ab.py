@@ -58,3 +58,16 @@ def test_a_missing_figure_fails_the_run(tmp_path: Path) -> None:
                           "--metric", "v", "--json", str(tmp_path / "x.json"), "--",
                           sys.executable, "-c", bench, "{json}"], capture_output=True, text=True)
     assert res.returncode == 1 and "no 'v'" in res.stderr
+
+
+def test_drop_runs_keeps_only_the_summary_unless_a_run_failed(tmp_path: Path) -> None:
+    good = "import json, sys; json.dump({'v': 1.0}, open(sys.argv[1], 'w'))"
+    bad = "import json, sys; json.dump({}, open(sys.argv[1], 'w'))"
+    for name, bench, rc in (("ok", good, 0), ("bad", bad, 1)):
+        res = subprocess.run([sys.executable, str(BENCH / "env_ab.py"), "--rounds", "1",
+                              "--metric", "v", "--json", str(tmp_path / f"{name}.json"),
+                              "--drop-runs", "--", sys.executable, "-c", bench, "{json}"],
+                             capture_output=True, text=True)
+        assert res.returncode == rc, res.stderr
+        assert (tmp_path / f"{name}.json").exists()
+        assert (tmp_path / name).exists() == (rc != 0)  # kept only for the failed one
