@@ -38,9 +38,8 @@ def chains(m: int, n: int, swiglu: bool, rng: np.random.Generator
     xn, y = cp.empty_like(x), cp.empty((m, n), cp.float32)
     h = cp.empty((m, n // 2), cp.float32)
     out = cp.empty((m, n // 2 if swiglu else n), cp.float32)
-    form = lm.pick_form(m, n, D)  # the rows form fused_form takes, had it no row limit
-    form = form if len(form) == 2 else (2, 12)
-    form = (form[0] + form[0] % 2, form[1]) if swiglu else form
+    form = lm.fused_form(m, n, D, swiglu, max_rows=max(MS))  # past the limit too
+    assert form is not None, f"no rows form at M={m}"
 
     def separate() -> None:
         rows_launch("rmsnorm_rows", m, (x, norm, xn, np.int32(D), np.float32(1e-5)), pdl=True)

@@ -81,10 +81,13 @@ def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
            shared_mem: int = 0, *, pdl: bool = False) -> None:
     """``fn(grid, block, args, shared_mem=...)``, as a PDL launch when ``pdl`` and the
     current stream is not the default one (and the driver offers it)."""
+    if not pdl:  # the plain launch; no stream lookup on the eager path
+        fn(grid, block, args, shared_mem=shared_mem)
+        return
     import cupy as cp
 
     stream = cp.cuda.get_current_stream()
-    ex = _driver() if pdl and stream.ptr != 0 else None
+    ex = _driver() if stream.ptr != 0 else None
     if ex is None:
         fn(grid, block, args, shared_mem=shared_mem)
         return

@@ -102,11 +102,13 @@ def pick_form(m: int, n: int, k: int) -> tuple[int, ...]:
     raise ValueError(f"linear_mma: no form fits N={n}, K={k}")
 
 
-def fused_form(m: int, n: int, k: int, swiglu: bool = False) -> tuple[int, int] | None:
+def fused_form(m: int, n: int, k: int, swiglu: bool = False,
+               max_rows: int = FUSE_MAX_ROWS) -> tuple[int, int] | None:
     """The rows form that runs RMSNorm (and SwiGLU) inside the GEMM at this shape, or None
-    where the stages stay separate (same bits): past FUSE_MAX_ROWS, where every CTA's
-    serial sums of squares for its rows cost more than the launches they save."""
-    if m > FUSE_MAX_ROWS:
+    where the stages stay separate (same bits): past ``max_rows`` (FUSE_MAX_ROWS: there
+    every CTA's serial sums of squares for its rows cost more than the launches they save)
+    or where pick_form takes the tile kernel."""
+    if m > max_rows:
         return None
     form = pick_form(m, n, k)
     if len(form) != 2:
