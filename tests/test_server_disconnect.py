@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import aiohttp
 import openai
@@ -12,6 +14,15 @@ import pytest
 from crucible.server.probe import wait_idle
 from overload_server import MODEL, metrics, start, wait_for
 from overload_server import server  # noqa: F401
+
+
+def wait_until(cond: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def test_disconnect_mid_stream_returns_every_page(server):
@@ -59,11 +70,13 @@ def test_sdk_stream_close_and_non_stream_disconnect_abort():
         with pytest.raises(openai.APITimeoutError):
             short.completions.create(model=MODEL, prompt="long", max_tokens=1900,
                                      extra_body={"ignore_eos": True})
+        # The handler counts the abort after queueing it; until then the request may still
+        # sit in the worker's pending adds, which an idle probe of the engine cannot see.
+        key = 'crucible_requests_finished_total{reason="abort"}'
+        assert wait_until(lambda: metrics(srv)[key] == before[key] + 2, timeout=5)
         assert wait_idle(srv.engine, timeout=5)
         assert srv.engine.num_generated - generated < 1900
-        after = metrics(srv)
-        key = 'crucible_requests_finished_total{reason="abort"}'
-        assert after[key] == before[key] + 2
+        assert metrics(srv)[key] == before[key] + 2
         assert srv.engine.allocator.num_free == srv.engine.allocator.num_pages
     finally:
         srv.stop()
