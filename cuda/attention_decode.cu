@@ -39,11 +39,15 @@
 // before cru_pdl_wait (rows_chunk.cuh's piece-major cru_stage_slice), in flight through the
 // whole attention; thread t computes columns t, t + 256, t + 512 side by side once every
 // head's output is staged.
+// MMA (OW = 1 only; CRUCIBLE_GEMM=mma): the partials are the O GEMM's block values in the
+// tensor-core order instead (mma_row.cuh): warp w computes the 8-column tiles w, w + 8, ...
+// of the staged slice, so the next kernel's combine gives linear_mma's bits.
 // Dynamic shared memory: 4 * (128*64 + G*capacity + capacity/16) (+ G*o_n*64*OW bytes of
 // W_o); static: q and the softmax scratch (variants.decode_static_bytes bounds it). No
 // standard headers.
 #include "attention_decode_ops.cuh"
 #include "common.cuh"
+#include "mma_row.cuh"
 #include "pdl.cuh"
 #include "rows_chunk.cuh"
 #include "softmax_group.cuh"
@@ -53,7 +57,7 @@ template <> struct CruOWeight<1> { typedef signed char type; };
 
 #define CRU_DEC_OCOL 3  // O columns per thread at once (576 = the default model's, / 256)
 
-template <int G, int OW>
+template <int G, int OW, bool MMA = false>
 __global__ void __launch_bounds__(256, 2)
 attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             const float* __restrict__ v_pool, const int4* __restrict__ segs, int n_segs,
@@ -62,6 +66,7 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             int prefetch_len, const void* __restrict__ w_o, float* __restrict__ o_parts,
             int o_n) {
     static_assert(G >= 1 && G <= 4, "attn_decode is instantiated for 1..4 heads per CTA");
+    static_assert(!MMA || (G == 1 && OW == 1), "the mma partials take int8 W_o, one head");
     extern __shared__ float4 dec_smem4[];
     float* vt = reinterpret_cast<float*>(dec_smem4);  // [CRU_DEC_VT][64]
     float* scores = vt + CRU_DEC_VT * CRU_HEAD_DIM;    // [G][capacity]
@@ -164,7 +169,12 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             if (OW != 0) q_s[g][d] = o;  // q is dead: its slots now hold the output
         }
     }
-    if (OW != 0) {
+    if (MMA) {
+        cru_cp_wait_all();
+        __syncthreads();  // the output and every thread's W_o pieces are visible
+        cru_row_slice(wo_s, o_n, q_s[0], o_parts + ((long long)head0 * n_segs + row) * o_n,
+                      tid >> 5, 8, tid & 31);
+    } else if (OW != 0) {
         cru_cp_wait_all();
         __syncthreads();  // the outputs and every thread's W_o pieces are visible
         // CRU_DEC_OCOL columns per thread side by side, so their chains overlap (columns
@@ -200,4 +210,8 @@ CRU_DEC_INSTANTIATE(1, 0)
 CRU_DEC_INSTANTIATE(3, 0)
 CRU_DEC_INSTANTIATE(1, 1)
 CRU_DEC_INSTANTIATE(1, 4)
+template __global__ void attn_decode<1, 1, true>(const float*, const float*, const float*,
+                                                 const int4*, int, const int*, int, float*, int,
+                                                 int, int, int, int, int, const void*, float*,
+                                                 int);
 #endif

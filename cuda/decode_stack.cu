@@ -23,15 +23,21 @@
 //   computes down columns t, t + threads, ... All weights and scales load before
 //   cru_pdl_wait: the gate/up chunks in registers, the down chunks (N_d x 64) into shared
 //   memory by cp.async; x and the partials after it.
+// MMA (int8; CRUCIBLE_GEMM=mma): gate/up's and down's partials are their block values in
+// the tensor-core order (mma_row.cuh), left where the fma chains go: warp (c, half) takes
+// block c of its 32 gate and 32 up columns as 8 tiles (its lanes preload column g's 16
+// codes 16 t .. of each), and warp w takes down's 8-column tiles w, w + warps, ... of the
+// staged slice against the 64 SwiGLU outputs. Requires K % 64 == 0 and N_d % 8 == 0.
 // Dynamic shared memory: 4 * (2K + 2 * n_chunks * 64 + 64) + N_d * 64 * sizeof(T). No
 // standard headers (NVRTC).
+#include "mma_row.cuh"
 #include "pdl.cuh"
 #include "rows_chunk.cuh"
 #include "rowops.cuh"
 
 // 576 threads at most (K <= 576): 96 registers hold both gate/up chunks through the
 // combine's 24 loads in flight; at 768 threads' 80 they spilled 20 bytes.
-template <typename T>
+template <typename T, bool MMA = false>
 __global__ void __launch_bounds__(576, 1)
 decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n_parts,
            const float* __restrict__ o_scale, float* __restrict__ h_out,
@@ -51,11 +57,18 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     const int tid = threadIdx.y * 32 + lane, nthreads = 32 * blockDim.y;
     const int f = blockIdx.x, m = blockIdx.y;
     const int cb = 2 * f + half;  // linear_rows' SwiGLU column block of this warp's outputs
+    static_assert(!MMA || sizeof(T) == 1, "the mma order takes int8 weights");
 
     // Weights first: this warp's gate/up chunk, this thread's down chunk, the scales.
     RawChunk<T> raw[2];
     const bool whole = K - c * CRU_KC >= CRU_KC;
-    if (whole) {
+    if constexpr (MMA) {  // tile n < 4: gate columns cb * 32 + 8 n + g; n >= 4: up's
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+            raw[n >> 2].v[n & 3] = __ldg(reinterpret_cast<const int4*>(
+                w_gu + (long)((n >> 2) * F + cb * 32 + 8 * (n & 3) + (lane >> 2)) * K +
+                c * CRU_KC + 16 * (lane & 3)));
+    } else if (whole) {
 #pragma unroll
         for (int j = 0; j < 2; ++j)
             raw[j].load(w_gu + (long)cru_rows_col<1>(cb, j, lane, F) * K + c * CRU_KC);
@@ -87,7 +100,17 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     __syncthreads();
 
     float* my_part = part + half * n_chunks * 64;
-    cru_rows_chunk<T, 1, 2, 1>(raw, whole, w_gu, xs, my_part, cb, c, lane, K, F, 2 * F);
+    if constexpr (MMA) {  // tile n's block values at my_part[(c * 2 + n / 4) * 32 + ...]
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float2 b = cru_row_block<false>(xs + c * CRU_KC, lane, raw[n >> 2].v[n & 3]);
+            if ((lane >> 2) == 0)
+                *reinterpret_cast<float2*>(my_part + (c * 2 + (n >> 2)) * 32 + 8 * (n & 3) +
+                                           2 * (lane & 3)) = b;
+        }
+    } else {
+        cru_rows_chunk<T, 1, 2, 1>(raw, whole, w_gu, xs, my_part, cb, c, lane, K, F, 2 * F);
+    }
     __syncthreads();
     if (finisher) {  // linear_rows' SwiGLU epilogue, into shared memory
         float v[2];
@@ -102,11 +125,16 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     }
     cru_cp_wait_all();
     __syncthreads();  // act and every thread's down pieces are visible
-    for (int n = tid; n < N_d; n += nthreads) {
-        const int cols[1] = {n};
-        float acc[1];
-        cru_slice_chains<T, 1>(wd_s, N_d, cols, act, acc);
-        down_parts[((long)f * M + m) * N_d + n] = acc[0];
+    if constexpr (MMA) {
+        cru_row_slice(wd_s, N_d, act, down_parts + ((long)f * M + m) * N_d, tid >> 5,
+                      nthreads >> 5, lane);
+    } else {
+        for (int n = tid; n < N_d; n += nthreads) {
+            const int cols[1] = {n};
+            float acc[1];
+            cru_slice_chains<T, 1>(wd_s, N_d, cols, act, acc);
+            down_parts[((long)f * M + m) * N_d + n] = acc[0];
+        }
     }
 }
 
@@ -140,6 +168,11 @@ template __global__ void decode_mlp<float>(const float*, const float*, int, cons
                                            float*, const float*, float, const float*,
                                            const float*, const float*, float*, int, int, int,
                                            int);
+template __global__ void decode_mlp<signed char, true>(const float*, const float*, int,
+                                                       const float*, float*, const float*,
+                                                       float, const signed char*,
+                                                       const float*, const signed char*, float*,
+                                                       int, int, int, int);
 template __global__ void combine_rows<signed char>(const float*, const float*, int,
                                                    const float*, float*, int, int);
 template __global__ void combine_rows<float>(const float*, const float*, int, const float*,

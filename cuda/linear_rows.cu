@@ -40,14 +40,45 @@
 // and row m0's x is table row (g_feed && g_feed[m0] >= 0 ? g_fed[g_feed[m0]] : g_ids[m0]),
 // as model_ops.cu's embed_fed picks it; column block 0 stores it to x_out. This replaces the
 // embedding kernel: the first kernel of a decode graph has no kernel to overlap with.
+// MMA (int8, one row, RoPE form: the decode stack's QKV under CRUCIBLE_GEMM=mma): warp c
+// computes block c of the head's 64 columns in the tensor-core order instead (mma_row.cuh:
+// 8 tiles of 8 columns; a lane preloads column g's 16 codes 16 t .. of each tile), leaving
+// the block value where the fma form leaves its chain; the finisher is the same, so the
+// bits are linear_mma_rows' (norm fused, then RoPE + store).
 // PDL (pdl.cuh): the first column block's weights and epilogue inputs, and the norm weight,
 // load before cru_pdl_wait; x, the partials and the residual after it.
 // Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32 + K). No standard headers (NVRTC).
+#include "mma_row.cuh"
 #include "pdl.cuh"
 #include "rows_chunk.cuh"
 #include "rowops.cuh"
 
-template <typename T, int MT, int PRO, int EPI>
+// The MMA form's block c of column block (head) cb: tile n's codes are raw[n / 4].v[n % 4],
+// column 8 n + g of the head; the block values land at part[(c * 2 + j) * 32 + l] for the
+// head's column 32 j + l, where the fma form's chains land.
+__device__ __forceinline__ void cru_rows_mma_load(RawChunk<signed char> (&raw)[2],
+                                                  const signed char* w, int cb, int c,
+                                                  int lane, int K) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+        raw[n >> 2].v[n & 3] = __ldg(reinterpret_cast<const int4*>(
+            w + (long)(cb * 64 + 8 * n + g) * K + 64 * c + 16 * t));
+}
+
+__device__ __forceinline__ void cru_rows_mma_block(const RawChunk<signed char> (&raw)[2],
+                                                   const float* xs, float* part, int c,
+                                                   int lane) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+        const float2 b = cru_row_block<false>(xs + 64 * c, lane, raw[n >> 2].v[n & 3]);
+        const int col = 8 * n + 2 * (lane & 3);  // the head's column; col + 1 is its pair
+        if ((lane >> 2) == 0)
+            *reinterpret_cast<float2*>(part + (c * 2 + (col >> 5)) * 32 + (col & 31)) = b;
+    }
+}
+
+template <typename T, int MT, int PRO, int EPI, bool MMA = false>
 __global__ void __launch_bounds__((EPI != 0 && MT == 1) ? 384 : 768, 1)
 linear_rows(const float* __restrict__ x, const T* __restrict__ w,
             const float* __restrict__ scale, const float* __restrict__ norm_w, float eps,
@@ -73,6 +104,8 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     // Rows of the weight: N_out, or 2F for SwiGLU, or the QKV width for RoPE.
     const int n_rows_w = EPI == 1 ? 2 * N_out : N_out;
     const int n_blocks = EPI == 2 ? n_heads + 2 * n_kv : (N_out + 31) / 32;
+    static_assert(!MMA || (sizeof(T) == 1 && MT == 1 && EPI == 2),
+                  "the mma form is the stack's int8 one-row QKV");
 
     // The first column block's int8 weights and epilogue inputs load while x is staged and
     // normalised.
@@ -81,10 +114,14 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     // Whether this thread's chunk is a whole vector chunk (the only kind raw[] serves).
     const bool whole = c < n_chunks && K - c * CRU_KC >= CRU_KC && (K & 15) == 0;
     auto load_raw = [&](int cb) {
+        if constexpr (MMA) {
+            cru_rows_mma_load(raw, w, cb, c, lane, K);
+        } else {
 #pragma unroll
-        for (int j = 0; j < NC; ++j) {
-            const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
-            if (col < n_rows_w) raw[j].load(w + (long)col * K + c * CRU_KC);
+            for (int j = 0; j < NC; ++j) {
+                const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
+                if (col < n_rows_w) raw[j].load(w + (long)col * K + c * CRU_KC);
+            }
         }
     };
     if (whole) load_raw(cb0);
@@ -145,9 +182,12 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
         const int cb = cb0 + g;
         if (cb >= n_blocks) break;  // uniform across the block
         const bool more = g + 1 < groups && cb + 1 < n_blocks;
-        if (c < n_chunks)
+        if constexpr (MMA) {
+            if (c < n_chunks) cru_rows_mma_block(raw, xs, part, c, lane);  // K % 64 == 0
+        } else if (c < n_chunks) {
             cru_rows_chunk<T, MT, NC, EPI>(raw, whole, w, xs, part, cb, c, lane, K, N_out,
                                            n_rows_w);
+        }
         // The next column block's weights load while this one's partials are summed.
         if (more && whole) load_raw(cb + 1);
         __syncthreads();
@@ -207,4 +247,9 @@ CRU_ROWS_INSTANTIATE(signed char, 1, 1, 1)
 CRU_ROWS_INSTANTIATE(signed char, 1, 0, 0)
 CRU_ROWS_INSTANTIATE(signed char, 8, 0, 0)
 CRU_ROWS_INSTANTIATE(float, 8, 1, 1)
+template __global__ void linear_rows<signed char, 1, 1, 2, true>(
+    const float*, const signed char*, const float*, const float*, float, const float*, float*,
+    int, int, int, int, const int*, const int*, const int*, const float*, const float*, float*,
+    float*, int, int, int, int, const float*, int, const float*, float*, const int*, const int*,
+    const int*);
 #endif

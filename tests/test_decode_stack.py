@@ -38,6 +38,87 @@ def test_fits_the_default_model_at_batch_one_only(smem: None) -> None:
         assert not ds.fits(cfg, 1, 512, parse_variant(name), 1)
 
 
+def test_fits_under_mma_takes_int8_only(smem: None) -> None:
+    cfg = tiny_config(**SMOLLM2)
+    assert ds.fits(cfg, 1, 512, EXACT, 1, mma=True)
+    assert not ds.fits(cfg, 1, 512, EXACT, 4, mma=True)  # f32 weights keep linear.cu's order
+    assert not ds.fits(cfg, 2, 512, EXACT, 1, mma=True)
+
+
+def test_the_engine_takes_the_mma_forms_only_once_switched_on(
+        monkeypatch: pytest.MonkeyPatch, smem: None) -> None:
+    """Under gemm "mma" (int8) a batch-1 step declines the stack while cupy_stack.MMA_FORMS
+    is off (the forms await their GPU checks); on, it runs the stack's MMA forms. f32
+    weights under mma and every fma step run the fma stack either way."""
+    from types import SimpleNamespace
+
+    from crucible.backend import cupy_stack
+
+    monkeypatch.setattr(cupy_stack, "_stack_layers", lambda b, meta, mma: ("stack", mma))
+    meta = SimpleNamespace(max_chunk=1, segments=np.zeros((1, 4), np.int32), num_rows=1,
+                           score_capacity=512)
+
+    def backend(mma: bool, mode: str) -> SimpleNamespace:
+        return SimpleNamespace(mma=mma, mode=mode, use_stack=True, variant=EXACT,
+                               cfg=tiny_config(**SMOLLM2))
+
+    assert not cupy_stack.MMA_FORMS
+    assert cupy_stack.decode_stack(backend(True, "int8"), meta) is None
+    assert cupy_stack.decode_stack(backend(True, "f32"), meta) == ("stack", False)
+    assert cupy_stack.decode_stack(backend(False, "int8"), meta) == ("stack", False)
+    monkeypatch.setattr(cupy_stack, "MMA_FORMS", True)
+    assert cupy_stack.decode_stack(backend(True, "int8"), meta) == ("stack", True)
+    off = backend(True, "int8")
+    off.use_stack = False
+    assert cupy_stack.decode_stack(off, meta) is None
+
+
+def test_the_mma_forms_refuse_what_they_are_not_built_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_mlp's and the QKV row kernel's MMA forms: int8 only, the stack's shapes; a
+    refusal launches nothing. The loader refuses an mma attention form with f32 W_o."""
+    import sys
+    import types
+
+    from crucible.kernels import linear_rows as cf
+    from crucible.kernels import loader
+    from test_linear_chunks import dev, weight
+
+    fake = types.ModuleType("cupy")
+    fake.float32, fake.int32, fake.uint32, fake.int8 = np.float32, np.int32, np.uint32, np.int8
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    launches: list = []
+    for mod in (cf, ds):
+        monkeypatch.setattr(mod, "launch", lambda fn, grid, block, args, shared_mem=0,
+                            pdl=False: launches.append(fn))
+        monkeypatch.setattr(mod, "ensure_dynamic_smem", lambda fn, n: None)
+    monkeypatch.setattr(cf, "fused_kernel", lambda name: name)
+    monkeypatch.setattr(cf, "sm_count", lambda: 132)
+    monkeypatch.setattr(ds, "_kernel", lambda name: name)
+    r, h, norm = dev((1, 576)), dev((1, 576)), dev((576,))
+    o_parts, d_parts = dev((9, 1, 576)), dev((24, 1, 576))
+    ds.decode_mlp(r, o_parts, dev((576,)), h, norm, 1e-5, weight(3072, 576),
+                  weight(576, 1536), d_parts, mma=True)
+    assert launches == ["decode_mlp<signed char, true>"]
+    with pytest.raises(ValueError, match="mma order takes int8 gate/up and down"):
+        ds.decode_mlp(r, o_parts, None, h, norm, 1e-5, weight(3072, 576, int8=False),
+                      weight(576, 1536, int8=False), d_parts, mma=True)
+    rope = cf.RopeStore(*(dev((1,), np.int32),) * 3, dev((8, 32)), dev((8, 32)),
+                        dev((4, 2, 16, 192)), dev((4, 2, 16, 192)), 0, 9, 3)
+    q = dev((1, 576))
+    kw = dict(norm=norm, eps=1e-5, epi=cf.EPI_ROPE, rope=rope, parts=d_parts,
+              pscale=dev((576,)), x_out=r)
+    cf.linear_rows(h, weight(960, 576), q, mma=True, **kw)
+    assert launches[-1] == "linear_rows<signed char, 1, 1, 2, true>"
+    with pytest.raises(ValueError, match="one-row int8 norm \\+ RoPE form"):
+        cf.linear_rows(h, weight(960, 576, int8=False), q, mma=True, **kw)
+    with pytest.raises(ValueError, match="one-row int8 norm \\+ RoPE form"):
+        cf.linear_rows(h, weight(960, 576), q, mma=True, **{**kw, "norm": None})
+    assert len(launches) == 2
+    with pytest.raises(ValueError, match="take int8 W_o"):
+        loader.decode_kernel(1, 4, mma=True)
+
+
 def test_fits_refuses_shapes_the_kernels_are_not_built_for(smem: None) -> None:
     for change in (dict(hidden_size=640, n_heads=10, n_kv_heads=2),  # decode_mlp: K <= 576
                    dict(ffn_size=1568),  # F % 64
@@ -109,7 +190,8 @@ def test_attention_o_launches_what_paged_attention_launches_plus_o(
         launches.append((fn, tuple(grid)[:2], args))
 
     for mod in (attention, ds):
-        monkeypatch.setattr(mod, "decode_kernel", lambda heads, ow=0: f"attn_decode<{heads}, {ow}>")
+        monkeypatch.setattr(mod, "decode_kernel", lambda heads, ow=0, mma=False:
+                            f"attn_decode<{heads}, {ow}{', true' if mma else ''}>")
         monkeypatch.setattr(mod, "ensure_dynamic_smem", lambda fn, n: None)
     monkeypatch.setattr(attention, "smem_optin_limit", lambda: 227 * 1024)
     monkeypatch.setattr(attention, "sm_count", lambda: 132)
@@ -133,11 +215,18 @@ def test_attention_o_launches_what_paged_attention_launches_plus_o(
     assert int(plain[13]) == 25 * 2**20 // (3 * 512)
     assert [int(a) for a in plain[14:]] == [0, 0, 0]
     assert stack[14] is wo.w and stack[15] is parts and int(stack[16]) == 576
+    ds.attention_o(q, pool, pool, 1, meta, wo, out, parts, 9, 3, mma=True)
+    fn2, grid2, mma = launches[2]
+    assert fn2 == "attn_decode<1, 1, true>" and grid2 == (9, 1)
+    assert all(a is b or a == b for a, b in zip(mma, stack))  # the same arguments
     with pytest.raises(ValueError, match="O partials"):
         ds.attention_o(q, pool, pool, 1, meta, wo, out, parts[:8], 9, 3)
     with pytest.raises(ValueError, match="q must be float32"):
         ds.attention_o(q.astype(np.float64), pool, pool, 1, meta, wo, out, parts, 9, 3)
-    assert len(launches) == 2  # nothing launched for bad input
+    wo32 = DeviceWeight(None, np.zeros((576, 576), f32), None)
+    with pytest.raises(ValueError, match="mma order takes int8 W_o"):
+        ds.attention_o(q, pool, pool, 1, meta, wo32, out, parts, 9, 3, mma=True)
+    assert len(launches) == 3  # nothing launched for bad input
 
 
 def test_python_limits_match_the_kernels() -> None:

@@ -58,18 +58,19 @@ def test_mixed_graphs_equal_eager() -> None:
     assert failed == 0 and passed > 0 and cand.backend.mixed_graphs.num_replays > 0
 
 
-@pytest.mark.parametrize("weights", ["f32", "int8"])
-def test_decode_stack_equals_layers(weights: str) -> None:
+@pytest.mark.parametrize("weights,gemm", [("f32", "fma"), ("int8", "fma"), ("int8", "mma")])
+def test_decode_stack_equals_layers(weights: str, gemm: str) -> None:
     """The batch-1 decode stack == the five-kernel layers, per kernel (with the descending
-    O-partials negative control, which must differ) and per step, eager and from graphs."""
+    O-partials negative control, which must differ) and per step, eager and from graphs;
+    under mma its MMA forms == the mma order's stages, and the fma forms must differ."""
     from crucible.checks.engine_check import GEOMS, Tally
     from crucible.checks.stack_check import check_stack_stages, check_stack_steps
 
     t = Tally()
     rng = np.random.default_rng(4)
-    check_stack_stages(t, "g3-9/3", GEOMS["g3-9/3"], weights, rng)
-    check_stack_steps(t, "g3-9/3", GEOMS["g3-9/3"], weights, rng)
-    assert t.failed == 0 and t.passed == 6 * 9 + 2
+    check_stack_stages(t, "g3-9/3", GEOMS["g3-9/3"], weights, rng, gemm)
+    check_stack_steps(t, "g3-9/3", GEOMS["g3-9/3"], weights, rng, gemm)
+    assert t.failed == 0 and t.passed == (7 if gemm == "mma" else 6) * 9 + 2
 
 
 def test_graph_argmax_equals_the_sampler() -> None:

@@ -44,7 +44,7 @@ class CupyBackend:
     def __init__(self, options: BackendOptions | None = None) -> None:
         self.options = options or BackendOptions()
         self.variant: Variant = parse_variant(self.options.attention)
-        self.use_stack = self.options.decode_stack and not self.mma  # kernels/decode_stack.py
+        self.use_stack = self.options.decode_stack  # kernels/decode_stack.py (both orders)
         self.cfg: Geometry | None = None
         self.graphs = None  # DecodeGraphs once the pool exists (decode_graphs off: None)
         self.prefill_graphs = None  # PrefillGraphs likewise
@@ -131,7 +131,7 @@ class CupyBackend:
     def set_decode_stack(self, on: bool) -> None:
         """The batch-1 decode stack on or off (same bits either way); drops every graph."""
         self._drop_graphs()
-        self.use_stack = bool(on) and not self.mma
+        self.use_stack = bool(on)
 
     def decode_stack(self, meta: CupyMeta) -> Any:
         """A batch-1 decode step in three kernels a layer (kernels/decode_stack.py); None

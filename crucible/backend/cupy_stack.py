@@ -15,19 +15,31 @@ from crucible.backend.cupy_meta import CupyMeta
 from crucible.kernels import decode_stack as ds
 from crucible.kernels import linear_rows as cf
 
+# The MMA forms (the stack under gemm "mma") are written and host-checked
+# (tests/cuda_host/) but have not yet run their bitwise checks and sanitizers on a GPU, so
+# the engine does not take them: under mma a batch-1 step runs the mma layers. The GPU
+# checks (checks/stack_check.py, scripts/sanitize_stack.py) and bench/gpu_generate.py
+# --mma-stack switch them on for their own runs (docs/throughput.md says what is left).
+MMA_FORMS = False
+
 
 def decode_stack(b: Any, meta: CupyMeta) -> Any:
     """The residual after the last layer of the decode step ``meta`` run as the stack on the
     backend ``b``; None when the stack is off or the step is not its shape."""
     decode = meta.max_chunk == 1 and meta.segments.shape[0] == meta.num_rows
     wbytes = 1 if b.mode == "int8" else 4
-    if not (b.use_stack and decode and ds.fits(b.cfg, meta.num_rows, meta.score_capacity,
-                                               b.variant, wbytes)):
+    # Under gemm "mma" int8 weights take the tensor-core order (f32 ones keep linear.cu's,
+    # so their stack is the fma one); a shape the MMA forms do not take leaves the stack off.
+    mma = b.mma and wbytes == 1
+    if mma and not MMA_FORMS:
         return None
-    return _stack_layers(b, meta)
+    if not (b.use_stack and decode and ds.fits(b.cfg, meta.num_rows, meta.score_capacity,
+                                               b.variant, wbytes, mma)):
+        return None
+    return _stack_layers(b, meta, mma)
 
 
-def _stack_layers(b: Any, meta: CupyMeta) -> Any:
+def _stack_layers(b: Any, meta: CupyMeta, mma: bool) -> Any:
     """Every layer of a decode step as the stack; returns the residual after the last."""
     cfg, new, pdl = b.cfg, b.new, b.options.pdl
     t, d = meta.num_rows, cfg.hidden_size
@@ -36,18 +48,18 @@ def _stack_layers(b: Any, meta: CupyMeta) -> Any:
     for i in range(cfg.n_layers):
         r = new((t, d))
         if parts is None:  # the first layer: the embedding is the residual
-            q = b.attn_in(first, i, meta, x_out=r)
+            q = b.attn_in(first, i, meta, x_out=r, mma=mma)
         else:
-            q = b.attn_in(h, i, meta, parts=parts, pscale=pscale, x_out=r)
+            q = b.attn_in(h, i, meta, parts=parts, pscale=pscale, x_out=r, mma=mma)
         wo = b.weight(f"l{i}.o")
         o_parts = new((cfg.n_heads, t, d))
         ds.attention_o(q, b.k_pool, b.v_pool, i, meta, wo, new((t, cfg.q_dim)),
-                       o_parts, cfg.n_heads, cfg.n_kv_heads, pdl=pdl)
+                       o_parts, cfg.n_heads, cfg.n_kv_heads, pdl=pdl, mma=mma)
         gu, down = b.weight(f"l{i}.gate_up"), b.weight(f"l{i}.down")
         h = new((t, d))
         parts = new((gu.shape[0] // 128, t, d))
         ds.decode_mlp(r, o_parts, wo.scale, h, b.norm(f"l{i}.ffn_norm"), cfg.rms_eps,
-                      gu, down, parts, pdl=pdl)
+                      gu, down, parts, pdl=pdl, mma=mma)
         pscale = down.scale
     out = new((t, d))
     ds.combine_rows(h, parts, pscale, out, pdl=pdl)

@@ -7,6 +7,9 @@ layers, bitwise; part of ``gpu-engine-check``.
             down GEMM + residual; the QKV form's combine (q, K/V written, x_out) == the same
             form fed the combined residual. Negative control: O's partials added in
             descending head order must change h.
+  both orders  each check runs under gemm "fma" and (int8) "mma", where the stack runs its
+            MMA forms against the mma order's stages; there the fma forms' h must differ
+            from the mma O GEMM's (the negative control that the orders really differ).
   steps     whole decode steps at batch 1, stack on vs off: logits and the K/V written,
             bitwise, over histories across the attention tile edges, f32 and int8, and the
             default model's shapes (random weights); graph replays with the stack == eager
@@ -19,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.engine.runner import ModelRunner
+from crucible.engine.settings import Settings
+from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.model.tiny import tiny_random_model
 
 # The default model's shapes, fewer layers (bench/common.py's SMOLLM2 holds all of them).
@@ -29,10 +33,12 @@ SMOLLM2_SHAPES = dict(vocab_size=4096, hidden_size=576, n_layers=3, n_heads=9, n
 HISTORIES = (1, 2, 17, 127, 128, 129, 256, 257, 300)
 
 
-def _prefilled(geom: dict, weights: str, rng: np.random.Generator) -> tuple[ModelRunner, list]:
-    """A GPU runner holding one request of 301 tokens' K/V (pages shuffled)."""
+def _prefilled(geom: dict, weights: str, rng: np.random.Generator,
+               gemm: str = "fma") -> tuple[ModelRunner, list]:
+    """A GPU runner (GEMM order ``gemm``) holding one request of 301 tokens' K/V (pages
+    shuffled)."""
     model = tiny_random_model(seed=11, weights=weights, **geom)
-    runner = ModelRunner(model, num_pages=64, device="cuda")
+    runner = ModelRunner(model, num_pages=64, device="cuda", settings=Settings(gemm=gemm))
     tokens = rng.integers(0, model.config.vocab_size, 301).tolist()
     pages = rng.permutation(64)[:20].tolist()
     runner.forward(build_packed_batch([SegmentSpec("p", tokens, 0, pages, [300])]))
@@ -44,15 +50,17 @@ def _decode(token: int, pos: int, pages: list) -> Any:
 
 
 def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
-                       rng: np.random.Generator) -> None:
+                       rng: np.random.Generator, gemm: str = "fma") -> None:
     import cupy as cp
 
     from crucible.kernels import decode_stack as ds
     from crucible.kernels import linear_rows as cf
 
-    runner, pages = _prefilled(geom, weights, rng)
+    runner, pages = _prefilled(geom, weights, rng, gemm)
     be, cfg = runner.backend, runner.config
     d, layer = cfg.hidden_size, 1
+    mma = be.mma and weights == "int8"  # the MMA forms (cupy_stack.py's pick)
+    name = f"{name} {gemm}"
     for pos in HISTORIES:
         meta = be.prepare(_decode(5, pos, pages))
         x = cp.asarray(rng.standard_normal((1, d), dtype=np.float32))
@@ -61,19 +69,27 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
         att = be.attention(q, layer, meta)
         out, parts = be.new(att.shape), be.new((cfg.n_heads, 1, d))
         ds.attention_o(q, be.k_pool, be.v_pool, layer, meta, wo, out, parts, cfg.n_heads,
-                       cfg.n_kv_heads)
+                       cfg.n_kv_heads, mma=mma)
         t.check(bool(cp.array_equal(out, att)), f"{name} {weights} attention_o == attention, h={pos}")
         gu, down = be.weight(f"l{layer}.gate_up"), be.weight(f"l{layer}.down")
         norm = be.norm(f"l{layer}.ffn_norm")
         h, dparts = be.new((1, d)), be.new((gu.shape[0] // 128, 1, d))
-        ds.decode_mlp(x, parts, wo.scale, h, norm, cfg.rms_eps, gu, down, dparts)
+        ds.decode_mlp(x, parts, wo.scale, h, norm, cfg.rms_eps, gu, down, dparts, mma=mma)
         ref_h = be.linear_add(att, f"l{layer}.o", x)
         t.check(bool(cp.array_equal(h, ref_h)), f"{name} {weights} decode_mlp h == O + residual, h={pos}")
         swapped = be.new((1, d))
         ds.decode_mlp(x, cp.ascontiguousarray(parts[::-1]), wo.scale, swapped, norm,
-                      cfg.rms_eps, gu, down, be.new(dparts.shape))
+                      cfg.rms_eps, gu, down, be.new(dparts.shape), mma=mma)
         t.check(not bool(cp.array_equal(swapped, ref_h)),
                 f"{name} {weights} negative control: descending O partials must differ, h={pos}")
+        if mma:  # the fma forms' partials, combined, are linear.cu's O: not the mma order's
+            fma_parts, h_fma = be.new(parts.shape), be.new((1, d))
+            ds.attention_o(q, be.k_pool, be.v_pool, layer, meta, wo, be.new(att.shape),
+                           fma_parts, cfg.n_heads, cfg.n_kv_heads)
+            ds.decode_mlp(x, fma_parts, wo.scale, h_fma, norm, cfg.rms_eps, gu, down,
+                          be.new(dparts.shape))
+            t.check(not bool(cp.array_equal(h_fma, ref_h)),
+                    f"{name} {weights} negative control: the fma partials must differ, h={pos}")
         y = be.new((1, d))
         ds.combine_rows(h, dparts, down.scale, y)
         ref_y = be.linear_add(be.mlp_in(ref_h, layer), f"l{layer}.down", ref_h)
@@ -81,7 +97,7 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
         # The QKV form with the combine prologue == the same form fed the combined value.
         r = be.new((1, d))
         kv = (be.k_pool.copy(), be.v_pool.copy())
-        q2 = be.attn_in(h, layer, meta, parts=dparts, pscale=down.scale, x_out=r)
+        q2 = be.attn_in(h, layer, meta, parts=dparts, pscale=down.scale, x_out=r, mma=mma)
         kv_stack = (be.k_pool.copy(), be.v_pool.copy())
         be.k_pool[...], be.v_pool[...] = kv
         q_ref = be.attn_in(ref_y, layer, meta)
@@ -96,7 +112,7 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
                           None if feed is None else cp.asarray(feed, cp.int32),
                           None if fed is None else cp.asarray(fed, cp.int32))
             r = be.new((1, d))
-            q3 = be.attn_in(g, layer, meta, x_out=r)
+            q3 = be.attn_in(g, layer, meta, x_out=r, mma=mma)
             kv_gather = (be.k_pool.copy(), be.v_pool.copy())
             be.k_pool[...], be.v_pool[...] = kv
             row = cp.ascontiguousarray(be.embedding[tok : tok + 1])
@@ -108,8 +124,12 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
 
 def _steps(runner: ModelRunner, pages: list, stack: bool, graphs: bool) -> tuple[list, Any]:
     """Greedy decode from position 301 over the tile edges; logits per step and the pools."""
+    from crucible.backend import cupy_stack
+
     be = runner.backend
     be.set_decode_stack(stack)
+    forms, cupy_stack.MMA_FORMS = cupy_stack.MMA_FORMS, True  # checked whether or not the
+    # engine takes them yet
     saved = be.graphs
     if not graphs:
         be.graphs = None
@@ -123,14 +143,16 @@ def _steps(runner: ModelRunner, pages: list, stack: bool, graphs: bool) -> tuple
     be.k_pool[...], be.v_pool[...] = k0, v0
     be.graphs = saved
     be.set_decode_stack(True)
+    cupy_stack.MMA_FORMS = forms
     return logits, pools
 
 
 def check_stack_steps(t: Any, name: str, geom: dict, weights: str,
-                      rng: np.random.Generator) -> None:
+                      rng: np.random.Generator, gemm: str = "fma") -> None:
     import cupy as cp
 
-    runner, pages = _prefilled(geom, weights, rng)
+    runner, pages = _prefilled(geom, weights, rng, gemm)
+    name = f"{name} {gemm}"
     off, pools_off = _steps(runner, pages, stack=False, graphs=False)
     for label, graphs in (("eager", False), ("graph", True)):
         on, pools_on = _steps(runner, pages, stack=True, graphs=graphs)
@@ -143,6 +165,6 @@ def check_stack_steps(t: Any, name: str, geom: dict, weights: str,
 
 def check_stack(t: Any, rng: np.random.Generator, geoms: dict) -> None:
     for name, geom in {**geoms, "smollm2-shapes": SMOLLM2_SHAPES}.items():
-        for weights in ("f32", "int8"):
-            check_stack_stages(t, name, geom, weights, rng)
-            check_stack_steps(t, name, geom, weights, rng)
+        for weights, gemm in (("f32", "fma"), ("int8", "fma"), ("int8", "mma")):
+            check_stack_stages(t, name, geom, weights, rng, gemm)
+            check_stack_steps(t, name, geom, weights, rng, gemm)

@@ -19,6 +19,10 @@ Every output element keeps linear.cu's order (chunk chains from 0, partials adde
 ascending chunk order, scale, residual last), so the logits and the K/V written are the
 bits of the five-kernel layers; gpu-engine-check compares them. ``CRUCIBLE_DECODE_STACK=0``
 turns the stack off.
+
+Under ``CRUCIBLE_GEMM=mma`` (int8 weights) the same three kernels run their MMA forms: each
+partial is the GEMM's 64-block value in the tensor-core order (cuda/mma_row.cuh), and the
+same combines add them, so the bits are those of the mma order's unfused layers.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from crucible.kernels import linear_mma as lm
 from crucible.kernels import linear_rows as cf
 from crucible.kernels.attention import decode_args, validate_arguments
 from crucible.kernels.device_weight import DeviceWeight, ctype
@@ -40,7 +45,7 @@ MAX_ROWS = 1  # the stack re-reads every weight once per row: it pays at batch 1
 MLP_MAX_K = 576  # decode_mlp's launch bounds: 2 warps per K chunk, 576 threads at most
 
 _NAMES = tuple(f"{k}<{ctype(d)}>" for k in ("decode_mlp", "combine_rows")
-               for d in ("float32", "int8"))
+               for d in ("float32", "int8")) + ("decode_mlp<signed char, true>",)
 
 
 @functools.cache
@@ -57,10 +62,17 @@ def attention_smem(capacity: int, o_n: int, wbytes: int) -> int:
     return decode_smem_bytes(capacity, 1) + o_n * 64 * wbytes
 
 
-def fits(cfg: Any, rows: int, capacity: int, variant: Any, wbytes: int) -> bool:
+def fits(cfg: Any, rows: int, capacity: int, variant: Any, wbytes: int,
+         mma: bool = False) -> bool:
     """Whether a decode step of ``rows`` rows runs as the stack: the exact family, shapes
-    the kernels are built for, and W_o's chunk fitting beside attn_decode's own memory."""
+    the kernels are built for, and W_o's chunk fitting beside attn_decode's own memory.
+    ``mma``: the MMA forms, which take int8 weights that all run in the mma order
+    (linear_mma.supports) and O and down columns in whole 8-column tiles."""
     d, f, most = cfg.hidden_size, cfg.ffn_size, cf.COMBINE_MAX_PARTS
+    if mma and not (wbytes == 1 and d % 8 == 0 and all(lm.supports(n, k) for n, k in (
+            ((cfg.n_heads + 2 * cfg.n_kv_heads) * 64, d), (d, cfg.n_heads * 64), (2 * f, d),
+            (d, f)))):
+        return False  # a weight that keeps linear.cu's order under mma: no MMA stack
     return (1 <= rows <= MAX_ROWS and variant.family == "exact" and cfg.head_dim == 64
             and d % 16 == 0 and d <= MLP_MAX_K and f % 64 == 0 and f // 64 <= most
             and cfg.n_heads <= most
@@ -69,10 +81,12 @@ def fits(cfg: Any, rows: int, capacity: int, variant: Any, wbytes: int) -> bool:
 
 
 def attention_o(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, wo: DeviceWeight,
-                out: Any, o_parts: Any, n_heads: int, n_kv: int, *, pdl: bool = False) -> None:
+                out: Any, o_parts: Any, n_heads: int, n_kv: int, *, pdl: bool = False,
+                mma: bool = False) -> None:
     """attn_decode<1, OW>: attention of every row into ``out`` [T, H*64], and O's chunk
     partials into ``o_parts`` [H, T, N_o] (unscaled; the next kernel finishes them). The
-    arrays are checked as paged_attention checks them."""
+    arrays are checked as paged_attention checks them. ``mma``: the partials in the
+    tensor-core order (int8 W_o, N_o a multiple of 8)."""
     t, (o_n, o_k) = q.shape[0], wo.shape
     validate_arguments(q, k_pool, v_pool, layer, meta.segments, meta.page_tables, out,
                        n_heads, n_kv, 1, meta.score_capacity)
@@ -80,7 +94,10 @@ def attention_o(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, wo: Dev
         raise ValueError(f"attention_o: W_o {wo.shape} and O partials {o_parts.shape} do not "
                          f"fit {n_heads} heads of 64 and {t} rows")
     wb = _wbytes(wo)
-    fn = decode_kernel(1, wb)
+    if mma and (wb != 1 or o_n % 8):
+        raise ValueError(f"attention_o: the mma order takes int8 W_o with whole 8-column "
+                         f"tiles, got {wo.dtype_name} {wo.shape}")
+    fn = decode_kernel(1, wb, mma)
     smem = attention_smem(meta.score_capacity, o_n, wb)
     ensure_dynamic_smem(fn, smem)
     args = decode_args(q, k_pool, v_pool, layer, meta.segments, meta.page_tables, out,
@@ -90,15 +107,21 @@ def attention_o(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, wo: Dev
 
 def decode_mlp(r: Any, o_parts: Any, o_scale: Any, h_out: Any, norm: Any, eps: float,
                gu: DeviceWeight, down: DeviceWeight, down_parts: Any, *,
-               pdl: bool = False) -> None:
+               pdl: bool = False, mma: bool = False) -> None:
     """h = r + O's partials (stored to ``h_out``); RMSNorm -> gate/up -> SwiGLU -> down's
-    chunk partials into ``down_parts`` [F/64, T, N_d]."""
+    chunk partials into ``down_parts`` [F/64, T, N_d]. ``mma``: gate/up and down in the
+    tensor-core order (int8, K a multiple of 64, N_d of 8)."""
     i32 = np.int32
     t, k = r.shape
     f, n_d = gu.shape[0] // 2, down.shape[0]
     chunks = -(-k // 64)
     wb = _wbytes(gu)
-    fn = _kernel(f"decode_mlp<{ctype(gu.dtype_name)}>")
+    if mma and (wb != 1 or _wbytes(down) != 1 or k % 64 or n_d % 8):
+        raise ValueError(f"decode_mlp: the mma order takes int8 gate/up and down with K % 64 "
+                         f"== 0 and whole 8-column tiles, got {gu.dtype_name} {gu.shape}, "
+                         f"{down.dtype_name} {down.shape}")
+    fn = _kernel("decode_mlp<signed char, true>" if mma
+                 else f"decode_mlp<{ctype(gu.dtype_name)}>")
     smem = 4 * (2 * k + 2 * chunks * 64 + 64) + n_d * 64 * wb
     ensure_dynamic_smem(fn, smem)
     null = np.uint64(0)

@@ -45,8 +45,10 @@ def _rows_name(wdtype: str, mt: int, pro: int, epi: int) -> str:
     return f"linear_rows<{ctype(wdtype)}, {mt}, {pro}, {epi}>"
 
 
+# The mma-order QKV of the decode stack (int8, one row, norm + RoPE): linear_rows.cu's MMA.
+_MMA_QKV = "linear_rows<signed char, 1, 1, 2, true>"
 _ROWS_NAMES = tuple(_rows_name(d, mt, pro, epi) for d in ("float32", "int8")
-                    for mt in (1, 4, 8) for pro, epi in _ROWS_FORMS)
+                    for mt in (1, 4, 8) for pro, epi in _ROWS_FORMS) + (_MMA_QKV,)
 
 
 @functools.cache
@@ -188,14 +190,16 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
                 norm: Any = None, eps: float = 0.0, epi: int = EPI_STORE,
                 rope: RopeStore | None = None, mt: int | None = None, parts: Any = None,
                 pscale: Any = None, x_out: Any = None, ctas_per_sm: int = CTAS_PER_SM,
-                pdl: bool = False) -> Any:
+                pdl: bool = False, mma: bool = False) -> Any:
     """The fused row kernel (cuda/linear_rows.cu): optional RMSNorm of x with ``norm``
     first, then the GEMM, then store (+ residual), SwiGLU, or RoPE + K/V store. ``mt``
     (1, 4 or 8 rows per CTA) overrides ``rows_mt`` for benchmarks; bits do not depend on it.
     ``parts`` [n, M, K] (one row per CTA; the decode stack): x is first x + those chunk
     partials of the previous GEMM, finished with its scales ``pscale``; ``x_out`` gets it.
     x may be a ``Gather`` (the same forms): its rows come from a table, ``x_out`` gets them.
-    ``pdl``: launch with PDL (launch.py)."""
+    ``pdl``: launch with PDL (launch.py). ``mma``: the GEMM in the tensor-core order
+    (linear_mma.cu's bits; the decode stack under CRUCIBLE_GEMM=mma): int8 weights, one
+    row per CTA, the norm + RoPE form, K a multiple of 64."""
     cp = cupy()
     f = _form("linear_rows", x, wd, out, residual, norm, epi, rope)
     m, k = f.m, f.k
@@ -205,13 +209,19 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
         return out
     mt = rows_mt(m) if mt is None else mt
     need(mt in (1, 4, 8), f"linear_rows: {mt} rows per CTA is not built (1, 4 or 8)")
+    if mma:
+        need(wd.dtype_name == "int8" and mt == 1 and epi == EPI_ROPE and norm is not None
+             and k % 64 == 0, f"linear_rows: the mma order is built for the one-row int8 "
+             f"norm + RoPE form with K % 64 == 0, not {wd.dtype_name} rows/CTA={mt} "
+             f"epi={epi} norm={'yes' if norm is not None else 'no'} K={k}")
     combine = _combine_args(x, m, parts, pscale, x_out, mt, epi)
     chunks = -(-k // KC)
     row_groups = -(-m // mt)
     # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
     # once (the LM head); then each CTA stages and normalises x once for several blocks.
     groups = max(1, -(-f.blocks * row_groups // (ctas_per_sm * sm_count())))
-    fn = fused_kernel(_rows_name(wd.dtype_name, mt, 0 if norm is None else 1, epi))
+    fn = fused_kernel(_MMA_QKV if mma else
+                      _rows_name(wd.dtype_name, mt, 0 if norm is None else 1, epi))
     smem = 4 * (mt * k + chunks * mt * f.nc * 32 + k)
     ensure_dynamic_smem(fn, smem)
     x_ptr = x.table if isinstance(x, Gather) else x

@@ -49,6 +49,7 @@ def _decode_module() -> Any:
     _cupy()
     names = [f"attn_decode<{g}, 0>" for g in DECODE_GROUPS]
     names += [f"attn_decode<1, {ow}>" for ow in DECODE_O_WEIGHT_BYTES]
+    names.append("attn_decode<1, 1, true>")  # the mma order's O partials (int8 W_o)
     return compile_module("attention_decode.cu", tuple(names))
 
 
@@ -56,15 +57,21 @@ DECODE_O_WEIGHT_BYTES = (1, 4)  # attn_decode<1, OW>: O partials for int8 (1) or
 
 
 @functools.cache  # one RawKernel per form: its shared-memory opt-in is set on that object
-def decode_kernel(heads: int = 1, o_weight_bytes: int = 0) -> Any:
+def decode_kernel(heads: int = 1, o_weight_bytes: int = 0, mma: bool = False) -> Any:
     """attn_decode<heads, OW> (cuda/attention_decode.cu): the exact family's launch for
     decode steps, ``heads`` query heads of one KV head per CTA; ``o_weight_bytes`` (1 or 4,
-    one head per CTA) also leaves the O projection's chunk partials (the decode stack)."""
+    one head per CTA) also leaves the O projection's chunk partials (the decode stack);
+    ``mma`` (int8 W_o only) leaves them in the tensor-core order instead."""
     if heads not in DECODE_GROUPS:
         raise ValueError(f"attn_decode is built for {DECODE_GROUPS} heads per CTA, not {heads}")
     if o_weight_bytes and (heads != 1 or o_weight_bytes not in DECODE_O_WEIGHT_BYTES):
         raise ValueError(f"attn_decode's O partials are built for one head per CTA and "
                          f"{DECODE_O_WEIGHT_BYTES}-byte weights, not {heads}/{o_weight_bytes}")
+    if mma:
+        if o_weight_bytes != 1:
+            raise ValueError("attn_decode's mma-order O partials take int8 W_o (1-byte "
+                             f"weights), not {o_weight_bytes}-byte")
+        return _decode_module().get_function("attn_decode<1, 1, true>")
     return _decode_module().get_function(f"attn_decode<{heads}, {o_weight_bytes}>")
 
 
