@@ -29,6 +29,12 @@ for tool in memcheck racecheck; do
     run "mma-$tool" compute-sanitizer --tool "$tool" --error-exitcode 3 \
         python3 scripts/sanitize_mma.py
 done
+# The batch-1 decode stack under both orders (its MMA forms against the mma stages).
+run stack-tests python3 -m pytest -q tests/test_gpu_engine.py -k decode_stack
+for tool in memcheck racecheck; do
+    run "stack-$tool" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+        python3 scripts/sanitize_stack.py
+done
 for check in gpu-graph-check gpu-packed-prefill-check gpu-batch gpu-paged; do
     run "mma-$check" env CRUCIBLE_GEMM=mma python3 -m crucible "$check"
 done
@@ -36,6 +42,8 @@ if [ $# -ge 1 ]; then
     model="$1"
     run gpu-generate python3 bench/gpu_generate.py --model "$model" --weights int8 --rounds 3 \
         --json "$out/gpu-generate-int8.json"
+    run gpu-generate-mma-stack python3 bench/gpu_generate.py --model "$model" --gemm mma \
+        --mma-stack --rounds 2 --parts decode,engine --json "$out/gpu-generate-mma-stack.json"
     for w in int8 f32; do
         run "gpu-eval-$w" python3 -m crucible gpu-eval --model "$model" --weights "$w" \
             --device cuda --paged --compare-attn reference --json "$out/gpu-eval-$w.json"
