@@ -91,7 +91,7 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
             float* __restrict__ x_out, const int* __restrict__ g_ids,
             const int* __restrict__ g_feed, const int* __restrict__ g_fed) {
     constexpr int NC = EPI == 0 ? 1 : 2;
-    extern __shared__ float smem[];
+    CRU_DYNAMIC_SMEM(float, smem);  // rows_chunk.cuh: the host shim maps it too
     __shared__ float red[MT * 8];
     __shared__ float inv[MT];
     const int n_chunks = (K + CRU_KC - 1) / CRU_KC;

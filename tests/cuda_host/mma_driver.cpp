@@ -2,11 +2,10 @@
 // its mma a stand-in sum) against a plain spelling of the tensor-core order, bit for bit
 // (tests/test_kernels_on_host.py builds it).
 //
-// The reference spells linear_mma.cu's order per output: per 64-wide K block, three part
-// accumulators (x = hi + mid + lo, cru_split3) each take the block's four mma steps, slot kk
-// of step j holding k = 64 c + 16 ((kk % 8) / 2) + 4 j + (kk % 2) + 2 (kk / 8); the block's
-// value (lo + mid) + hi; total = 0 + b_0 + b_1 + ...; times scale; residual last. Each mma
-// step is prelude.h's cru_host_mma_elem, the same function the kernels' host mma calls.
+// The reference spells linear_mma.cu's order per output: mma_ref.h's block values (three
+// part accumulators over the block's four mma steps, each step prelude.h's
+// cru_host_mma_elem, the function the kernels' host mma calls); total = 0 + b_0 + b_1 +
+// ...; times scale; residual last.
 // Sweep: every tile form and rows form the wrapper builds (crucible/kernels/linear_mma.py)
 // at M = 1..40 (row tails inside and past a 16-row tile), two and three K blocks, with and
 // without the residual. y starts as a
@@ -18,6 +17,7 @@
 #include "prelude.h"
 #include "linear_mma.cu"
 #include "linear_mma_rows.cu"
+#include "mma_ref.h"
 #include "rowops_ref.h"
 
 #include <cstdio>
@@ -30,23 +30,8 @@ static bool descending = false;
 
 static float reference(const float* x, const signed char* w, const float* sc, const float* res,
                        int m, int n, int N, int K) {
-    std::vector<float> blocks;
-    for (int c = 0; c < K / 64; ++c) {
-        float p[3] = {0.0f, 0.0f, 0.0f};
-        for (int j = 0; j < 4; ++j) {
-            float a[3][16], b[16];
-            for (int kk = 0; kk < 16; ++kk) {
-                const int k = 64 * c + 16 * ((kk % 8) / 2) + 4 * j + (kk % 2) + 2 * (kk / 8);
-                cru_split3(x[(size_t)m * K + k], a[0][kk], a[1][kk], a[2][kk]);
-                b[kk] = (float)w[(size_t)n * K + k];
-            }
-            for (int s = 0; s < 3; ++s) p[s] = cru_host_mma_elem(p[s], a[s], b);
-        }
-        blocks.push_back(__fadd_rn(__fadd_rn(p[2], p[1]), p[0]));
-    }
-    if (descending) std::reverse(blocks.begin(), blocks.end());
-    float total = 0.0f;
-    for (float v : blocks) total = __fadd_rn(total, v);
+    const float total = ordered_sum(mma_blocks(x + (size_t)m * K, w + (size_t)n * K, K),
+                                    descending);
     const float y = __fmul_rn(total, sc[n]);
     return res ? __fadd_rn(res[(size_t)m * N + n], y) : y;
 }

@@ -1,0 +1,114 @@
+// mma_stack_driver.cpp: cuda/decode_stack.cu's MMA form (decode_mlp<signed char, true>) and
+// combine_rows run on the host (prelude.h, its mma a stand-in sum) against a plain spelling
+// of the tensor-core order, bit for bit (tests/test_kernels_on_host.py builds it).
+//
+// Why a driver of its own: the MMA form hands on mma_row.cuh's block values instead of fma
+// chains, through fragments, tiles and a staged slice that stack_driver.cpp's fma
+// reference never sees. The reference: h = x + O's partials (O's residual epilogue), the
+// canonical RMSNorm tree (rowops_ref.h), gate/up as mma_ref.h's block values added from
+// the first, times scale, SwiGLU; down's partial f of column n is the block value of the
+// SwiGLU outputs f*64 .. f*64+63 against down's codes of that block (unscaled); then
+// combine_rows (h + the down partials ascending, times down's scale). The stand-in mma is
+// the same function in kernel and reference, so this checks the index arithmetic, not the
+// tensor core.
+// Sweep: int8, K (hidden) 64 / 192 / 576, F 128 / 256, down width = K, rows M = 1 and 2, O
+// partials 0 / 1 / 3 / 9. Outputs start as sentinels, so a missed write shows.
+// `descending` makes the reference add O's partials and gate/up's block values from the
+// last: the negative control, which must fail every run with 3 or more of either (1 or 2
+// add the same either way).
+#include "prelude.h"
+#include "decode_stack.cu"
+#include "mma_ref.h"
+#include "rowops_ref.h"
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+static bool descending = false;
+
+// base + (p_0 + p_1 + ...) * scale: cru_combined, the residual epilogue of the GEMM that
+// left the partials.
+static float combine(float base, const std::vector<float>& p, float sc, bool desc) {
+    return p.empty() ? base : __fadd_rn(base, __fmul_rn(ordered_sum(p, desc), sc));
+}
+
+// A gate/up output: its block values from the first (decode_mlp's finisher), times scale.
+static float gemm(const float* xn, const signed char* w, float sc, int K) {
+    return __fmul_rn(ordered_sum(mma_blocks(xn, w, K), descending), sc);
+}
+
+static int check(int M, int K, int F, int n_parts, std::mt19937& g) {
+    std::normal_distribution<float> normal;
+    std::uniform_real_distribution<float> decade(-1.0f, 1.0f);
+    auto codes = [&](size_t n) {
+        std::vector<signed char> w(n);
+        for (auto& v : w) v = (signed char)((int)(g() % 255) - 127);
+        return w;
+    };
+    const int N_d = K, n_f = F / 64, n_chunks = K / 64;
+    std::vector<float> x((size_t)M * K), parts((size_t)n_parts * M * K), o_sc(K), nw(K),
+        gu_sc(2 * F), d_sc(N_d);
+    for (auto* v : {&x, &nw}) for (auto& e : *v) e = normal(g);
+    // O's partials as an int8 GEMM leaves them (unscaled: ~100s), over two decades, so that
+    // three of them added in another order differ in h, not only below x's last bit.
+    for (auto& e : parts) e = 100.0f * std::pow(10.0f, decade(g)) * normal(g);
+    for (auto* v : {&o_sc, &gu_sc, &d_sc})
+        for (auto& e : *v) e = 0.01f * std::fabs(normal(g)) + 1e-3f;
+    const std::vector<signed char> w_gu = codes((size_t)2 * F * K), w_d = codes((size_t)N_d * F);
+    std::vector<float> h((size_t)M * K, -777.0f), dparts((size_t)n_f * M * N_d, NAN),
+        y((size_t)M * K, -777.0f);
+    const float eps = 1e-5f;
+    // decode_stack.py's launch: grid (F/64, M), block (32, 2 * K/64).
+    run_grid({(unsigned)n_f, (unsigned)M, 1}, {32, (unsigned)(2 * n_chunks), 1}, [&] {
+        decode_mlp<signed char, true>(x.data(), n_parts ? parts.data() : nullptr, n_parts,
+                                      o_sc.data(), h.data(), nw.data(), eps, w_gu.data(),
+                                      gu_sc.data(), w_d.data(), dparts.data(), M, K, F, N_d);
+    });
+    run_grid({(unsigned)M, 1, 1}, {256, 1, 1}, [&] {
+        combine_rows<signed char>(h.data(), dparts.data(), n_f, d_sc.data(), y.data(), M, K);
+    });
+    int bad_h = 0, bad_d = 0, bad_y = 0;
+    auto same = [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; };
+    for (int m = 0; m < M; ++m) {
+        std::vector<float> hr(K), xn(K), act(F);
+        for (int k = 0; k < K; ++k) {
+            std::vector<float> p;
+            for (int c = 0; c < n_parts; ++c) p.push_back(parts[((size_t)c * M + m) * K + k]);
+            hr[k] = combine(x[(size_t)m * K + k], p, o_sc[k], descending);
+            bad_h += !same(hr[k], h[(size_t)m * K + k]);
+        }
+        const float inv = inv_rms(hr.data(), K, eps);
+        for (int k = 0; k < K; ++k) xn[k] = cru_norm_apply(hr[k], inv, nw[k]);
+        for (int a = 0; a < F; ++a)
+            act[a] = cru_swiglu(gemm(xn.data(), &w_gu[(size_t)a * K], gu_sc[a], K),
+                                gemm(xn.data(), &w_gu[(size_t)(F + a) * K], gu_sc[F + a], K));
+        for (int n = 0; n < N_d; ++n) {
+            std::vector<float> p;
+            for (int f = 0; f < n_f; ++f) {
+                p.push_back(mma_block(&act[64 * f], &w_d[(size_t)n * F + 64 * f]));
+                bad_d += !same(p.back(), dparts[((size_t)f * M + m) * N_d + n]);
+            }
+            bad_y += !same(combine(hr[n], p, d_sc[n], false), y[(size_t)m * K + n]);
+        }
+    }
+    if (bad_h + bad_d + bad_y)
+        printf("FAIL mma M=%d K=%d F=%d parts=%d: wrong h %d, down partials %d, y %d\n", M, K,
+               F, n_parts, bad_h, bad_d, bad_y);
+    return bad_h + bad_d + bad_y != 0;
+}
+
+int main(int argc, char** argv) {
+    descending = argc > 1 && std::strcmp(argv[1], "descending") == 0;
+    std::mt19937 g(5);
+    int runs = 0, fails = 0;
+    for (int K : {64, 192, 576})
+        for (int F : {128, 256})
+            for (int M : {1, 2})
+                for (int parts : {0, 1, 3, 9}) {
+                    fails += check(M, K, F, parts, g);
+                    ++runs;
+                }
+    printf("%d runs, %d failed\n", runs, fails);
+    return fails != 0;
+}
