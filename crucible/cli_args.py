@@ -95,6 +95,19 @@ def byte_size(text: str) -> int:
                                          f"40GiB; got {text!r}") from None
 
 
+def api_key(text: str) -> str:
+    """An API key as the server compares it. An empty one (``--api-key "$KEY"`` with KEY
+    unset) would leave the API open without a word; surrounding blanks or control
+    characters could never be sent back in a header, so no client could ever match it."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the key is empty; leave the option out to serve "
+                                         "without a key")
+    if text != text.strip() or any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise argparse.ArgumentTypeError("the key has surrounding blanks or control "
+                                         "characters, which no HTTP header can carry")
+    return text
+
+
 def add_pool_options(g: argparse._ArgumentGroup) -> None:
     """The KV pool and scheduler limits (generate, chat and serve share them)."""
     pool = g.add_mutually_exclusive_group()

@@ -16,7 +16,7 @@ import signal
 import sys
 
 from crucible.backend.select import resolve_device
-from crucible.cli_args import (Parser, add_gemm_option, add_pool_options, int_in,
+from crucible.cli_args import (Parser, add_gemm_option, add_pool_options, api_key, int_in,
                                non_negative_int, positive_float, positive_int)
 from crucible.engine.factory import build_engine, freeze_startup
 from crucible.engine.settings import Settings
@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     add_pool_options(p.add_argument_group("pool and scheduler"))
     p.add_argument("--seed", type=non_negative_int, default=0,
                    help="base seed for unseeded requests")
-    p.add_argument("--api-key", default=None,
+    p.add_argument("--api-key", type=api_key, default=None,
                    help="require this key (Bearer or x-api-key); without one the API is open")
     lim = p.add_argument_group("request limits (docs/serving.md)")
     lim.add_argument("--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES,

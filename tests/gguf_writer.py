@@ -3,11 +3,14 @@
 Q and K rows are permuted into llama.cpp's interleaved-RoPE order, as llama.cpp's own
 converter does, so reading the file back exercises the loader's inverse permutation.
 Linear weights may be stored as F32, F16, Q8_0 or Q4_1 (quantized with the gguf package).
+``meta`` and ``tensors`` replace or drop (None) single entries, so tests can write the
+malformed files a loader must refuse.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -25,7 +28,11 @@ from crucible.model.layout import (
 from crucible.model.weights import permute_llama_qk
 
 
-def save_gguf(model: LoadedModel, path: Path, linear_type: str = "F32") -> None:
+def save_gguf(model: LoadedModel, path: Path, linear_type: str = "F32",
+              meta: Mapping[str, tuple[Any, Any] | None] | None = None,
+              tensors: Mapping[str, np.ndarray | None] | None = None) -> None:
+    """``meta``: key -> (value, GGUFValueType) or None (the key left out); ``tensors``:
+    name -> the array stored instead (as is, no permutation) or None (left out)."""
     import gguf
 
     from crucible.model.tiny_tokenizer import tiny_vocab
@@ -55,6 +62,10 @@ def save_gguf(model: LoadedModel, path: Path, linear_type: str = "F32") -> None:
     writer.add_add_bos_token(False)
 
     def put(name: str, value: np.ndarray, linear: bool) -> None:
+        if tensors and name in tensors:
+            if tensors[name] is not None:
+                writer.add_tensor(name, tensors[name])
+            return
         value = np.ascontiguousarray(value, dtype=np.float32)
         if not linear or qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, value)
@@ -74,6 +85,10 @@ def save_gguf(model: LoadedModel, path: Path, linear_type: str = "F32") -> None:
             if field in heads:
                 value = permute_llama_qk(value, heads[field])
             put(gguf_prefix(i) + GGUF_LAYER[field], value, field not in NORM_FIELDS)
+    for key, entry in (meta or {}).items():
+        writer.kv_data[0].pop(key, None)
+        if entry is not None:
+            writer.kv_data[0][key] = gguf.GGUFValue(value=entry[0], type=entry[1])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

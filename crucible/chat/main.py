@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from crucible.chat import commands
 from crucible.chat.session import ChatSession
@@ -43,6 +44,14 @@ def chat_parser() -> argparse.ArgumentParser:
 
 
 def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.history is not None:
+        # The history file is first written after the first message: a bad path would
+        # end the chat there with a traceback, so it is refused before anything loads.
+        history = Path(args.history).expanduser()
+        if not args.history.strip() or history.is_dir():
+            p.error(f"--history {args.history!r} is not a file name")
+        if not history.parent.is_dir():
+            p.error(f"--history {args.history!r}: no directory {str(history.parent)!r}")
     if args.url is None:
         if args.api_key is not None:
             p.error("--api-key needs --url")

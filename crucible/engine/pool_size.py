@@ -15,6 +15,7 @@ that leaves less than the reserve free is refused with a message that says how m
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from crucible.backend.protocol import Geometry
@@ -61,12 +62,13 @@ def pool_size(settings: Settings, geometry: Geometry, device: str,
         return PoolSize(pages, f"{pages * PAGE_SIZE:,} positions, {gib:.2f} GiB: {source}")
 
     if settings.num_pages is not None:
-        return report(settings.num_pages, "num_pages")
+        return fits(report(settings.num_pages, "num_pages"), per_page, memory)
     if device != "cuda" or memory is None:
         if settings.kv_cache_memory is not None or settings.gpu_memory_fraction is not None:
             raise ConfigError("kv_cache_memory and gpu_memory_fraction size a CUDA pool; "
                               "on the CPU give num_pages")
-        return report(2 * pages_for(geometry.max_context), "two full contexts (CPU default)")
+        return fits(report(2 * pages_for(geometry.max_context),
+                           "two full contexts (CPU default)"), per_page, None)
     free, total = memory
     room = free - scratch_bytes(geometry, settings)
     if settings.kv_cache_memory is not None:
@@ -92,3 +94,25 @@ def pool_size(settings: Settings, geometry: Geometry, device: str,
                           f"({pages_for(geometry.max_context)} pages); free device memory or "
                           f"give num_pages")
     return report(pages, source)
+
+
+def host_memory() -> int | None:
+    """This host's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def fits(size: PoolSize, per_page: int, memory: tuple[int, int] | None) -> PoolSize:
+    """``size`` if its K/V arrays can exist at all: no more than the device's free memory
+    (CUDA: ``memory``), or the host's physical memory (CPU). A larger pool would fail as a
+    bare MemoryError in the backend's allocation, or be killed once its pages are touched."""
+    need = size.num_pages * per_page
+    room, where = (memory[0], "free on the device") if memory is not None else \
+        (host_memory(), "of memory on this host")
+    if room is not None and need > room:
+        raise ConfigError(f"the KV pool of {size.num_pages:,} pages needs {need / GiB:,.2f} "
+                          f"GiB, more than the {room / GiB:,.2f} GiB {where} "
+                          f"({size.how.split(': ', 1)[-1]}); give a smaller num_pages")
+    return size

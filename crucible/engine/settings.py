@@ -33,11 +33,17 @@ def _switch(name: str, raw: str) -> bool:
     return value == "1"
 
 
+def _whole(value: str) -> bool:
+    """ASCII digits only: str.isdigit() also passes superscripts ('²'), which int() refuses
+    (a traceback, not this module's error), and other scripts' digits nobody means here."""
+    return value.isascii() and value.isdigit()
+
+
 def _threads(name: str, raw: str) -> int | None:
     value = raw.strip()
     if not value:
         return None
-    if not value.isdigit() or not 1 <= int(value) <= MAX_THREADS:
+    if not _whole(value) or not 1 <= int(value) <= MAX_THREADS:
         raise ConfigError(f"{name} must be a whole number from 1 to {MAX_THREADS}, "
                           f"got {raw!r}")
     return int(value)
@@ -45,7 +51,7 @@ def _threads(name: str, raw: str) -> int | None:
 
 def _graph_rows(name: str, raw: str) -> int:
     value = raw.strip()
-    if not value.isdigit() or int(value) not in MIXED_GRAPH_ROWS:
+    if not _whole(value) or int(value) not in MIXED_GRAPH_ROWS:
         raise ConfigError(f"{name} must be one of {', '.join(map(str, MIXED_GRAPH_ROWS))}, "
                           f"got {raw!r}")
     return int(value)
@@ -73,13 +79,21 @@ def _cache_size(name: str, raw: str) -> int | None:
 
 def _positive(name: str, raw: str) -> int:
     value = raw.strip()
-    if not value.isdigit() or int(value) < 1:
+    if not _whole(value) or int(value) < 1:
         raise ConfigError(f"{name} must be a whole number >= 1, got {raw!r}")
     return int(value)
 
 
 def _path(name: str, raw: str) -> Path | None:
-    return Path(raw).expanduser() if raw.strip() else None
+    return _checked_path(name, raw) if raw.strip() else None
+
+
+def _checked_path(name: str, value: Any) -> Path:
+    """A path setting as a Path; a NUL in it would only fail at the first open (deep in a
+    model load, or at exit for the profile) as a bare ValueError."""
+    if not isinstance(value, (str, Path)) or "\0" in str(value):
+        raise ConfigError(f"{name} must be a path (text without NUL), got {value!r}")
+    return Path(value).expanduser()
 
 
 # Environment variable -> (field, parser). The README's settings table lists the same.
@@ -170,7 +184,7 @@ class Settings:
             raise ConfigError(f"cpu_threads must be at most {MAX_THREADS}, got {self.cpu_threads}")
         for name in ("cache_dir", "core_profile"):
             if getattr(self, name) is not None:
-                object.__setattr__(self, name, Path(getattr(self, name)))
+                object.__setattr__(self, name, _checked_path(name, getattr(self, name)))
 
     def _check_int(self, name: str, low: int, optional: bool = False) -> None:
         v = getattr(self, name)

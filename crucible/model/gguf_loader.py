@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from crucible.errors import ModelLoadError
-from crucible.model.config import ModelConfig
+from crucible.model.config import ModelConfig, real_number, whole_number
+from crucible.model.gguf_scan import check_gguf_layout
 from crucible.model.layout import (
     GGUF_EMBED,
     GGUF_FINAL_NORM,
@@ -24,7 +25,7 @@ from crucible.model.layout import (
     qk_heads,
     read_layers,
 )
-from crucible.model.weights import ModelWeights, unpermute_llama_qk
+from crucible.model.weights import ModelWeights, check_finite, unpermute_llama_qk
 
 SUPPORTED_TYPES = ("F32", "F16", "Q8_0", "Q4_1")
 
@@ -35,6 +36,7 @@ def open_gguf(path: Path) -> Any:
 
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file")
+    check_gguf_layout(path)  # the reader trusts the file's counts (gguf_scan.py)
     try:
         return gguf.GGUFReader(str(path))
     except Exception as exc:  # the reader raises ValueError/IndexError/struct errors
@@ -47,35 +49,51 @@ def field_value(reader: Any, key: str, default: Any = None, *, source: Path | No
         if default is None and source is not None:
             raise ModelLoadError(f"{source}: GGUF metadata key {key!r} is missing")
         return default
-    return f.contents()
+    try:
+        return f.contents()
+    except Exception as exc:  # e.g. a string that is not UTF-8
+        raise ModelLoadError(f"{source or 'GGUF'}: cannot read GGUF metadata {key!r}: "
+                             f"{exc}") from exc
 
 
 def config_from_gguf(reader: Any, path: Path) -> ModelConfig:
     arch = field_value(reader, "general.architecture", source=path)
     if arch != "llama":
         raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
-    p = "llama."
-    hidden = int(field_value(reader, p + "embedding_length", source=path))
-    n_heads = int(field_value(reader, p + "attention.head_count", source=path))
-    n_kv = int(field_value(reader, p + "attention.head_count_kv", n_heads))
+    p, src = "llama.", str(path)
+
+    def whole(key: str, default: Any = None) -> int:
+        return whole_number(src, p + key, field_value(reader, p + key, default, source=path))
+
+    def real(key: str, default: float) -> float:
+        return real_number(src, p + key, field_value(reader, p + key, default, source=path))
+
+    hidden = whole("embedding_length")
+    n_heads = whole("attention.head_count")
+    if reader.fields.get(p + "rope.dimension_count") is not None:
+        head_dim = whole("rope.dimension_count")
+    elif n_heads > 0 and hidden % n_heads == 0:
+        head_dim = hidden // n_heads
+    else:  # a truncated quotient would surface as a puzzling shape error on attn_q
+        raise ModelLoadError(f"{path}: {p}embedding_length={hidden} is not a multiple of "
+                             f"{p}attention.head_count={n_heads}, and {p}rope.dimension_count "
+                             "(the head size) is not given")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab_default = len(tokens.data) if tokens is not None else None
-    vocab = field_value(reader, p + "vocab_size", vocab_default, source=path)
     names = {t.name for t in reader.tensors}
     cfg = ModelConfig(
-        vocab_size=int(vocab),
+        vocab_size=whole("vocab_size", len(tokens.data) if tokens is not None else None),
         hidden_size=hidden,
-        n_layers=int(field_value(reader, p + "block_count", source=path)),
+        n_layers=whole("block_count"),
         n_heads=n_heads,
-        n_kv_heads=n_kv,
-        head_dim=int(field_value(reader, p + "rope.dimension_count", hidden // max(n_heads, 1))),
-        ffn_size=int(field_value(reader, p + "feed_forward_length", source=path)),
-        max_context=int(field_value(reader, p + "context_length", source=path)),
-        rope_theta=float(field_value(reader, p + "rope.freq_base", 10000.0)),
-        rms_eps=float(field_value(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        n_kv_heads=whole("attention.head_count_kv", n_heads),
+        head_dim=head_dim,
+        ffn_size=whole("feed_forward_length"),
+        max_context=whole("context_length"),
+        rope_theta=real("rope.freq_base", 10000.0),
+        rms_eps=real("attention.layer_norm_rms_epsilon", 1e-5),
         tie_embeddings="output.weight" not in names,
     )
-    cfg.validate(str(path))
+    cfg.validate(src)
     return cfg
 
 
@@ -93,7 +111,9 @@ def _dequantize(t: Any, path: Path) -> np.ndarray:
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists ne0 first
     if out.size != int(np.prod(shape)):
         raise ModelLoadError(f"{path}: tensor {t.name} holds {out.size} values, shape says {shape}")
-    return np.ascontiguousarray(out.reshape(shape), dtype=np.float32)
+    out = np.ascontiguousarray(out.reshape(shape), dtype=np.float32)
+    check_finite(out, t.name, path)
+    return out
 
 
 def load_gguf(path: Path, reader: Any = None) -> tuple[ModelConfig, ModelWeights, str]:

@@ -27,6 +27,7 @@ from crucible.backend.protocol import BackendWeights, LinearWeight
 from crucible.model.config import ModelConfig
 from crucible.model.fetch import cache_dir
 from crucible.model.tokenizer import Tokenizer
+from crucible.model.weights import check_backend_weights
 
 FORMAT = 1  # bump when what is stored, or how the tensors are computed, changes
 
@@ -83,6 +84,10 @@ def load(path: Path, sha256: str, mode: str) -> tuple | None:
                    for k, v in tensors.items() if k.startswith("linear.")}
         norms = {k[len("norm."):]: v for k, v in tensors.items() if k.startswith("norm.")}
         weights = BackendWeights(mode, tensors["embedding"], linears, norms)
+        # The file is ours, but a disk, a copy or a hand can damage it: a bad geometry or
+        # tensor must mean "rebuild", not a failure in the first forward.
+        config.validate(str(path))
+        check_backend_weights(weights, config)
     except Exception as exc:  # noqa: BLE001 - any damage means: build it again
         print(f"crucible: the prepared model {path} is unusable ({exc}); rebuilding it",
               file=sys.stderr)

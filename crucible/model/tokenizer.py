@@ -66,7 +66,10 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise RequestError(f"text to encode must be a string, got {type(text).__name__}")
-        ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        try:
+            ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        except TypeError:  # a lone surrogate: argv or stdin bytes that are not UTF-8
+            raise RequestError(_not_unicode(text)) from None
         want_bos = self.add_bos if add_bos is None else add_bos
         if want_bos:
             if self.bos_token_id is None:
@@ -148,3 +151,14 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token_id}, "
                 f"eos={self.eos_token_id}, stops={self.stop_token_ids}, source={self.source!r})")
+
+
+def _not_unicode(text: str) -> str:
+    """Where ``text`` stops being encodable: Python decodes bytes that are not UTF-8 (in
+    argv, stdin, file names) to lone surrogates, which the tokenizer cannot take."""
+    for i, c in enumerate(text):
+        if "\ud800" <= c <= "\udfff":
+            what = f"byte 0x{ord(c) - 0xDC00:02x}" if c >= "\udc80" else f"U+{ord(c):04X}"
+            return (f"text to encode is not valid UTF-8: {what} at character {i} (a lone "
+                    "surrogate); re-encode the input as UTF-8")
+    return "text to encode cannot be tokenized"

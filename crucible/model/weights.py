@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crucible.backend.protocol import BackendWeights, LinearWeight
+from crucible.backend.protocol import BackendWeights, Geometry, LinearWeight
+from crucible.errors import ModelLoadError
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,14 @@ class QuantizedLinear:
 
     def dequantize(self) -> np.ndarray:
         return self.q.astype(np.float32) * self.scale[:, None]
+
+
+def check_finite(a: np.ndarray, name: str, source: object) -> None:
+    """A weight with NaN or inf makes every logit NaN: refuse it at load, naming it, not
+    as silent garbage text (and int8 scales of inf) later."""
+    if not np.isfinite(a).all():
+        bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+        raise ModelLoadError(f"{source}: tensor {name} holds {bad:,} NaN or infinite values")
 
 
 def quantize_int8(w: np.ndarray) -> QuantizedLinear:
@@ -109,3 +118,31 @@ def backend_weights(weights: ModelWeights, mode: str) -> BackendWeights:
     norms["final_norm"] = weights.final_norm.astype(np.float32)
     return BackendWeights(mode, np.ascontiguousarray(weights.embed, dtype=np.float32),
                           linears, norms)
+
+
+def check_backend_weights(weights: BackendWeights, geometry: Geometry) -> None:
+    """Raise ValueError unless ``weights`` has exactly the tensors ``backend_weights`` makes
+    for ``geometry``, with their shapes and dtypes: what a prepared file read back must
+    hold, or the first forward fails on a missing key or a mismatched GEMM."""
+    g, int8 = geometry, weights.mode == "int8"
+    want = {"lm_head": (g.vocab_size, g.hidden_size)}
+    norms = {"final_norm": (g.hidden_size,)}
+    for i in range(g.n_layers):
+        want.update({f"l{i}.qkv": (g.q_dim + 2 * g.kv_dim, g.hidden_size),
+                     f"l{i}.o": (g.hidden_size, g.q_dim),
+                     f"l{i}.gate_up": (2 * g.ffn_size, g.hidden_size),
+                     f"l{i}.down": (g.hidden_size, g.ffn_size)})
+        norms.update({f"l{i}.attn_norm": (g.hidden_size,), f"l{i}.ffn_norm": (g.hidden_size,)})
+    if set(weights.linears) != set(want) or set(weights.norms) != set(norms):
+        raise ValueError("its tensors are not the ones this model's geometry needs")
+    got = [("embedding", weights.embedding, (g.vocab_size, g.hidden_size), np.float32)]
+    got += [(k, weights.norms[k], shape, np.float32) for k, shape in norms.items()]
+    for k, shape in want.items():
+        lw = weights.linears[k]
+        got.append((k, lw.w, shape, np.int8 if int8 else np.float32))
+        if int8 or lw.scale is not None:
+            got.append((f"scale of {k}", lw.scale, shape[:1], np.float32))
+    for name, a, shape, dtype in got:
+        if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != dtype:
+            raise ValueError(f"tensor {name} is {getattr(a, 'dtype', None)} "
+                             f"{getattr(a, 'shape', None)}, expected {np.dtype(dtype)} {shape}")
