@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from crucible.arg_types import int_in, non_negative_int, positive_int  # noqa: F401 (re-exported)
 from crucible.backend.options import GEMMS
 from crucible.engine.sizes import UNITS_HELP, parse_bytes
 from crucible.errors import ConfigError
@@ -36,24 +37,6 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)".strip()
 
 
-def int_in(minimum: int, maximum: int | None = None):
-    """An argparse type: a whole number in [minimum, maximum]."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
-        return value
-
-    return parse
-
-
-positive_int = int_in(1)
-non_negative_int = int_in(0)
 
 
 def _float(text: str) -> float:

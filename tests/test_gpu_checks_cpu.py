@@ -188,3 +188,16 @@ def test_large_mixed_steps_check_and_its_control(bug) -> None:
     passed, failed = check_mixed_large(cand, ref, 2, 0, 1024)
     assert passed + failed >= 2 * 896 and (failed > 0) == bug
     assert check_mixed_large(cand, ref, 2, 0, 512) == (0, 0)
+
+
+@pytest.mark.parametrize("main,argv,flag", [
+    (batch_check.batch_main, ["--steps", "-1"], "--steps"),
+    (batch_check.batch_main, ["--sizes", "0"], "--sizes"),
+    (batch_check.paged_main, ["--requests", "13"], "--requests"),
+    (graph_check.graph_main, ["--lengths", "x"], "--lengths")])
+def test_check_commands_refuse_counts_that_check_nothing(main, argv, flag, capsys) -> None:
+    """``gpu-batch --steps -1`` reported "0 passed, 0 failed"; a count out of range is now
+    argparse's error naming the flag, before any model is built."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and flag in capsys.readouterr().err

@@ -27,6 +27,7 @@ PLACES = {
     "crucible.checks": "checks", "crucible.server": "server", "crucible.api": "api",
     "crucible.engine": "engine", "crucible.model": "model", "crucible.backend": "backend",
     "crucible.kernels": "kernels", "crucible.step": "step", "crucible.errors": "base",
+    "crucible.arg_types": "base",
 }
 
 

@@ -23,6 +23,7 @@ from crucible.checks.attention_check import to_device
 from crucible.checks.attention_sdpa import sdpa_microseconds
 from crucible.checks.attention_suite import bench_shapes
 from crucible.kernels.variants import Variant, parse_variant
+from crucible.arg_types import positive_int
 
 HEADLINE = "exact-q4-k64"
 STRONG_SHAPES = ("single-1024", "2x512", "scheduled-4x512-second")
@@ -116,8 +117,8 @@ def _target_line(name: str, entry: dict[str, Any]) -> str:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llm-engine gpu-prefill-attention-bench")
     p.add_argument("--variants", nargs="+", default=[HEADLINE])
-    p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--iters", type=positive_int, default=50)
+    p.add_argument("--trials", type=positive_int, default=5)
     p.add_argument("--seed", type=int, default=20260908)
     p.add_argument("--json", type=str, default=None)
     p.add_argument("--geometries", nargs="+", default=["12/3", "9/3"])

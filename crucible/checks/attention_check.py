@@ -26,6 +26,7 @@ from crucible.checks.attention_cases import (
 from crucible.checks.attention_suite import fixed_cases, fuzz_cases
 from crucible.checks.oracle import oracle_rows
 from crucible.kernels.variants import Variant, all_variants, parse_variant
+from crucible.arg_types import non_negative_int, positive_int
 
 ONLINE_ATOL = ONLINE_RTOL = 2e-5
 ORACLE_ATOL = ORACLE_RTOL = 1e-4
@@ -155,11 +156,11 @@ def print_resources(variants: list[Variant]) -> list[dict[str, Any]]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llm-engine gpu-prefill-attention-check")
-    p.add_argument("--fuzz", type=int, default=0, help="random compositions after fixed cases")
+    p.add_argument("--fuzz", type=non_negative_int, default=0, help="random compositions after fixed cases")
     p.add_argument("--seed", type=int, default=20260908)
     p.add_argument("--variants", nargs="+", default=None, help="default: every variant")
-    p.add_argument("--fixed-limit", type=int, default=None, help="run only the first N fixed")
-    p.add_argument("--max-end", type=int, default=None,
+    p.add_argument("--fixed-limit", type=non_negative_int, default=None, help="run only the first N fixed")
+    p.add_argument("--max-end", type=positive_int, default=None,
                    help="skip cases whose longest history exceeds this (sanitizer runs)")
     p.add_argument("--json", type=str, default=None)
     args = p.parse_args(argv)

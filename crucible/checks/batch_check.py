@@ -30,6 +30,7 @@ import numpy as np
 from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
+from crucible.arg_types import int_in, positive_int
 
 BATCH_SIZES = (1, 2, 3, 5, 8, 15, 16, 17, 24, 31, 32, 33, 47, 48, 49, 63, 64)
 
@@ -119,8 +120,8 @@ def add_common(p: argparse.ArgumentParser, steps: int) -> None:
                    "model with the 9/3/64 attention geometry)")
     p.add_argument("--weights", choices=("int8", "f32"), default="int8")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--steps", type=int, default=steps, help="decode steps per request")
-    p.add_argument("--max-prompt", type=int, default=100, help="longest random prompt")
+    p.add_argument("--steps", type=positive_int, default=steps, help="decode steps per request")
+    p.add_argument("--max-prompt", type=positive_int, default=100, help="longest random prompt")
     p.add_argument("--seed", type=int, default=20260908)
 
 
@@ -223,7 +224,7 @@ def check_paged(runner: ModelRunner, n_req: int, steps: int, max_prompt: int,
 def batch_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llm-engine gpu-batch")
     add_common(p, steps=6)
-    p.add_argument("--sizes", type=int, nargs="+", default=list(BATCH_SIZES))
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=list(BATCH_SIZES))
     args = p.parse_args(argv)
     t0 = time.time()
     model = load(args)
@@ -238,7 +239,7 @@ def batch_main(argv: list[str]) -> int:
 def paged_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llm-engine gpu-paged")
     add_common(p, steps=5)
-    p.add_argument("--requests", type=int, default=12, help="requests per layout (<= 12)")
+    p.add_argument("--requests", type=int_in(1, 12), default=12, help="requests per layout (<= 12)")
     args = p.parse_args(argv)
     t0 = time.time()
     model = load(args)

@@ -25,6 +25,7 @@ import numpy as np
 
 from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.engine.runner import ModelRunner
+from crucible.arg_types import non_negative_int, positive_int
 
 
 def heldout_text() -> str:
@@ -60,8 +61,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--weights", choices=("int8", "f32"), default="int8")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--tokens", type=int, default=0, help="evaluate at most this many (0: all)")
-    p.add_argument("--ctx", type=int, default=512, help="window length in tokens")
+    p.add_argument("--tokens", type=non_negative_int, default=0, help="evaluate at most this many (0: all)")
+    p.add_argument("--ctx", type=positive_int, default=512, help="window length in tokens")
     p.add_argument("--paged", action="store_true", help="also evaluate on shuffled pages")
     p.add_argument("--compare-attn", default=None, help="also evaluate with this variant")
     p.add_argument("--json", default=None)

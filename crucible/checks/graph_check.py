@@ -37,6 +37,7 @@ from crucible.checks.mixed_large_check import check_mixed_large
 from crucible.checks.pipeline_check import check_pipeline
 from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
+from crucible.arg_types import positive_int
 
 GRAPH_SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 32, 33, 47, 48, 49, 63, 64,
                65, 96, 97, 129, 200, 257, 384, 385, 512, 17, 1)
@@ -205,7 +206,7 @@ def check_decode_prefill(runner: ModelRunner, lengths: list[int], steps: int,
 def graph_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llm-engine gpu-graph-check")
     add_common(p, steps=3)
-    p.add_argument("--sizes", type=int, nargs="+", default=list(GRAPH_SIZES),
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=list(GRAPH_SIZES),
                    help="live batch sizes in order (at most 512: the largest bucket)")
     args = p.parse_args(argv)
     t0 = time.time()
@@ -244,7 +245,7 @@ def graph_main(argv: list[str]) -> int:
 def decode_prefill_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llm-engine gpu-decode-prefill")
     add_common(p, steps=8)
-    p.add_argument("--lengths", type=int, nargs="+", default=list(PROMPT_LENGTHS))
+    p.add_argument("--lengths", type=positive_int, nargs="+", default=list(PROMPT_LENGTHS))
     args = p.parse_args(argv)
     t0 = time.time()
     model = load(args)

@@ -31,6 +31,7 @@ from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import SchedulerConfig
 from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
+from crucible.arg_types import non_negative_int, positive_int
 
 Outcome = tuple[list[int], list[dict], Any, Any]  # tokens, logprobs, prompt logprobs, reason
 KINDS = [dict(temperature=0.0), dict(temperature=0.8, top_k=5), dict(temperature=0.8, top_k=40),
@@ -138,8 +139,8 @@ def main(argv: list[str]) -> int:
                    "model with the 9/3/64 attention geometry)")
     p.add_argument("--weights", choices=("int8", "f32"), default="int8")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--steps", type=int, default=16, help="tokens generated per request at most")
-    p.add_argument("--fuzz", type=int, default=24, help="random workloads")
+    p.add_argument("--steps", type=positive_int, default=16, help="tokens generated per request at most")
+    p.add_argument("--fuzz", type=non_negative_int, default=24, help="random workloads")
     p.add_argument("--seed", type=int, default=20260908)
     args = p.parse_args(argv)
     env = Settings.from_env()

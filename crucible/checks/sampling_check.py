@@ -36,6 +36,7 @@ from crucible.engine.rng import random_bits, uniform
 from crucible.checks.batch_check import Counts
 from crucible.checks.sampling_cases import (KINDS, Case, boundary_margin, case, make_logits,
                                          matrix_cases)
+from crucible.arg_types import positive_int
 
 
 @dataclass
@@ -247,8 +248,8 @@ def run(h: Harness, args: argparse.Namespace, make_runner: Callable[[bool], Any]
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llm-engine gpu-sampling")
-    p.add_argument("--rows", type=int, default=64, help="rows per sampling call in the matrix")
-    p.add_argument("--vocab", type=int, default=49152, help="vocabulary of the test logits")
+    p.add_argument("--rows", type=positive_int, default=64, help="rows per sampling call in the matrix")
+    p.add_argument("--vocab", type=positive_int, default=49152, help="vocabulary of the test logits")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a small subset (harness check)")
     args = p.parse_args(argv)
