@@ -1,5 +1,6 @@
 // mma_ref.h: a plain spelling of the tensor-core GEMM order (linear_mma.cu states it) for
-// the host drivers (mma_driver.cpp, mma_stack_driver.cpp, mma_qkv_driver.cpp), so every
+// the host drivers (mma_driver.cpp, mma_stack_driver.cpp, mma_qkv_driver.cpp; mlp_ref.h
+// takes its ordered_sum), so every
 // mma-order kernel is checked against one reference of the block value instead of each
 // driver's own copy. Include after prelude.h and a kernel source (cru_split3 comes from
 // mma_common.cuh, cru_host_mma_elem from prelude.h).

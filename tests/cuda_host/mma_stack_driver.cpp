@@ -4,7 +4,8 @@
 //
 // Why a driver of its own: the MMA form hands on mma_row.cuh's block values instead of fma
 // chains, through fragments, tiles and a staged slice that stack_driver.cpp's fma
-// reference never sees. The reference: h = x + O's partials (O's residual epilogue), the
+// reference never sees. The reference (mlp_ref.h's, with this order's GEMM and down
+// partial): h = x + O's partials (O's residual epilogue), the
 // canonical RMSNorm tree (rowops_ref.h), gate/up as mma_ref.h's block values added from
 // the first, times scale, SwiGLU; down's partial f of column n is the block value of the
 // SwiGLU outputs f*64 .. f*64+63 against down's codes of that block (unscaled); then
@@ -20,18 +21,13 @@
 #include "decode_stack.cu"
 #include "mma_ref.h"
 #include "rowops_ref.h"
+#include "mlp_ref.h"
 
 #include <cstdio>
 #include <random>
 #include <vector>
 
 static bool descending = false;
-
-// base + (p_0 + p_1 + ...) * scale: cru_combined, the residual epilogue of the GEMM that
-// left the partials.
-static float combine(float base, const std::vector<float>& p, float sc, bool desc) {
-    return p.empty() ? base : __fadd_rn(base, __fmul_rn(ordered_sum(p, desc), sc));
-}
 
 // A gate/up output: its block values from the first (decode_mlp's finisher), times scale.
 static float gemm(const float* xn, const signed char* w, float sc, int K) {
@@ -68,34 +64,13 @@ static int check(int M, int K, int F, int n_parts, std::mt19937& g) {
     run_grid({(unsigned)M, 1, 1}, {256, 1, 1}, [&] {
         combine_rows<signed char>(h.data(), dparts.data(), n_f, d_sc.data(), y.data(), M, K);
     });
-    int bad_h = 0, bad_d = 0, bad_y = 0;
-    auto same = [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; };
-    for (int m = 0; m < M; ++m) {
-        std::vector<float> hr(K), xn(K), act(F);
-        for (int k = 0; k < K; ++k) {
-            std::vector<float> p;
-            for (int c = 0; c < n_parts; ++c) p.push_back(parts[((size_t)c * M + m) * K + k]);
-            hr[k] = combine(x[(size_t)m * K + k], p, o_sc[k], descending);
-            bad_h += !same(hr[k], h[(size_t)m * K + k]);
-        }
-        const float inv = inv_rms(hr.data(), K, eps);
-        for (int k = 0; k < K; ++k) xn[k] = cru_norm_apply(hr[k], inv, nw[k]);
-        for (int a = 0; a < F; ++a)
-            act[a] = cru_swiglu(gemm(xn.data(), &w_gu[(size_t)a * K], gu_sc[a], K),
-                                gemm(xn.data(), &w_gu[(size_t)(F + a) * K], gu_sc[F + a], K));
-        for (int n = 0; n < N_d; ++n) {
-            std::vector<float> p;
-            for (int f = 0; f < n_f; ++f) {
-                p.push_back(mma_block(&act[64 * f], &w_d[(size_t)n * F + 64 * f]));
-                bad_d += !same(p.back(), dparts[((size_t)f * M + m) * N_d + n]);
-            }
-            bad_y += !same(combine(hr[n], p, d_sc[n], false), y[(size_t)m * K + n]);
-        }
-    }
-    if (bad_h + bad_d + bad_y)
-        printf("FAIL mma M=%d K=%d F=%d parts=%d: wrong h %d, down partials %d, y %d\n", M, K,
-               F, n_parts, bad_h, bad_d, bad_y);
-    return bad_h + bad_d + bad_y != 0;
+    const MlpRun<signed char> run{M, K, F, n_parts, eps, x.data(), parts.data(), o_sc.data(),
+                                  nw.data(), gu_sc.data(), d_sc.data(), w_gu.data(),
+                                  w_d.data(), h.data(), dparts.data(), y.data()};
+    const int bad = mlp_mismatches(run, descending, gemm, mma_block);
+    if (bad)
+        printf("FAIL mma M=%d K=%d F=%d parts=%d: %d wrong\n", M, K, F, n_parts, bad);
+    return bad != 0;
 }
 
 int main(int argc, char** argv) {

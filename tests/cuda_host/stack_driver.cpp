@@ -1,6 +1,6 @@
 // stack_driver.cpp: cuda/decode_stack.cu (decode_mlp, combine_rows) run on the host
 // (prelude.h) against a plain spelling of the five-kernel layer's order, bit for bit
-// (tests/test_decode_stack_host.py builds it).
+// (tests/test_kernels_on_host.py builds it; the reference is mlp_ref.h's).
 //
 // Sweep: f32 and int8, K (hidden) 64 / 192 / 576, F 128 / 256, down width = K, rows M = 1
 // and 2, O partials 0 / 1 / 3 / 9. Checked: decode_mlp's h (x + O's partials finished as
@@ -12,6 +12,7 @@
 #include "prelude.h"
 #include "decode_stack.cu"
 #include "rowops_ref.h"
+#include "mlp_ref.h"
 
 #include <cstdio>
 #include <memory>
@@ -31,16 +32,6 @@ float dot(const float* x, const T* w, float sc, int K) {
         total = k0 == 0 ? p : __fadd_rn(total, p);
     }
     return sizeof(T) == 1 ? __fmul_rn(total, sc) : total;
-}
-
-// base + (p_0 + p_1 + ...) * scale, the partials in ascending (or, negative control,
-// descending) order.
-template <typename T>
-float combine(float base, const std::vector<float>& p, float sc, bool desc) {
-    if (p.empty()) return base;
-    float t = desc ? p.back() : p[0];
-    for (size_t i = 1; i < p.size(); ++i) t = __fadd_rn(t, desc ? p[p.size() - 1 - i] : p[i]);
-    return __fadd_rn(base, sizeof(T) == 1 ? __fmul_rn(t, sc) : t);
 }
 
 template <typename T>
@@ -70,33 +61,16 @@ int check(int M, int K, int F, int n_parts, std::mt19937& g) {
     run_grid({(unsigned)M, 1, 1}, {256, 1, 1}, [&] {
         combine_rows<T>(h.data(), dparts.data(), n_f, i8 ? d_sc.data() : nullptr, y.data(), M, K);
     });
-    int bad = 0;
-    auto same = [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; };
-    for (int m = 0; m < M; ++m) {
-        std::vector<float> hr(K), xn(K), act(F);
-        for (int k = 0; k < K; ++k) {
-            std::vector<float> p;
-            for (int c = 0; c < n_parts; ++c) p.push_back(parts[((size_t)c * M + m) * K + k]);
-            hr[k] = combine<T>(x[(size_t)m * K + k], p, o_sc[k], descending);
-            bad += !same(hr[k], h[(size_t)m * K + k]);
-        }
-        const float inv = inv_rms(hr.data(), K, eps);
-        for (int k = 0; k < K; ++k) xn[k] = cru_norm_apply(hr[k], inv, nw[k]);
-        for (int a = 0; a < F; ++a)
-            act[a] = cru_swiglu(dot(xn.data(), &w_gu[(size_t)a * K], gu_sc[a], K),
-                                dot(xn.data(), &w_gu[(size_t)(F + a) * K], gu_sc[F + a], K));
-        for (int n = 0; n < N_d; ++n) {
-            std::vector<float> p;
-            for (int f = 0; f < n_f; ++f) {
-                float acc = 0.0f;
-                for (int a = f * 64; a < f * 64 + 64; ++a)
-                    acc = std::fma(act[a], (float)w_d[(size_t)n * F + a], acc);
-                bad += !same(acc, dparts[((size_t)f * M + m) * N_d + n]);
-                p.push_back(acc);
-            }
-            bad += !same(combine<T>(hr[n], p, d_sc[n], false), y[(size_t)m * K + n]);
-        }
-    }
+    const MlpRun<T> run{M, K, F, n_parts, eps, x.data(), parts.data(), o_sc.data(), nw.data(),
+                        gu_sc.data(), d_sc.data(), w_gu.data(), w_d.data(), h.data(),
+                        dparts.data(), y.data()};
+    // Down's partial in linear.cu's order: the chunk's fma chain from 0.
+    auto chain = [](const float* act, const T* w) {
+        float acc = 0.0f;
+        for (int a = 0; a < 64; ++a) acc = std::fma(act[a], (float)w[a], acc);
+        return acc;
+    };
+    const int bad = mlp_mismatches(run, descending, dot<T>, chain);
     if (bad)
         printf("FAIL %s M=%d K=%d F=%d parts=%d: %d wrong\n", i8 ? "int8" : "f32", M, K, F,
                n_parts, bad);
