@@ -100,14 +100,8 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     __syncthreads();
 
     float* my_part = part + half * n_chunks * 64;
-    if constexpr (MMA) {  // tile n's block values at my_part[(c * 2 + n / 4) * 32 + ...]
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-            const float2 b = cru_row_block<false>(xs + c * CRU_KC, lane, raw[n >> 2].v[n & 3]);
-            if ((lane >> 2) == 0)
-                *reinterpret_cast<float2*>(my_part + (c * 2 + (n >> 2)) * 32 + 8 * (n & 3) +
-                                           2 * (lane & 3)) = b;
-        }
+    if constexpr (MMA) {  // gate's 32 columns, then up's, at my_part[(c * 2 + j) * 32 + l]
+        cru_row_tiles8(raw, xs + c * CRU_KC, my_part + c * 64, lane);
     } else {
         cru_rows_chunk<T, 1, 2, 1>(raw, whole, w_gu, xs, my_part, cb, c, lane, K, F, 2 * F);
     }

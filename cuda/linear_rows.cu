@@ -53,9 +53,8 @@
 #include "rows_chunk.cuh"
 #include "rowops.cuh"
 
-// The MMA form's block c of column block (head) cb: tile n's codes are raw[n / 4].v[n % 4],
-// column 8 n + g of the head; the block values land at part[(c * 2 + j) * 32 + l] for the
-// head's column 32 j + l, where the fma form's chains land.
+// The MMA form's codes of block c of column block (head) cb: tile n's are raw[n / 4].v[n %
+// 4], column 8 n + g of the head (mma_row.cuh's cru_row_tiles8 then computes the block).
 __device__ __forceinline__ void cru_rows_mma_load(RawChunk<signed char> (&raw)[2],
                                                   const signed char* w, int cb, int c,
                                                   int lane, int K) {
@@ -64,18 +63,6 @@ __device__ __forceinline__ void cru_rows_mma_load(RawChunk<signed char> (&raw)[2
     for (int n = 0; n < 8; ++n)
         raw[n >> 2].v[n & 3] = __ldg(reinterpret_cast<const int4*>(
             w + (long)(cb * 64 + 8 * n + g) * K + 64 * c + 16 * t));
-}
-
-__device__ __forceinline__ void cru_rows_mma_block(const RawChunk<signed char> (&raw)[2],
-                                                   const float* xs, float* part, int c,
-                                                   int lane) {
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-        const float2 b = cru_row_block<false>(xs + 64 * c, lane, raw[n >> 2].v[n & 3]);
-        const int col = 8 * n + 2 * (lane & 3);  // the head's column; col + 1 is its pair
-        if ((lane >> 2) == 0)
-            *reinterpret_cast<float2*>(part + (c * 2 + (col >> 5)) * 32 + (col & 31)) = b;
-    }
 }
 
 template <typename T, int MT, int PRO, int EPI, bool MMA = false>
@@ -183,7 +170,7 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
         if (cb >= n_blocks) break;  // uniform across the block
         const bool more = g + 1 < groups && cb + 1 < n_blocks;
         if constexpr (MMA) {
-            if (c < n_chunks) cru_rows_mma_block(raw, xs, part, c, lane);  // K % 64 == 0
+            if (c < n_chunks) cru_row_tiles8(raw, xs + 64 * c, part + c * 64, lane);  // K % 64 == 0
         } else if (c < n_chunks) {
             cru_rows_chunk<T, MT, NC, EPI>(raw, whole, w, xs, part, cb, c, lane, K, N_out,
                                            n_rows_w);

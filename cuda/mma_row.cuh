@@ -56,3 +56,18 @@ __device__ __forceinline__ void cru_row_slice(const int4* slice, int n_cols, con
         if (g == 0) *reinterpret_cast<float2*>(out + 8 * tile + 2 * t) = b;
     }
 }
+
+// Eight tiles' block values (64 columns: a head's, or 32 gate and 32 up columns) of the row
+// against the codes a lane holds in raw[n / 4].v[n % 4] (tile n, RawChunk's int4s), to
+// out[32 j + l] for column 32 j + l of the 64: where the fma forms leave their chains
+// (column l of half j). x64: the row's 64 values of the block.
+template <typename Raw>
+__device__ __forceinline__ void cru_row_tiles8(const Raw (&raw)[2], const float* x64,
+                                               float* out, int lane) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+        const float2 b = cru_row_block<false>(x64, lane, raw[n >> 2].v[n & 3]);
+        if ((lane >> 2) == 0)  // column 8 n + 2 t and its pair: 32 (n / 4) + 8 (n % 4) + 2 t
+            *reinterpret_cast<float2*>(out + 8 * n + 2 * (lane & 3)) = b;
+    }
+}
