@@ -9,65 +9,91 @@
 // computes b_c with the same four mma steps (the same k in the same slots) and leaves it
 // where the fma stack leaves its chain gives the unfused mma layer's bits.
 //
-// Fragment use (mma_common.cuh's layout, lane = 4 g + t): the one real row is mma row 0,
-// fed by lanes g == 0 (rows 1..15 are zeros, as linear_mma_rows' rows past M); lane t
-// feeds k = 16 t + 4 j .. + 3 at step j, with column g's codes of the same k (one int4:
-// the 16 codes 16 t .. 16 t + 15 of the block). Lanes 0..3 receive columns 2 t, 2 t + 1.
+// Fragment use (mma_common.cuh's layout, lane = 4 g + t), with the operands' roles swapped
+// against linear_mma_rows: one row leaves 15 of the 16 A rows idle there, so here the
+// weights are A (rows g and g + 8: two 8-column tiles' columns g) and the row's three bf16
+// parts are B's columns 0, 1, 2 (hi, mid, lo; columns 3..7 zeros). One m16n8k16 step then
+// serves 16 columns and all three parts, where the row-as-A form took three steps for 8.
+// The bits are the same: each output element is c + the sum of 16 exact bf16 products in
+// the same k slots (lane t feeds k = 16 t + 4 j .. + 3 at step j, in both forms), and an
+// element's three part chains still run separately from 0 over the four steps j; only
+// which operand carries which factor changed. The GPU checks compare the two bitwise
+// (checks/stack_check.py against the unfused mma stages).
 // No standard headers (NVRTC).
 #pragma once
 #include "mma_common.cuh"
 
-// The block value of the row against one 8-column tile (q: this lane's int4 of column g's
-// codes, k = 16 t .. 16 t + 15 of the block), as linear_mma_rows stores it (from 0).
-// x64: the row's 64 values of the block (shared memory, 16-byte aligned); lanes g == 0
-// feed x64[16 t + 4 j .. + 3] at step j, the others zeros. Each step reads its four values
-// afresh (shared loads are cheap, registers are not: the stack's kernels run near their
-// bounds). Meaningful in lanes 0..3: columns 2 t (x) and 2 t + 1 (y) of the tile.
-template <bool ONE_ACC>
-__device__ __forceinline__ float2 cru_row_block(const float* x64, int lane, int4 q) {
-    const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+// The block values of the row against two 8-column tiles: qa, qb this lane's int4s of
+// column g of each (k = 16 t .. 16 t + 15 of the block). x64: the row's 64 values of the
+// block (shared memory, 16-byte aligned). Every lane must call it (a shuffle). Meaningful
+// in lanes t == 0: the values of column g of the first tile (x) and of the second (y), each
+// 0 + ((lo + mid) + hi) as linear_mma_rows stores them.
+__device__ __forceinline__ float2 cru_row_pair(const float* x64, int lane, int4 qa, int4 qb) {
+    const int g = lane >> 2;
     const float4* x4 = reinterpret_cast<const float4*>(x64 + 16 * (lane & 3));
-    const bool feeds = (lane >> 2) == 0;
-    float p[3][4];
-#pragma unroll
-    for (int s = 0; s < 3; ++s)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p[s][e] = 0.0f;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        unsigned a[3][4], b[2];
-        cru_split_a(feeds ? x4[j] : zero4, zero4, a);
-        cru_codes_b(cru_word(q, j), b);
-        cru_mma3<ONE_ACC>(p, a, b);
+        unsigned a[4], b[2], ca[2], cb[2];
+        cru_codes_b(cru_word(qa, j), ca);  // codes k .. k + 1 and k + 2 .. k + 3 of column g
+        cru_codes_b(cru_word(qb, j), cb);
+        a[0] = ca[0];  // row g, slots 2t, 2t + 1
+        a[1] = cb[0];  // row g + 8, the same slots
+        a[2] = ca[1];  // row g, slots 2t + 8, 2t + 9
+        a[3] = cb[1];
+        const float4 v = x4[j];
+        const float xv[4] = {v.x, v.y, v.z, v.w};
+        float part[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // B column g: part g of x (g >= 3: zeros)
+            float hi, mid, lo;
+            cru_split3(xv[e], hi, mid, lo);
+            part[e] = g == 0 ? hi : g == 1 ? mid : g == 2 ? lo : 0.0f;
+        }
+        b[0] = cru_bf16x2(part[0], part[1]);
+        b[1] = cru_bf16x2(part[2], part[3]);
+        cru_mma(d, a, b);
     }
-    const float b0 = cru_block_add<ONE_ACC>(0.0f, p, 0);
-    return make_float2(b0, cru_block_add<ONE_ACC>(0.0f, p, 1));
+    // Lane (g, 0) holds hi and mid of its two columns (d0, d1; d2, d3), lane (g, 1) their lo.
+    const float lo_a = __shfl_down_sync(0xffffffffu, d[0], 1);
+    const float lo_b = __shfl_down_sync(0xffffffffu, d[2], 1);
+    return make_float2(__fadd_rn(0.0f, __fadd_rn(__fadd_rn(lo_a, d[1]), d[0])),
+                       __fadd_rn(0.0f, __fadd_rn(__fadd_rn(lo_b, d[3]), d[2])));
 }
 
-// The block values of the row against tiles tile0, tile0 + tstep, ... < n_cols / 8 of a
-// staged slice (rows_chunk.cuh's piece-major cru_stage_slice layout: piece p of column n
-// at int4 slot p * n_cols + n; int8 codes, so 4 pieces of 16), written as float2 pairs to
-// out[8 tile + 2 t]. x64: the row's 64 values of the slice's block.
+// The block values of the row against the 16-column pairs pair0, pair0 + pstep, ... <
+// n_cols / 16 of a staged slice (rows_chunk.cuh's piece-major cru_stage_slice layout: piece
+// p of column n at int4 slot p * n_cols + n; int8 codes, so 4 pieces of 16), written to
+// out[n] for column n. x64: the row's 64 values of the slice's block. n_cols % 16 == 0;
+// the loop bound is warp-uniform (cru_row_pair's shuffle).
 __device__ __forceinline__ void cru_row_slice(const int4* slice, int n_cols, const float* x64,
-                                              float* out, int tile0, int tstep, int lane) {
+                                              float* out, int pair0, int pstep, int lane) {
     const int g = lane >> 2, t = lane & 3;
-    for (int tile = tile0; tile < n_cols / 8; tile += tstep) {
-        const float2 b = cru_row_block<false>(x64, lane, slice[t * n_cols + 8 * tile + g]);
-        if (g == 0) *reinterpret_cast<float2*>(out + 8 * tile + 2 * t) = b;
+    for (int pair = pair0; pair < n_cols / 16; pair += pstep) {
+        const int4* q = slice + t * n_cols + 16 * pair + g;
+        const float2 b = cru_row_pair(x64, lane, q[0], q[8]);
+        if (t == 0) {
+            out[16 * pair + g] = b.x;
+            out[16 * pair + 8 + g] = b.y;
+        }
     }
 }
 
 // Eight tiles' block values (64 columns: a head's, or 32 gate and 32 up columns) of the row
-// against the codes a lane holds in raw[n / 4].v[n % 4] (tile n, RawChunk's int4s), to
-// out[32 j + l] for column 32 j + l of the 64: where the fma forms leave their chains
-// (column l of half j). x64: the row's 64 values of the block.
+// against the codes a lane holds in raw[n / 4].v[n % 4] (tile n, RawChunk's int4s; column
+// 8 n + g of the 64), to out[8 n + g]: where the fma forms leave their chains. x64: the
+// row's 64 values of the block.
 template <typename Raw>
 __device__ __forceinline__ void cru_row_tiles8(const Raw (&raw)[2], const float* x64,
                                                float* out, int lane) {
+    const int g = lane >> 2;
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-        const float2 b = cru_row_block<false>(x64, lane, raw[n >> 2].v[n & 3]);
-        if ((lane >> 2) == 0)  // column 8 n + 2 t and its pair: 32 (n / 4) + 8 (n % 4) + 2 t
-            *reinterpret_cast<float2*>(out + 8 * n + 2 * (lane & 3)) = b;
+    for (int h = 0; h < 4; ++h) {  // tiles 2 h and 2 h + 1
+        const float2 b = cru_row_pair(x64, lane, raw[h >> 1].v[(2 * h) & 3],
+                                      raw[h >> 1].v[(2 * h + 1) & 3]);
+        if ((lane & 3) == 0) {
+            out[16 * h + g] = b.x;
+            out[16 * h + 8 + g] = b.y;
+        }
     }
 }
