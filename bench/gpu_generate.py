@@ -173,15 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the int8 GEMMs' order (CRUCIBLE_GEMM)")
     p.add_argument("--parts", default="decode,engine,prefill,profile",
                    help="comma-separated subset of decode,engine,prefill,profile")
-    p.add_argument("--mma-stack", action="store_true",
-                   help="under --gemm mma, let batch-1 steps take the decode stack's MMA "
-                        "forms (backend/cupy_stack.py MMA_FORMS, off in the engine until "
-                        "GPU-checked)")
     args = p.parse_args(argv)
-    if args.mma_stack:
-        from crucible.backend import cupy_stack
-
-        cupy_stack.MMA_FORMS = True
     model = load_model(args.model, args.weights)
     runner = ModelRunner(model, num_pages=1100, device="cuda",
                          settings=Settings(device="cuda", gemm=args.gemm))

@@ -11,7 +11,8 @@ model's (SmolLM2-135M: hidden 576, 9/3 heads of 64, FFN 1536, vocab 49152) with 
 weights, at batch 1 and 64 and a 192-token history. Figures: min and median over rounds.
 Then the LM head around its tiled switch-over, and the decode GEMMs on the row kernels vs
 the chunk-parallel kernel at 8..64 rows and both tile widths (to set CHUNKS_FROM and NT).
-At batch 1 also the decode stack's kernels and a layer of each kind. Caveat: a kernel
+At batch 1 also the decode stack's kernels and a layer of each kind, in both GEMM orders'
+forms (int8: the MMA forms of CRUCIBLE_GEMM=mma beside linear.cu's). Caveat: a kernel
 repeated in one graph re-reads the same weights, which then come from L2 (50 MB), not
 DRAM as in a real step; the step benches (gpu_step.py, gpu_generate.py) measure that.
 """
@@ -79,16 +80,16 @@ def stack_kernels(be: Any, meta: Any, x: Any, q: Any, act: Any) -> dict[str, Cal
     h, r, y, d_parts = be.new((1, d)), be.new((1, d)), be.new((1, d)), be.new((24, 1, d))
     d_parts[...] = 0
 
-    def qkv() -> None:
-        be.attn_in(x, 0, meta, parts=d_parts, pscale=down.scale, x_out=r)
+    def qkv(mma: bool = False) -> None:
+        be.attn_in(x, 0, meta, parts=d_parts, pscale=down.scale, x_out=r, mma=mma)
 
-    def attn_o() -> None:
+    def attn_o(mma: bool = False) -> None:
         ds.attention_o(q, be.k_pool, be.v_pool, 0, meta, wo, out, o_parts, cfg.n_heads,
-                       cfg.n_kv_heads, pdl=be.options.pdl)
+                       cfg.n_kv_heads, pdl=be.options.pdl, mma=mma)
 
-    def mlp() -> None:
+    def mlp(mma: bool = False) -> None:
         ds.decode_mlp(x, o_parts, wo.scale, h, be.norm("l0.ffn_norm"), cfg.rms_eps, gu, down,
-                      d_parts, pdl=be.options.pdl)
+                      d_parts, pdl=be.options.pdl, mma=mma)
 
     def five() -> None:
         be.attn_in(x, 0, meta)
@@ -97,13 +98,20 @@ def stack_kernels(be: Any, meta: Any, x: Any, q: Any, act: Any) -> dict[str, Cal
         be.mlp_in(x, 0)
         be.linear_add(act, "l0.down", x)
 
+    # The MMA forms (the stack under CRUCIBLE_GEMM=mma, int8) beside the fma forms, so each
+    # kernel's cost of the tensor-core order shows in the same run.
+    mma_forms = {} if be.mode != "int8" else {
+        "stack mma: norm+qkv+rope_kv_store + 24-partial combine": lambda: qkv(True),
+        "stack mma: attention + O partials": lambda: attn_o(True),
+        "stack mma: decode_mlp (9-partial combine, gate/up, down partials)": lambda: mlp(True),
+        "layer: stack mma, three kernels": lambda: (qkv(True), attn_o(True), mlp(True))}
     return {"stack: norm+qkv+rope_kv_store + 24-partial combine": qkv,
             "stack: attention + O partials": attn_o,
             "stack: decode_mlp (9-partial combine, gate/up, down partials)": mlp,
             "stack: combine_rows (24 partials)": lambda: ds.combine_rows(
                 h, d_parts, down.scale, y, pdl=be.options.pdl),
             "layer: five kernels": five,
-            "layer: stack, three kernels": lambda: (qkv(), attn_o(), mlp())}
+            "layer: stack, three kernels": lambda: (qkv(), attn_o(), mlp())} | mma_forms
 
 
 def rows_vs_chunks(be: Any, reps: int, rounds: int) -> dict[str, dict]:
@@ -147,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--history", type=int, default=192)
+    p.add_argument("--stack-only", action="store_true",
+                   help="only batch 1's decode-stack kernels and layers (both orders' forms)")
     args = p.parse_args(argv)
     model = tiny_random_model(seed=1, weights="int8", **LAYERS)
     runner = ModelRunner(model, num_pages=64 * 20, device="cuda")
@@ -155,13 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp
 
     res: dict[str, dict] = {}
-    for m in (1, 64):
+    for m in (1,) if args.stack_only else (1, 64):
         n_pages = -(-(args.history + 1) // 16)
         batch = build_packed_batch([SegmentSpec(f"r{i}", [7], args.history,
                                                 list(range(i * 20, i * 20 + n_pages)), [0])
                                     for i in range(m)])
         meta = be.prepare(batch)
         cases = kernels(be, meta, m)
+        if args.stack_only:
+            cases = {k: v for k, v in cases.items() if k.startswith(("stack", "layer"))}
         for name, fn in cases.items():
             for pdl in (False, True):  # the same graph captured with and without PDL
                 be.set_pdl(pdl)
@@ -172,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr, flush=True)
     # The LM head (final norm + 49152 x 576) on the row kernels vs norm + the tiled kernel,
     # around the switch-over (linear.HEAD_TILED_FROM), with PDL (the loop above ends on it).
-    for m in (8, 16, 32, 64):
+    for m in () if args.stack_only else (8, 16, 32, 64):
         x = cp.asarray(np.random.default_rng(m).standard_normal((m, be.cfg.hidden_size)),
                        dtype=cp.float32)
         head, norm = be.weight("lm_head"), be.norm("final_norm")
@@ -185,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             us = time_graph(fn, args.reps, args.rounds)
             res[f"b{m} lm_head {name}"] = stat(us)
             print(f"b{m} lm_head {name:40s} {min(us):8.2f} us", file=sys.stderr, flush=True)
-    res.update(rows_vs_chunks(be, args.reps, args.rounds))
+    if not args.stack_only:
+        res.update(rows_vs_chunks(be, args.reps, args.rounds))
     write_json(args.json, {"command": "python3 bench/gpu_kernels.py " +
                            " ".join(argv or sys.argv[1:]), "history": args.history,
                            "us_per_launch": res, "time": time.strftime("%Y-%m-%d %H:%M")})

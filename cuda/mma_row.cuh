@@ -23,36 +23,48 @@
 #pragma once
 #include "mma_common.cuh"
 
-// The block values of the row against two 8-column tiles: qa, qb this lane's int4s of
-// column g of each (k = 16 t .. 16 t + 15 of the block). x64: the row's 64 values of the
-// block (shared memory, 16-byte aligned). Every lane must call it (a shuffle). Meaningful
-// in lanes t == 0: the values of column g of the first tile (x) and of the second (y), each
-// 0 + ((lo + mid) + hi) as linear_mma_rows stores them.
-__device__ __forceinline__ float2 cru_row_pair(const float* x64, int lane, int4 qa, int4 qb) {
+// This lane's B fragments of a row's 64-value block for all four steps j: B column g is
+// part g of x (hi, mid, lo for g = 0, 1, 2; zeros for g >= 3), in the k slots of lane t.
+// They depend on the block and the lane only, so a warp builds them once per block and
+// every 16-column pair of the block reuses them (splitting x per pair cost more ALU than
+// the pair's mmas and code conversions together). x64: the row's 64 values of the block
+// (shared memory, 16-byte aligned).
+__device__ __forceinline__ void cru_row_b(const float* x64, int lane, unsigned (&b)[4][2]) {
     const int g = lane >> 2;
     const float4* x4 = reinterpret_cast<const float4*>(x64 + 16 * (lane & 3));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float4 v = x4[j];
+        const float xv[4] = {v.x, v.y, v.z, v.w};
+        float part[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float hi, mid, lo;
+            cru_split3(xv[e], hi, mid, lo);
+            part[e] = g == 0 ? hi : g == 1 ? mid : g == 2 ? lo : 0.0f;
+        }
+        b[j][0] = cru_bf16x2(part[0], part[1]);
+        b[j][1] = cru_bf16x2(part[2], part[3]);
+    }
+}
+
+// The block values of the row against two 8-column tiles: qa, qb this lane's int4s of
+// column g of each (k = 16 t .. 16 t + 15 of the block); b: cru_row_b of the block. Every
+// lane must call it (a shuffle). Meaningful in lanes t == 0: the values of column g of the
+// first tile (x) and of the second (y), each 0 + ((lo + mid) + hi) as linear_mma_rows
+// stores them.
+__device__ __forceinline__ float2 cru_row_pair(const unsigned (&b)[4][2], int4 qa, int4 qb) {
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        unsigned a[4], b[2], ca[2], cb[2];
+        unsigned a[4], ca[2], cb[2];
         cru_codes_b(cru_word(qa, j), ca);  // codes k .. k + 1 and k + 2 .. k + 3 of column g
         cru_codes_b(cru_word(qb, j), cb);
         a[0] = ca[0];  // row g, slots 2t, 2t + 1
         a[1] = cb[0];  // row g + 8, the same slots
         a[2] = ca[1];  // row g, slots 2t + 8, 2t + 9
         a[3] = cb[1];
-        const float4 v = x4[j];
-        const float xv[4] = {v.x, v.y, v.z, v.w};
-        float part[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {  // B column g: part g of x (g >= 3: zeros)
-            float hi, mid, lo;
-            cru_split3(xv[e], hi, mid, lo);
-            part[e] = g == 0 ? hi : g == 1 ? mid : g == 2 ? lo : 0.0f;
-        }
-        b[0] = cru_bf16x2(part[0], part[1]);
-        b[1] = cru_bf16x2(part[2], part[3]);
-        cru_mma(d, a, b);
+        cru_mma(d, a, b[j]);
     }
     // Lane (g, 0) holds hi and mid of its two columns (d0, d1; d2, d3), lane (g, 1) their lo.
     const float lo_a = __shfl_down_sync(0xffffffffu, d[0], 1);
@@ -69,12 +81,15 @@ __device__ __forceinline__ float2 cru_row_pair(const float* x64, int lane, int4 
 __device__ __forceinline__ void cru_row_slice(const int4* slice, int n_cols, const float* x64,
                                               float* out, int pair0, int pstep, int lane) {
     const int g = lane >> 2, t = lane & 3;
+    unsigned b[4][2];
+    cru_row_b(x64, lane, b);
+#pragma unroll 2  // two pairs' independent mma chains in flight
     for (int pair = pair0; pair < n_cols / 16; pair += pstep) {
         const int4* q = slice + t * n_cols + 16 * pair + g;
-        const float2 b = cru_row_pair(x64, lane, q[0], q[8]);
+        const float2 v = cru_row_pair(b, q[0], q[8]);
         if (t == 0) {
-            out[16 * pair + g] = b.x;
-            out[16 * pair + 8 + g] = b.y;
+            out[16 * pair + g] = v.x;
+            out[16 * pair + 8 + g] = v.y;
         }
     }
 }
@@ -87,13 +102,15 @@ template <typename Raw>
 __device__ __forceinline__ void cru_row_tiles8(const Raw (&raw)[2], const float* x64,
                                                float* out, int lane) {
     const int g = lane >> 2;
+    unsigned b[4][2];
+    cru_row_b(x64, lane, b);
 #pragma unroll
     for (int h = 0; h < 4; ++h) {  // tiles 2 h and 2 h + 1
-        const float2 b = cru_row_pair(x64, lane, raw[h >> 1].v[(2 * h) & 3],
+        const float2 v = cru_row_pair(b, raw[h >> 1].v[(2 * h) & 3],
                                       raw[h >> 1].v[(2 * h + 1) & 3]);
         if ((lane & 3) == 0) {
-            out[16 * h + g] = b.x;
-            out[16 * h + 8 + g] = b.y;
+            out[16 * h + g] = v.x;
+            out[16 * h + 8 + g] = v.y;
         }
     }
 }

@@ -42,8 +42,8 @@ if [ $# -ge 1 ]; then
     model="$1"
     run gpu-generate python3 bench/gpu_generate.py --model "$model" --weights int8 --rounds 3 \
         --json "$out/gpu-generate-int8.json"
-    run gpu-generate-mma-stack python3 bench/gpu_generate.py --model "$model" --gemm mma \
-        --mma-stack --rounds 2 --parts decode,engine --json "$out/gpu-generate-mma-stack.json"
+    run gpu-generate-mma python3 bench/gpu_generate.py --model "$model" --gemm mma \
+        --rounds 2 --parts decode,engine --json "$out/gpu-generate-mma.json"
     for w in int8 f32; do
         run "gpu-eval-$w" python3 -m crucible gpu-eval --model "$model" --weights "$w" \
             --device cuda --paged --compare-attn reference --json "$out/gpu-eval-$w.json"

@@ -45,11 +45,10 @@ def test_fits_under_mma_takes_int8_only(smem: None) -> None:
     assert not ds.fits(cfg, 2, 512, EXACT, 1, mma=True)
 
 
-def test_the_engine_takes_the_mma_forms_only_once_switched_on(
+def test_the_engine_takes_each_orders_stack_forms(
         monkeypatch: pytest.MonkeyPatch, smem: None) -> None:
-    """Under gemm "mma" (int8) a batch-1 step declines the stack while cupy_stack.MMA_FORMS
-    is off (the forms await their GPU checks); on, it runs the stack's MMA forms. f32
-    weights under mma and every fma step run the fma stack either way."""
+    """Under gemm "mma" (int8) a batch-1 step runs the stack's MMA forms; f32 weights under
+    mma and every fma step run the fma stack; the stack switched off runs neither."""
     from types import SimpleNamespace
 
     from crucible.backend import cupy_stack
@@ -62,12 +61,9 @@ def test_the_engine_takes_the_mma_forms_only_once_switched_on(
         return SimpleNamespace(mma=mma, mode=mode, use_stack=True, variant=EXACT,
                                cfg=tiny_config(**SMOLLM2))
 
-    assert not cupy_stack.MMA_FORMS
-    assert cupy_stack.decode_stack(backend(True, "int8"), meta) is None
+    assert cupy_stack.decode_stack(backend(True, "int8"), meta) == ("stack", True)
     assert cupy_stack.decode_stack(backend(True, "f32"), meta) == ("stack", False)
     assert cupy_stack.decode_stack(backend(False, "int8"), meta) == ("stack", False)
-    monkeypatch.setattr(cupy_stack, "MMA_FORMS", True)
-    assert cupy_stack.decode_stack(backend(True, "int8"), meta) == ("stack", True)
     off = backend(True, "int8")
     off.use_stack = False
     assert cupy_stack.decode_stack(off, meta) is None

@@ -15,13 +15,6 @@ from crucible.backend.cupy_meta import CupyMeta
 from crucible.kernels import decode_stack as ds
 from crucible.kernels import linear_rows as cf
 
-# The MMA forms (the stack under gemm "mma") are written and host-checked
-# (tests/cuda_host/) but have not yet run their bitwise checks and sanitizers on a GPU, so
-# the engine does not take them: under mma a batch-1 step runs the mma layers. The GPU
-# checks (checks/stack_check.py, scripts/sanitize_stack.py) and bench/gpu_generate.py
-# --mma-stack switch them on for their own runs (docs/throughput.md says what is left).
-MMA_FORMS = False
-
 
 def decode_stack(b: Any, meta: CupyMeta) -> Any:
     """The residual after the last layer of the decode step ``meta`` run as the stack on the
@@ -31,8 +24,6 @@ def decode_stack(b: Any, meta: CupyMeta) -> Any:
     # Under gemm "mma" int8 weights take the tensor-core order (f32 ones keep linear.cu's,
     # so their stack is the fma one); a shape the MMA forms do not take leaves the stack off.
     mma = b.mma and wbytes == 1
-    if mma and not MMA_FORMS:
-        return None
     if not (b.use_stack and decode and ds.fits(b.cfg, meta.num_rows, meta.score_capacity,
                                                b.variant, wbytes, mma)):
         return None

@@ -124,12 +124,8 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
 
 def _steps(runner: ModelRunner, pages: list, stack: bool, graphs: bool) -> tuple[list, Any]:
     """Greedy decode from position 301 over the tile edges; logits per step and the pools."""
-    from crucible.backend import cupy_stack
-
     be = runner.backend
     be.set_decode_stack(stack)
-    forms, cupy_stack.MMA_FORMS = cupy_stack.MMA_FORMS, True  # checked whether or not the
-    # engine takes them yet
     saved = be.graphs
     if not graphs:
         be.graphs = None
@@ -143,7 +139,6 @@ def _steps(runner: ModelRunner, pages: list, stack: bool, graphs: bool) -> tuple
     be.k_pool[...], be.v_pool[...] = k0, v0
     be.graphs = saved
     be.set_decode_stack(True)
-    cupy_stack.MMA_FORMS = forms
     return logits, pools
 
 
