@@ -172,7 +172,9 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     if (MMA) {
         cru_cp_wait_all();
         __syncthreads();  // the output and every thread's W_o pieces are visible
-        cru_row_slice(wo_s, o_n, q_s[0], o_parts + ((long long)head0 * n_segs + row) * o_n,
+        unsigned b[4][2];
+        cru_row_b(q_s[0], tid & 31, b);
+        cru_row_slice(wo_s, o_n, b, o_parts + ((long long)head0 * n_segs + row) * o_n,
                       tid >> 5, 8, tid & 31);
     } else if (OW != 0) {
         cru_cp_wait_all();

@@ -27,9 +27,11 @@
 // the tensor-core order (mma_row.cuh), left where the fma chains go: warp (c, half) takes
 // block c of its 32 gate and 32 up columns as 8 tiles (its lanes preload column g's 16
 // codes 16 t .. of each), and warp w takes down's 8-column tiles w, w + warps, ... of the
-// staged slice against the 64 SwiGLU outputs. Requires K % 64 == 0 and N_d % 8 == 0.
-// Dynamic shared memory: 4 * (2K + 2 * n_chunks * 64 + 64) + N_d * 64 * sizeof(T). No
-// standard headers (NVRTC).
+// staged slice against the 64 SwiGLU outputs. The row's B fragments are split once per
+// CTA into shared memory (cru_row_b_put: the normalised x by the norm's threads, the SwiGLU
+// outputs by the finishers), not once per warp. Requires K % 64 == 0 and N_d % 8 == 0.
+// Dynamic shared memory: 4 * (2K + 2 * n_chunks * 64 + 64) + N_d * 64 * sizeof(T), and
+// under MMA 384 * (n_chunks + 1) more. No standard headers (NVRTC).
 #include "mma_row.cuh"
 #include "pdl.cuh"
 #include "rows_chunk.cuh"
@@ -53,6 +55,9 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     float* nw = xs + K;                      // [K]: the norm weight
     float* part = nw + K;                    // [2 halves][n_chunks][2 (gate, up)][32]
     float* act = part + 2 * n_chunks * 64;   // [64]: the SwiGLU outputs
+    // MMA: the B fragments of the normalised x's blocks, then of act (cru_row_b_put).
+    unsigned* bw = reinterpret_cast<unsigned*>(act + 64);  // [n_chunks + 1][96]
+    unsigned* bw_act = bw + 96 * n_chunks;
     const int lane = threadIdx.x, c = threadIdx.y % n_chunks, half = threadIdx.y / n_chunks;
     const int tid = threadIdx.y * 32 + lane, nthreads = 32 * blockDim.y;
     const int f = blockIdx.x, m = blockIdx.y;
@@ -75,7 +80,8 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     }
     // Down's chunk f of every column: to shared memory (registers would spill), in flight
     // through the wait, the norm and gate/up.
-    int4* wd_s = reinterpret_cast<int4*>(act + 64);  // [piece][N_d] (cru_stage_slice)
+    int4* wd_s = reinterpret_cast<int4*>(bw + (MMA ? 96 * (n_chunks + 1) : 0));  // [piece][N_d]
+    // (cru_stage_slice)
     cru_stage_slice<T>(wd_s, w_down, F, f * CRU_KC, N_d, tid, nthreads);
     const bool finisher = c == 0;
     EpiIn<2> e;
@@ -96,12 +102,20 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     cru_rows_sumsq(xs, 1, K, red);
     if (tid == 0) inv = cru_inv_rms(cru_rows_total(red, 0), K, eps);
     __syncthreads();
-    for (int k = tid; k < K; k += nthreads) xs[k] = cru_norm_apply(xs[k], inv, nw[k]);
+    if constexpr (MMA) {  // the normalised x only as B fragments: each pair split once
+        for (int i = tid; i < K / 2; i += nthreads)
+            cru_row_b_put(bw + 96 * (i >> 5), i & 31, cru_norm_apply(xs[2 * i], inv, nw[2 * i]),
+                          cru_norm_apply(xs[2 * i + 1], inv, nw[2 * i + 1]));
+    } else {
+        for (int k = tid; k < K; k += nthreads) xs[k] = cru_norm_apply(xs[k], inv, nw[k]);
+    }
     __syncthreads();
 
     float* my_part = part + half * n_chunks * 64;
     if constexpr (MMA) {  // gate's 32 columns, then up's, at my_part[(c * 2 + j) * 32 + l]
-        cru_row_tiles8(raw, xs + c * CRU_KC, my_part + c * 64, lane);
+        unsigned b[4][2];
+        cru_row_b_get(bw + 96 * c, lane, b);
+        cru_row_tiles8(raw, b, my_part + c * 64, lane);
     } else {
         cru_rows_chunk<T, 1, 2, 1>(raw, whole, w_gu, xs, my_part, cb, c, lane, K, F, 2 * F);
     }
@@ -115,12 +129,19 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
                 total = __fadd_rn(total, my_part[(cc * 2 + j) * 32 + lane]);
             v[j] = cru_rows_finish<T>(total, e.sc[j]);
         }
-        act[half * 32 + lane] = cru_swiglu(v[0], v[1]);
+        const float a = cru_swiglu(v[0], v[1]);
+        act[half * 32 + lane] = a;
+        if constexpr (MMA) {  // the pair (a, next lane's) as down's B fragments, once
+            const float next = __shfl_down_sync(0xffffffffu, a, 1);
+            if ((lane & 1) == 0) cru_row_b_put(bw_act, (half * 32 + lane) >> 1, a, next);
+        }
     }
     cru_cp_wait_all();
     __syncthreads();  // act and every thread's down pieces are visible
     if constexpr (MMA) {
-        cru_row_slice(wd_s, N_d, act, down_parts + ((long)f * M + m) * N_d, tid >> 5,
+        unsigned b[4][2];
+        cru_row_b_get(bw_act, lane, b);
+        cru_row_slice(wd_s, N_d, b, down_parts + ((long)f * M + m) * N_d, tid >> 5,
                       nthreads >> 5, lane);
     } else {
         for (int n = tid; n < N_d; n += nthreads) {

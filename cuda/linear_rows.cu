@@ -170,7 +170,11 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
         if (cb >= n_blocks) break;  // uniform across the block
         const bool more = g + 1 < groups && cb + 1 < n_blocks;
         if constexpr (MMA) {
-            if (c < n_chunks) cru_row_tiles8(raw, xs + 64 * c, part + c * 64, lane);  // K % 64 == 0
+            if (c < n_chunks) {  // K % 64 == 0; one warp a block, so it splits x itself
+                unsigned b[4][2];
+                cru_row_b(xs + 64 * c, lane, b);
+                cru_row_tiles8(raw, b, part + c * 64, lane);
+            }
         } else if (c < n_chunks) {
             cru_rows_chunk<T, MT, NC, EPI>(raw, whole, w, xs, part, cb, c, lane, K, N_out,
                                            n_rows_w);

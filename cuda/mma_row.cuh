@@ -48,6 +48,35 @@ __device__ __forceinline__ void cru_row_b(const float* x64, int lane, unsigned (
     }
 }
 
+// The same fragments staged in shared memory, for a kernel whose warps all read one block
+// (decode_mlp's down: every warp takes the same 64 SwiGLU outputs): the thread that makes
+// a pair of values writes its three parts once, and each warp loads its fragments instead
+// of splitting the 64 values itself. bw: 96 words, 16-byte aligned; word 32 s + i holds
+// part s (hi, mid, lo) of values 2 i and 2 i + 1 of the block as bf16x2, which is b[j][w]
+// of lane (s, t) for i = 8 t + 2 j + w (cru_row_b's k slots).
+__device__ __forceinline__ void cru_row_b_put(unsigned* bw, int i, float x0, float x1) {
+    float h0, m0, l0, h1, m1, l1;
+    cru_split3(x0, h0, m0, l0);
+    cru_split3(x1, h1, m1, l1);
+    bw[i] = cru_bf16x2(h0, h1);
+    bw[32 + i] = cru_bf16x2(m0, m1);
+    bw[64 + i] = cru_bf16x2(l0, l1);
+}
+
+// This lane's fragments from a block staged by cru_row_b_put (lanes g >= 3: zeros).
+__device__ __forceinline__ void cru_row_b_get(const unsigned* bw, int lane,
+                                              unsigned (&b)[4][2]) {
+    const int g = lane >> 2;
+    uint4 w0 = make_uint4(0u, 0u, 0u, 0u), w1 = w0;
+    if (g < 3) {
+        const uint4* src = reinterpret_cast<const uint4*>(bw + 32 * g + 8 * (lane & 3));
+        w0 = src[0];
+        w1 = src[1];
+    }
+    b[0][0] = w0.x; b[0][1] = w0.y; b[1][0] = w0.z; b[1][1] = w0.w;
+    b[2][0] = w1.x; b[2][1] = w1.y; b[3][0] = w1.z; b[3][1] = w1.w;
+}
+
 // The block values of the row against two 8-column tiles: qa, qb this lane's int4s of
 // column g of each (k = 16 t .. 16 t + 15 of the block); b: cru_row_b of the block. Every
 // lane must call it (a shuffle). Meaningful in lanes t == 0: the values of column g of the
@@ -76,13 +105,12 @@ __device__ __forceinline__ float2 cru_row_pair(const unsigned (&b)[4][2], int4 q
 // The block values of the row against the 16-column pairs pair0, pair0 + pstep, ... <
 // n_cols / 16 of a staged slice (rows_chunk.cuh's piece-major cru_stage_slice layout: piece
 // p of column n at int4 slot p * n_cols + n; int8 codes, so 4 pieces of 16), written to
-// out[n] for column n. x64: the row's 64 values of the slice's block. n_cols % 16 == 0;
-// the loop bound is warp-uniform (cru_row_pair's shuffle).
-__device__ __forceinline__ void cru_row_slice(const int4* slice, int n_cols, const float* x64,
-                                              float* out, int pair0, int pstep, int lane) {
+// out[n] for column n. b: the row's fragments of the slice's block (cru_row_b or
+// cru_row_b_get). n_cols % 16 == 0; the loop bound is warp-uniform (cru_row_pair's shuffle).
+__device__ __forceinline__ void cru_row_slice(const int4* slice, int n_cols,
+                                              const unsigned (&b)[4][2], float* out,
+                                              int pair0, int pstep, int lane) {
     const int g = lane >> 2, t = lane & 3;
-    unsigned b[4][2];
-    cru_row_b(x64, lane, b);
 #pragma unroll 2  // two pairs' independent mma chains in flight
     for (int pair = pair0; pair < n_cols / 16; pair += pstep) {
         const int4* q = slice + t * n_cols + 16 * pair + g;
@@ -96,14 +124,12 @@ __device__ __forceinline__ void cru_row_slice(const int4* slice, int n_cols, con
 
 // Eight tiles' block values (64 columns: a head's, or 32 gate and 32 up columns) of the row
 // against the codes a lane holds in raw[n / 4].v[n % 4] (tile n, RawChunk's int4s; column
-// 8 n + g of the 64), to out[8 n + g]: where the fma forms leave their chains. x64: the
-// row's 64 values of the block.
+// 8 n + g of the 64), to out[8 n + g]: where the fma forms leave their chains. b: the
+// row's fragments of the block (cru_row_b or cru_row_b_get).
 template <typename Raw>
-__device__ __forceinline__ void cru_row_tiles8(const Raw (&raw)[2], const float* x64,
+__device__ __forceinline__ void cru_row_tiles8(const Raw (&raw)[2], const unsigned (&b)[4][2],
                                                float* out, int lane) {
     const int g = lane >> 2;
-    unsigned b[4][2];
-    cru_row_b(x64, lane, b);
 #pragma unroll
     for (int h = 0; h < 4; ++h) {  // tiles 2 h and 2 h + 1
         const float2 v = cru_row_pair(b, raw[h >> 1].v[(2 * h) & 3],

@@ -123,6 +123,8 @@ def decode_mlp(r: Any, o_parts: Any, o_scale: Any, h_out: Any, norm: Any, eps: f
     fn = _kernel("decode_mlp<signed char, true>" if mma
                  else f"decode_mlp<{ctype(gu.dtype_name)}>")
     smem = 4 * (2 * k + 2 * chunks * 64 + 64) + n_d * 64 * wb
+    if mma:  # the B fragments of every x block and of the SwiGLU outputs, 96 words each
+        smem += 384 * (chunks + 1)
     ensure_dynamic_smem(fn, smem)
     null = np.uint64(0)
     n_parts = 0 if o_parts is None else o_parts.shape[0]
