@@ -39,6 +39,12 @@ def activations(m: int, k: int, rng: np.random.Generator) -> np.ndarray:
     return x.astype(np.float32)
 
 
+def label(form: tuple[int, ...]) -> str:
+    """A form's name in the JSON: rows2x8, mma1x2x1x4, row1x9 (the one-row kernel)."""
+    kind = {1: "row1x", 2: "rows"}.get(len(form), "mma")
+    return kind + "x".join(map(str, form))
+
+
 def same(a: Any, b: Any) -> bool:
     import cupy as cp
 
@@ -52,9 +58,9 @@ def exactness(name: str, wd: Any, x: Any, res: Any, rng: np.random.Generator) ->
     m_all, (n, k) = x.shape[0], wd.shape
     ref = lm.linear_mma(x, wd, cp.empty((m_all, n), cp.float32), res, form=lm.CONTROL)
     bad = []
-    for form in (f for f in lm.FORMS + lm.ROW_FORMS if lm.fits(n, k, f)):
+    for form in (f for f in lm.FORMS + lm.ROW_FORMS + lm.ROW1_FORMS if lm.fits(n, k, f)):
         for m in EXACT_MS:
-            if len(form) == 2 and m > ROWS_TIMED:
+            if len(form) == 2 and m > ROWS_TIMED or len(form) == 1 and m != 1:
                 continue  # the rows kernel re-reads W per 16 rows: not past ROWS_TIMED
             r = None if res is None else res[:m]
             got = lm.linear_mma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r, form=form)
@@ -125,16 +131,17 @@ def main() -> int:
             xm, rm = x[:m], None if res is None else res[:m]
             outs = [cp.empty((m, n), cp.float32) for _ in range(2)]
             fns = {"linear": lambda: ck.linear(xm, wd, outs[0], rm)}
-            forms = lm.FORMS + (lm.ROW_FORMS if m <= ROWS_TIMED else ())
+            forms = (lm.FORMS + (lm.ROW_FORMS if m <= ROWS_TIMED else ())
+                     + (lm.ROW1_FORMS if m == 1 else ()))
             for form in (f for f in forms if lm.fits(n, k, f)):
-                fns[("rows" if len(form) == 2 else "mma") + "x".join(map(str, form))] = (
+                fns[label(form)] = (
                     lambda form=form: lm.linear_mma(xm, wd, outs[1], rm, form=form))
             ms = measure(fns, a.rounds, a.ms, stream)
             t = {key: stat(tflops(m, n, k, v)) for key, v in ms.items()}
             us = {key: stat([1e3 * v for v in vals])["median"] for key, vals in ms.items()}
             best = max((key for key in t if key != "linear"), key=lambda kk: t[kk]["median"])
             picked = lm.pick_form(m, n, k)
-            pk = ("rows" if len(picked) == 2 else "mma") + "x".join(map(str, picked))
+            pk = label(picked)
             rows.append(dict(shape=name, M=m, N=n, K=k, us=us, best=best, picked=pk,
                              speedup=us["linear"] / us[best],
                              picked_speedup=us["linear"] / us[pk], tflops=t))

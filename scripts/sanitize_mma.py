@@ -6,14 +6,17 @@ stream of its own; each must equal the first form's bits and stay within 1e-6 of
 every fused rows form (RMSNorm prologue, SwiGLU epilogue) the separate kernels.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_mma.py
-    compute-sanitizer --tool racecheck python3 scripts/sanitize_mma.py
+    compute-sanitizer --tool racecheck python3 scripts/sanitize_mma.py [--one-row]
 
-Cases (M, N, K): (5, 64, 64), (33, 128, 192), (70, 192, 576); chains at M = 5 and 70.
+Cases (M, N, K): (1, 160, 192) (the one-row forms too: 10 warps, one CTA partly idle),
+(5, 64, 64), (33, 128, 192), (70, 192, 576); chains at M = 5 and 70.
+``--one-row``: only the one-row case and the fused forms at one row (linear_mma_row1.cu).
 Prints one line per case and exits 1 on any difference.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -22,16 +25,17 @@ from crucible.kernels import linear_mma as lm
 from crucible.kernels.device_weight import upload_weight
 from crucible.kernels.model_ops import flat_launch, rows_launch
 
-CASES = ((5, 64, 64), (33, 128, 192), (70, 192, 576))
+CASES = ((1, 160, 192), (5, 64, 64), (33, 128, 192), (70, 192, 576))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     import cupy as cp
 
+    one_row = "--one-row" in (sys.argv[1:] if argv is None else argv)
     rng = np.random.default_rng(0)
     stream = cp.cuda.Stream(non_blocking=True)
     bad = 0
-    for m, n, k in CASES:
+    for m, n, k in CASES[:1] if one_row else CASES:
         xh = (rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-2, 2, (m, 1))).astype(np.float32)
         codes = rng.integers(-127, 128, (n, k)).astype(np.int8)
         scale = (0.01 + 0.01 * rng.random(n)).astype(np.float32)
@@ -45,7 +49,8 @@ def main() -> int:
             if resh is not None:
                 y64, mag = y64 + resh, mag + np.abs(resh)
             first = None
-            forms = [f for f in lm.FORMS + lm.ROW_FORMS if lm.fits(n, k, f)]
+            forms = [f for f in lm.FORMS + lm.ROW_FORMS + (lm.ROW1_FORMS if m == 1 else ())
+                     if lm.fits(n, k, f)]
             for form, pdl in [(f, False) for f in forms] + [(f, True) for f in forms]:
                 with stream if pdl else cp.cuda.Stream.null:
                     got = lm.linear_mma(x, wd, cp.full((m, n), cp.nan, cp.float32), res,
@@ -59,7 +64,7 @@ def main() -> int:
                 print(f"M={m} N={n} K={k} residual={with_res} form={form} pdl={pdl}: "
                       f"{'==' if same else '!='} first form, error {err:.1e}"
                       f"{'' if ok else '  FAILED'}")
-    for m in (5, 70):
+    for m in () if one_row else (5, 70):
         plain = chain(m, False)
         with stream:
             got = chain(m, True)
@@ -67,7 +72,7 @@ def main() -> int:
         same = bool(cp.array_equal(got.view(cp.uint32), plain.view(cp.uint32)))
         bad += not same
         print(f"chain M={m}: PDL {'==' if same else '!= FAILED'} plain")
-    for m in (5, 33):  # the fused rows forms (RMSNorm prologue, SwiGLU epilogue)
+    for m in (1,) if one_row else (1, 5, 33):  # the fused forms (RMSNorm, SwiGLU)
         for swiglu in (False, True):
             bad += fused_case(m, swiglu)
     cp.cuda.Device().synchronize()
@@ -102,7 +107,8 @@ def chain(m: int, pdl: bool) -> Any:
 
 
 def fused_case(m: int, swiglu: bool) -> int:
-    """Every fused rows form == rmsnorm_rows, linear_mma (and swiglu_rows); failures."""
+    """Every fused rows form (at one row the one-row forms too) == rmsnorm_rows, linear_mma
+    (and swiglu_rows); failures."""
     import cupy as cp
 
     rng = np.random.default_rng(m + swiglu)
@@ -118,7 +124,8 @@ def fused_case(m: int, swiglu: bool) -> int:
         ref = cp.empty((m, n // 2), cp.float32)
         flat_launch("swiglu_rows", ref.size, (y, ref, np.int32(n // 2), np.int64(ref.size)))
     bad = 0
-    for form in (f for f in lm.ROW_FORMS if not swiglu or f[0] % 2 == 0):
+    one_row = lm.ROW1_FORMS if m == 1 and not swiglu else ()
+    for form in (f for f in lm.ROW_FORMS + one_row if not swiglu or f[0] % 2 == 0):
         out = cp.full(ref.shape, cp.nan, cp.float32)
         got = lm.linear_mma(x, wd, out, form=form, norm=norm, eps=1e-5, swiglu=swiglu)
         ok = bool(cp.array_equal(got.view(cp.uint32), ref.view(cp.uint32)))

@@ -36,6 +36,7 @@ def test_every_model_shape_has_a_form_at_every_size() -> None:
             assert lm.supports(n, k)
             rows_kernel = m <= 64 or (m <= 128 and n < 2048)
             assert (len(form) == 2) == (rows_kernel and n < 8192), (n, k, m, form)
+            assert (len(form) == 1) == (m == 1 and n >= lm.ROW1_FROM_N), (n, k, m, form)
     assert not lm.fits(576, 560, (1, 2, 2, 2))  # K not whole 64-blocks
     assert not lm.fits(600, 576, (1, 2, 2, 2))  # N not whole 32-column tiles
     assert not lm.fits(576, 64 * 49, (4, 8))  # the rows kernel's block values past 48 KB
@@ -76,6 +77,27 @@ def test_wrapper_refuses_what_the_fused_forms_cannot_run(fake_cupy: types.Module
                       form=(4, 8))
     assert lm.fused_form(1, 3072, 576, swiglu=True) == (2, 12)  # an even NT for SwiGLU
     assert lm.fused_form(lm.FUSE_MAX_ROWS + 1, 960, 576) is None
+
+
+def test_the_one_row_form_takes_one_row_of_a_wide_weight(fake_cupy: types.ModuleType) -> None:
+    """linear_mma_row1 (the batch-1 LM head): picked at one row of 8,192 columns or more,
+    fused with the final RMSNorm there (never with SwiGLU); it refuses more rows, the
+    control, and shapes whose B fragments do not fit or whose columns are not whole pairs."""
+    head = weight(49152, 576)
+    assert lm.pick_form(1, 49152, 576) == (9,) and len(lm.pick_form(2, 49152, 576)) == 4
+    assert len(lm.pick_form(1, 3072, 576)) == 2  # narrower weights keep the rows kernel
+    assert lm.fused_form(1, 49152, 576) == (9,) and lm.fused_form(2, 49152, 576) is None
+    assert lm.fused_form(1, 49152, 576, swiglu=True) is None
+    assert lm.fits(49152, 576, (2,)) and lm.fits(64, 64 * 128, (9,))
+    assert not lm.fits(49160, 576, (9,)) and not lm.fits(49152, 560, (9,))
+    assert not lm.fits(64, 64 * 129, (9,))  # 384 bytes of fragments a block past 48 KiB
+    with pytest.raises(ValueError, match=r"one-row form \(9,\) takes one row .* got M=2"):
+        lm.linear_mma(dev((2, 576)), head, dev((2, 49152)), form=(9,))
+    with pytest.raises(ValueError, match="takes one row and no control"):
+        lm.linear_mma(dev((1, 576)), head, dev((1, 49152)), form=(9,), one_acc=True)
+    with pytest.raises(ValueError, match="no fused rows form"):
+        lm.linear_mma(dev((1, 576)), weight(3072, 576), dev((1, 1536)), norm=dev((576,)),
+                      swiglu=True, form=(9,))
 
 
 def backend(gemm: str, seen: list, monkeypatch: pytest.MonkeyPatch) -> object:
@@ -130,10 +152,12 @@ def test_mma_routes_every_int8_gemm_and_turns_the_fused_kernels_off(
         be.mlp_in(dev((m, 576)), 0)
         be.norm_linear(dev((m, 576)), "final_norm", "lm_head")
     head = [("norm", "final_norm"), ("mma", False, False)]  # the LM head: the tile kernel
-    # One row: RMSNorm, gate/up and SwiGLU in one rows launch (an even NT, for SwiGLU); past
-    # FUSE_MAX_ROWS (40, 300) the separate stages.
+    # One row: RMSNorm, gate/up and SwiGLU in one rows launch (an even NT, for SwiGLU), the
+    # final norm and the LM head in one launch of the one-row form; past FUSE_MAX_ROWS (40,
+    # 300) the separate stages.
     separate = [("norm", "l0.ffn_norm"), ("mma", False, False), ("swiglu", 0)]
-    assert seen == [("mma+norm", True, (2, 12))] + head + (separate + head) * 2
+    one_row = [("mma+norm", True, (2, 12)), ("mma+norm", False, (9,))]
+    assert seen == one_row + (separate + head) * 2
 
 
 def test_fma_keeps_the_fused_kernels(fake_cupy: types.ModuleType,

@@ -42,11 +42,11 @@ def test_every_form_and_m_gives_the_same_rows(n: int, k: int, with_res: bool) ->
     _, x, wd, res = case(n, k, n + k)
     res = res if with_res else None
     ref = lm.linear_mma(x, wd, cp.empty((1024, n), cp.float32), res, form=lm.CONTROL)
-    forms = [f for f in lm.FORMS + lm.ROW_FORMS if lm.fits(n, k, f)]
-    assert len(forms) >= 4
+    forms = [f for f in lm.FORMS + lm.ROW_FORMS + lm.ROW1_FORMS if lm.fits(n, k, f)]
+    assert len(forms) >= 4 and all(f in forms for f in lm.ROW1_FORMS)
     for form in forms:
         for m in M_ALL:
-            if len(form) == 2 and m > 300:
+            if len(form) == 2 and m > 300 or len(form) == 1 and m != 1:
                 continue
             r = None if res is None else res[:m]
             got = lm.linear_mma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r, form=form)
@@ -80,3 +80,32 @@ def test_error_is_f32_sized_and_the_controls_differ(n: int, k: int) -> None:
         assert not same(ctl, got[:m]), form
     fma = ck.linear(x, wd, cp.empty((1024, n), cp.float32))
     assert not same(fma, got)
+
+
+def test_one_row_form_on_the_lm_head() -> None:
+    """The batch-1 LM head's shape (49,152 x 576) takes the one-row form (pick_form), which
+    gives the tile kernel's row with and without the residual, and fused with the RMSNorm
+    prologue the bits of rmsnorm_rows then the GEMM; its one-accumulator control differs."""
+    from crucible.kernels.model_ops import rows_launch
+
+    n, k = 49152, 576
+    _, x, wd, res = case(n, k, 11)
+    assert lm.pick_form(1, n, k) == lm.ROW1_FORMS[0] != lm.pick_form(2, n, k)
+    assert lm.fused_form(1, n, k) == lm.ROW1_FORMS[0] and lm.fused_form(1, n, k, True) is None
+    tile = {r: lm.linear_mma(x[:16], wd, cp.empty((16, n), cp.float32),
+                             None if r is None else res[:16], form=(1, 2, 1, 4))
+            for r in (None, "res")}
+    for form in lm.ROW1_FORMS:
+        for r in (None, "res"):
+            got = lm.linear_mma(x[:1], wd, cp.full((1, n), cp.nan, cp.float32),
+                                None if r is None else res[:1], form=form)
+            assert same(got, tile[r][:1]), f"form {form} residual={r is not None}"
+    norm = cp.asarray((0.5 + np.random.default_rng(3).random(k)).astype(np.float32))
+    xn = cp.empty((1, k), cp.float32)
+    rows_launch("rmsnorm_rows", 1, (x[:1], norm, xn, np.int32(k), np.float32(1e-5)))
+    separate = lm.linear_mma(xn, wd, cp.empty((1, n), cp.float32), form=(1, 2, 1, 4))
+    fused = lm.linear_mma(x[:1], wd, cp.full((1, n), cp.nan, cp.float32), norm=norm, eps=1e-5)
+    assert same(fused, separate)
+    control = lm.linear_mma(x[:16], wd, cp.empty((16, n), cp.float32), form=lm.CONTROL,
+                            one_acc=True)
+    assert not same(control[:1], tile[None][:1])  # the same products in another order

@@ -3,10 +3,9 @@
 Every stage is one of our kernels, in a canonical order that does not depend on the batch
 (see cuda/linear.cu for the GEMM order, cuda/model_ops.cu for the row kernels and
 cuda/attention.cu for attention). No cuBLAS, no CuPy generic reductions on this path.
-Step metadata goes up in one bulk copy; only the final rows' logits come back. Weights
-live on the device in both layouts (kernels/device_weight.DeviceWeight), f32 or int8 plus
-scales. The kernels' bindings are crucible/kernels (one wrapper per .cu); every launch that
-can use programmatic dependent launch gets ``pdl=self.options.pdl``.
+Step metadata goes up in one bulk copy; only the final rows' logits come back. Weights (f32,
+or int8 and scales) live on the device (kernels/device_weight.DeviceWeight). The bindings
+are crucible/kernels (a wrapper per .cu); a launch that can use PDL gets options.pdl.
 """
 
 from __future__ import annotations
@@ -255,8 +254,9 @@ class CupyBackend:
         out = self.new((x.shape[0], wd.shape[0]))
         if x.shape[0] >= ck.HEAD_TILED_FROM and wd.shape[0] >= ck.HEAD_WIDE:
             return self._gemm(self.rmsnorm(x, norm), wd, None, out, tiled=True)
-        if not self.fuses(x, "norm_linear"):
-            return stages.norm_linear(self, x, norm, weight)
+        if not self.fuses(x, "norm_linear"):  # under mma: one launch where a form fuses it
+            fused = cupy_mma.norm_gemm(self, x, norm, weight)
+            return stages.norm_linear(self, x, norm, weight) if fused is None else fused
         per_sm = cf.HEAD_CTAS_PER_SM if x.shape[0] == 1 else cf.CTAS_PER_SM
         return cf.linear_rows(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps,
                               ctas_per_sm=per_sm, pdl=self.options.pdl)

@@ -1,7 +1,8 @@
-"""The tensor-core int8 GEMM (cuda/linear_mma.cu, and cuda/linear_mma_rows.cu for few rows):
+"""The tensor-core int8 GEMM (cuda/linear_mma.cu, cuda/linear_mma_rows.cu for few rows and
+cuda/linear_mma_row1.cu for one row of a wide weight, the batch-1 LM head):
 exact products of x's three bf16 parts with the int8 codes, f32 accumulation in a fixed
 order of its own (not linear.cu's), so its bits are its own and the same for every launch
-shape (``FORMS``, ``ROW_FORMS``) and every M.
+shape (``FORMS``, ``ROW_FORMS``, ``ROW1_FORMS``) and every M.
 
 ``linear()`` (linear.cu's order) never routes here: a run takes one order for all its
 GEMMs, and the CuPy backend calls this for every int8 GEMM under ``gemm="mma"``.
@@ -27,6 +28,13 @@ CONTROL = (1, 2, 2, 2)  # the form of the one-accumulator negative control
 # (NT, warps): linear_mma_rows' 16 x 8 NT tile a CTA, its K blocks over ``warps`` warps.
 ROW_FORMS: tuple[tuple[int, int], ...] = ((1, 8), (2, 8), (4, 8), (2, 4), (1, 12), (2, 12))
 ROW_CONTROL = (2, 8)  # the rows kernel's control form
+# (PB,): linear_mma_row1, one row, a warp per 16 columns, its first PB K blocks' codes loaded
+# before the PDL wait (9: all of the default model's K = 576; 2 streams the rest: a check).
+ROW1_FORMS: tuple[tuple[int], ...] = ((9,), (2,))
+ROW1_THREADS = 256
+# The one-row form from this many columns: the LM head (49,152 x 576) at one row took 23 us
+# on the tile kernel against 12.9 for linear.cu's row kernel (bench/gemm-mma-h200.json).
+ROW1_FROM_N = 8192
 SMEM_DEFAULT = 48 * 1024
 NORM_SMEM = (16 * 8 + 16) * 4  # linear_mma_rows' static red[] and inv[] under NORM
 # bench/mma-fused-h200.json (graphs with PDL, us per RMSNorm -> GEMM (-> SwiGLU)): fused
@@ -54,9 +62,16 @@ _ROW_NAMES = (tuple(_row_name(nt, False) for nt in (1, 2, 4)) + (_row_name(2, Tr
               + tuple(_row_name(nt, False, n, sw) for nt, n, sw in ROW_FUSED))
 
 
+_ROW1_NAMES = tuple(f"linear_mma_row1<{pb}, {'true' if nm else 'false'}>"
+                    for (pb,) in ROW1_FORMS for nm in (False, True))
+
+
 @functools.cache
 def kernel(form: tuple[int, ...], one_acc: bool = False, norm: bool = False,
            swiglu: bool = False) -> Any:
+    if len(form) == 1:
+        return cached_module("linear_mma_row1.cu", _ROW1_NAMES).get_function(
+            f"linear_mma_row1<{form[0]}, {'true' if norm else 'false'}>")
     if len(form) == 2:
         return cached_module("linear_mma_rows.cu", _ROW_NAMES).get_function(
             _row_name(form[0], one_acc, norm, swiglu))
@@ -69,7 +84,10 @@ def row_smem(k: int, nt: int) -> int:
 
 def fits(n: int, k: int, form: tuple[int, ...], norm: bool = False) -> bool:
     """The kernels' shape rules: whole 64-wide K blocks, whole CTA column tiles; a rows
-    form's block values (and with ``norm`` the prologue's static 576 bytes) in 48 KiB."""
+    form's block values (and with ``norm`` the prologue's static 576 bytes) in 48 KiB; the
+    one-row form's B fragments (384 bytes a block) too."""
+    if len(form) == 1:
+        return k % 64 == 0 and n % 16 == 0 and 384 * (k // 64) <= SMEM_DEFAULT
     nt, wn = (form[0], 1) if len(form) == 2 else (form[1], form[3])
     return k % 64 == 0 and n % (8 * nt * wn) == 0 and (
         len(form) == 4 or row_smem(k, nt) + NORM_SMEM * norm <= SMEM_DEFAULT)
@@ -86,8 +104,10 @@ def pick_form(m: int, n: int, k: int) -> tuple[int, ...]:
     the default model's shapes); any form gives the same bits. The rows kernel up to 128
     rows (the LM head's 49,152 columns give the tile kernel enough CTAs from 2 rows)."""
     head, wide = n >= 8192, n >= 2048
-    if head:
-        order: tuple[tuple[int, ...], ...] = ((1, 2, 1, 4),) if m <= 32 else ((2, 4, 2, 2),)
+    if m == 1 and n >= ROW1_FROM_N:
+        order: tuple[tuple[int, ...], ...] = (ROW1_FORMS[0],)
+    elif head:
+        order = ((1, 2, 1, 4),) if m <= 32 else ((2, 4, 2, 2),)
     elif m <= 16:
         order = ((1, 12), (1, 8))
     elif m <= 64 or (m <= 128 and not wide):
@@ -103,7 +123,7 @@ def pick_form(m: int, n: int, k: int) -> tuple[int, ...]:
 
 
 def fused_form(m: int, n: int, k: int, swiglu: bool = False,
-               max_rows: int = FUSE_MAX_ROWS) -> tuple[int, int] | None:
+               max_rows: int = FUSE_MAX_ROWS) -> tuple[int, ...] | None:
     """The rows form that runs RMSNorm (and SwiGLU) inside the GEMM at this shape, or None
     where the stages stay separate (same bits): past ``max_rows`` (FUSE_MAX_ROWS: there
     every CTA's serial sums of squares for its rows cost more than the launches they save)
@@ -111,6 +131,8 @@ def fused_form(m: int, n: int, k: int, swiglu: bool = False,
     if m > max_rows:
         return None
     form = pick_form(m, n, k)
+    if len(form) == 1:  # the one-row form has the RMSNorm prologue, not the SwiGLU epilogue
+        return None if swiglu or not fits(n, k, form, norm=True) else form
     if len(form) != 2:
         return None
     if swiglu and form[0] % 2:
@@ -126,7 +148,8 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     with programmatic dependent launch (launch.py); the bits are the same either way.
     ``norm`` (f32 [K]) and ``eps``: RMSNorm x first, as rmsnorm_rows does; ``swiglu``: the
     weight is gate/up [2F, K] and out [M, F] = swiglu(gate, up), as swiglu_rows does. Both
-    need a rows form (``fused_form``) and give the bits of the separate kernels."""
+    need a rows form, and ``norm`` alone may take the one-row form (``fused_form``); they
+    give the bits of the separate kernels."""
     import cupy as cp
 
     if swiglu:  # out is [M, F]: check_linear's [M, N] does not apply
@@ -144,16 +167,26 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
              f"linear_mma: norm weight must be contiguous f32 [{k}]")
         need(not one_acc, "linear_mma: the one-accumulator control has no fused form")
         form = form or fused_form(m, n, k, swiglu)
-        need(form is not None and len(form) == 2 and (not swiglu or form[0] % 2 == 0),
-             f"linear_mma: no fused rows form for M={m}, N={n}, K={k}")
+        need(form is not None and len(form) in (1, 2) and not (swiglu and (
+            len(form) == 1 or form[0] % 2)), f"linear_mma: no fused rows form for M={m}, "
+             f"N={n}, K={k}")
     form = form or pick_form(m, n, k)
     need(fits(n, k, form, norm is not None),
          f"linear_mma: form {form} does not fit N={n}, K={k}")
     for a in (x, wd.w, out, residual, norm):
         need(a is None or a.data.ptr % 16 == 0, "linear_mma: arrays must be 16-byte aligned")
+    need(len(form) != 1 or (m <= 1 and not one_acc),
+         f"linear_mma: the one-row form {form} takes one row and no control, got M={m}")
     if m == 0:
         return out
     res = residual if residual is not None else np.uint64(0)  # a null pointer
+    if len(form) == 1:
+        nw = norm if norm is not None else np.uint64(0)
+        warps = ROW1_THREADS // 32
+        launch(kernel(form, norm=norm is not None), (-(-(n // 16) // warps),),
+               (ROW1_THREADS,), (x, wd.w, wd.scale, res, out, cp.int32(n), cp.int32(k), nw,
+                                 np.float32(eps)), 384 * (k // 64), pdl=pdl)
+        return out
     args = (x, wd.w, wd.scale, res, out, cp.int32(m), cp.int32(n), cp.int32(k))
     if len(form) == 2:
         nt, warps = form

@@ -1,5 +1,5 @@
-// mma_driver.cpp: cuda/linear_mma.cu and cuda/linear_mma_rows.cu run on the host (prelude.h,
-// its mma a stand-in sum) against a plain spelling of the tensor-core order, bit for bit
+// mma_driver.cpp: cuda/linear_mma.cu, linear_mma_rows.cu and linear_mma_row1.cu run on the
+// host (prelude.h, its mma a stand-in sum) against a plain spelling of the tensor-core order, bit for bit
 // (tests/test_kernels_on_host.py builds it).
 //
 // The reference spells linear_mma.cu's order per output: mma_ref.h's block values (three
@@ -11,12 +11,14 @@
 // without the residual. y starts as a
 // sentinel, so an output the kernel fails to write shows. Then the fused rows forms
 // (RMSNorm prologue against rowops_ref.h's tree, with and without the SwiGLU epilogue) on
-// the three-block cases. `descending` makes the reference add the block values in
+// the three-block cases, and the one-row form (plain, with the residual and with the
+// RMSNorm prologue; PB 9 holds every block, PB 2 streams the third). `descending` makes the reference add the block values in
 // descending order: the negative control, which must fail exactly the runs of three blocks
 // (two add the same either way).
 #include "prelude.h"
 #include "linear_mma.cu"
 #include "linear_mma_rows.cu"
+#include "linear_mma_row1.cu"
 #include "mma_ref.h"
 #include "rowops_ref.h"
 
@@ -132,6 +134,32 @@ int fused(const Case& c, bool with_res, int warps) {
     return bad != 0;
 }
 
+// The one-row form (linear_mma.py's launch: 256 threads, a warp per 16 columns), plain or
+// with the RMSNorm prologue (x normalised by rowops_ref.h's tree, then the plain reference).
+template <int PB, bool NORM>
+int row1(const Case& c, bool with_res) {
+    const float* res = with_res ? c.res.data() : nullptr;
+    std::vector<float> nw(c.K), xn(c.x.begin(), c.x.begin() + c.K), y(c.N, -777.0f);
+    for (int k = 0; k < c.K; ++k) nw[k] = 0.5f + 0.01f * (float)(k % 37);
+    if (NORM) {
+        const float inv = inv_rms(c.x.data(), c.K, 1e-5f);
+        for (int k = 0; k < c.K; ++k) xn[k] = cru_norm_apply(c.x[k], inv, nw[k]);
+    }
+    run_grid({(unsigned)((c.N / 16 + 7) / 8), 1, 1}, {256, 1, 1}, [&] {
+        linear_mma_row1<PB, NORM>(c.x.data(), c.w.data(), c.sc.data(), res, y.data(), c.N,
+                                  c.K, NORM ? nw.data() : nullptr, 1e-5f);
+    });
+    int bad = 0;
+    for (int n = 0; n < c.N; ++n) {
+        const float want = reference(xn.data(), c.w.data(), c.sc.data(), res, 0, n, c.N, c.K);
+        bad += std::memcmp(&want, &y[n], 4) != 0;
+    }
+    if (bad)
+        printf("FAIL row1 PB=%d%s K=%d residual=%d: %d wrong\n", PB, NORM ? " norm" : "", c.K,
+               (int)with_res, bad);
+    return bad != 0;
+}
+
 static int all_fused(const Case& c, bool r) {
     return fused<1, false>(c, r, 12) + fused<2, false>(c, r, 8) + fused<2, true>(c, r, 12) +
            fused<4, true>(c, r, 8);
@@ -168,6 +196,12 @@ int main(int argc, char** argv) {
         if (t[1] != 192) continue;
         fails += all_fused(make(t[0], 64, t[1], g), t[2] != 0);
         runs += 4;
+    }
+    for (int K : {192, 128}) {  // the one-row form: N = 160 is 10 warps, one CTA partly idle
+        const Case c = make(1, 160, K, g);
+        fails += row1<9, false>(c, false) + row1<9, false>(c, true) + row1<2, false>(c, true) +
+                 row1<9, true>(c, false) + row1<2, true>(c, true);
+        runs += 5;
     }
     printf("%d runs, %d failed\n", runs, fails);
     return fails != 0;
