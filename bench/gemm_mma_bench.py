@@ -96,6 +96,22 @@ def errors(y: Any, x: np.ndarray, codes: np.ndarray, scale: np.ndarray,
     return {"max": float(e.max()), "mean": float(e.mean())}
 
 
+def accuracy_of(name: str, wd: Any, x: Any, xh: np.ndarray, res: Any, resh: Any,
+                codes: np.ndarray, scale: np.ndarray) -> dict:
+    """Both orders' error against float64 over 256 rows of the shape."""
+    import cupy as cp
+
+    n, sub = wd.shape[0], slice(0, 256)
+    r, rh = (None, None) if res is None else (res[sub], resh[sub])
+    e_mma = errors(lm.linear_mma(x[sub], wd, cp.empty((256, n), cp.float32), r), xh[sub], codes,
+                   scale, rh)
+    e_now = errors(ck.linear(x[sub], wd, cp.empty((256, n), cp.float32), r), xh[sub], codes,
+                   scale, rh)
+    print(f"{name:8s} error max/mean: mma {e_mma['max']:.2e}/{e_mma['mean']:.2e} "
+          f"linear {e_now['max']:.2e}/{e_now['mean']:.2e}", flush=True)
+    return dict(shape=name, mma=e_mma, linear=e_now)
+
+
 def main() -> int:
     import cupy as cp
 
@@ -105,6 +121,8 @@ def main() -> int:
     ap.add_argument("--ms", type=float, default=5.0, help="target ms per timed replay")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--m", default=",".join(map(str, TIME_MS)))
+    ap.add_argument("--timing-only", action="store_true",
+                    help="skip the exactness and accuracy checks (the GPU tests' job)")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     stream = cp.cuda.Stream(non_blocking=True)
@@ -117,16 +135,9 @@ def main() -> int:
         x = cp.asarray(xh)
         resh = rng.standard_normal((2048, n)).astype(np.float32) if with_res else None
         res = None if resh is None else cp.asarray(resh)
-        failures += exactness(name, wd, x, res, rng)
-        sub = slice(0, 256)
-        r = None if res is None else res[sub]
-        e_mma = errors(lm.linear_mma(x[sub], wd, cp.empty((256, n), cp.float32), r),
-                       xh[sub], codes, scale, None if resh is None else resh[sub])
-        e_now = errors(ck.linear(x[sub], wd, cp.empty((256, n), cp.float32), r),
-                       xh[sub], codes, scale, None if resh is None else resh[sub])
-        accuracy.append(dict(shape=name, mma=e_mma, linear=e_now))
-        print(f"{name:8s} error max/mean: mma {e_mma['max']:.2e}/{e_mma['mean']:.2e} "
-              f"linear {e_now['max']:.2e}/{e_now['mean']:.2e}", flush=True)
+        if not a.timing_only:  # (with it the GPU tests check the bits; this run only times)
+            failures += exactness(name, wd, x, res, rng)
+            accuracy.append(accuracy_of(name, wd, x, xh, res, resh, codes, scale))
         for m in map(int, a.m.split(",")):
             xm, rm = x[:m], None if res is None else res[:m]
             outs = [cp.empty((m, n), cp.float32) for _ in range(2)]
@@ -150,13 +161,15 @@ def main() -> int:
                   f"{us['linear'] / us[pk]:5.2f}x", flush=True)
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
     result = dict(command=" ".join(["python3", *sys.argv]), device=props["name"].decode(),
-                  rounds=a.rounds, target_ms=a.ms, weights="int8", failures=failures,
+                  rounds=a.rounds, target_ms=a.ms, weights="int8",
+                  exactness_checked=not a.timing_only, failures=failures,
                   accuracy=accuracy, results=rows)
     if a.json:
         write_json(a.json, result)
     for f in failures:
         print("FAILED:", f)
-    print(f"exactness: {len(failures)} failures")
+    print("exactness: not checked (--timing-only)" if a.timing_only
+          else f"exactness: {len(failures)} failures")
     return 1 if failures else 0
 
 
