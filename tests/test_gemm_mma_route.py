@@ -36,7 +36,8 @@ def test_every_model_shape_has_a_form_at_every_size() -> None:
             assert lm.supports(n, k)
             rows_kernel = m <= 64 or (m <= 128 and n < 2048)
             assert (len(form) == 2) == (rows_kernel and n < 8192), (n, k, m, form)
-            assert (len(form) == 1) == (m == 1 and n >= lm.ROW1_FROM_N), (n, k, m, form)
+            one_row = lm.ROW1_ROUTED and m == 1 and n >= lm.ROW1_FROM_N
+            assert (len(form) == 1) == one_row, (n, k, m, form)
     assert not lm.fits(576, 560, (1, 2, 2, 2))  # K not whole 64-blocks
     assert not lm.fits(600, 576, (1, 2, 2, 2))  # N not whole 32-column tiles
     assert not lm.fits(576, 64 * 49, (4, 8))  # the rows kernel's block values past 48 KB
@@ -79,11 +80,16 @@ def test_wrapper_refuses_what_the_fused_forms_cannot_run(fake_cupy: types.Module
     assert lm.fused_form(lm.FUSE_MAX_ROWS + 1, 960, 576) is None
 
 
-def test_the_one_row_form_takes_one_row_of_a_wide_weight(fake_cupy: types.ModuleType) -> None:
-    """linear_mma_row1 (the batch-1 LM head): picked at one row of 8,192 columns or more,
-    fused with the final RMSNorm there (never with SwiGLU); it refuses more rows, the
-    control, and shapes whose B fragments do not fit or whose columns are not whole pairs."""
+def test_the_one_row_form_takes_one_row_of_a_wide_weight(
+        fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """linear_mma_row1 (the batch-1 LM head): once routed (ROW1_ROUTED, off until its GPU
+    checks have run), picked at one row of 8,192 columns or more and fused with the final
+    RMSNorm there (never with SwiGLU); it refuses more rows, the control, and shapes whose
+    B fragments do not fit or whose columns are not whole pairs."""
     head = weight(49152, 576)
+    assert not lm.ROW1_ROUTED and len(lm.pick_form(1, 49152, 576)) == 4
+    assert lm.fused_form(1, 49152, 576) is None
+    monkeypatch.setattr(lm, "ROW1_ROUTED", True)
     assert lm.pick_form(1, 49152, 576) == (9,) and len(lm.pick_form(2, 49152, 576)) == 4
     assert len(lm.pick_form(1, 3072, 576)) == 2  # narrower weights keep the rows kernel
     assert lm.fused_form(1, 49152, 576) == (9,) and lm.fused_form(2, 49152, 576) is None
@@ -152,12 +158,16 @@ def test_mma_routes_every_int8_gemm_and_turns_the_fused_kernels_off(
         be.mlp_in(dev((m, 576)), 0)
         be.norm_linear(dev((m, 576)), "final_norm", "lm_head")
     head = [("norm", "final_norm"), ("mma", False, False)]  # the LM head: the tile kernel
-    # One row: RMSNorm, gate/up and SwiGLU in one rows launch (an even NT, for SwiGLU), the
-    # final norm and the LM head in one launch of the one-row form; past FUSE_MAX_ROWS (40,
-    # 300) the separate stages.
+    # One row: RMSNorm, gate/up and SwiGLU in one rows launch (an even NT, for SwiGLU); past
+    # FUSE_MAX_ROWS (40, 300) the separate stages.
     separate = [("norm", "l0.ffn_norm"), ("mma", False, False), ("swiglu", 0)]
-    one_row = [("mma+norm", True, (2, 12)), ("mma+norm", False, (9,))]
-    assert seen == one_row + (separate + head) * 2
+    assert seen == [("mma+norm", True, (2, 12))] + head + (separate + head) * 2
+    seen.clear()
+    # With the one-row form routed, one row's final norm and LM head are one launch of it.
+    monkeypatch.setattr(lm, "ROW1_ROUTED", True)
+    be.norm_linear(dev((1, 576)), "final_norm", "lm_head")
+    be.norm_linear(dev((2, 576)), "final_norm", "lm_head")
+    assert seen == [("mma+norm", False, (9,))] + head
 
 
 def test_fma_keeps_the_fused_kernels(fake_cupy: types.ModuleType,

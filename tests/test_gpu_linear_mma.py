@@ -82,14 +82,16 @@ def test_error_is_f32_sized_and_the_controls_differ(n: int, k: int) -> None:
     assert not same(fma, got)
 
 
-def test_one_row_form_on_the_lm_head() -> None:
-    """The batch-1 LM head's shape (49,152 x 576) takes the one-row form (pick_form), which
-    gives the tile kernel's row with and without the residual, and fused with the RMSNorm
-    prologue the bits of rmsnorm_rows then the GEMM; its one-accumulator control differs."""
+def test_one_row_form_on_the_lm_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch-1 LM head's shape (49,152 x 576) takes the one-row form once routed
+    (pick_form), which gives the tile kernel's row with and without the residual, and fused
+    with the RMSNorm prologue the bits of rmsnorm_rows then the GEMM; the one-accumulator
+    control differs."""
     from crucible.kernels.model_ops import rows_launch
 
     n, k = 49152, 576
     _, x, wd, res = case(n, k, 11)
+    monkeypatch.setattr(lm, "ROW1_ROUTED", True)
     assert lm.pick_form(1, n, k) == lm.ROW1_FORMS[0] != lm.pick_form(2, n, k)
     assert lm.fused_form(1, n, k) == lm.ROW1_FORMS[0] and lm.fused_form(1, n, k, True) is None
     tile = {r: lm.linear_mma(x[:16], wd, cp.empty((16, n), cp.float32),

@@ -35,6 +35,11 @@ ROW1_THREADS = 256
 # The one-row form from this many columns: the LM head (49,152 x 576) at one row took 23 us
 # on the tile kernel against 12.9 for linear.cu's row kernel (bench/gemm-mma-h200.json).
 ROW1_FROM_N = 8192
+# Written and host-checked (tests/cuda_host/mma_driver.cpp) but not yet run on a GPU, so
+# pick_form does not route to it: its bitwise GPU tests, sanitizers and timing
+# (tests/test_gpu_linear_mma.py -k one_row, scripts/sanitize_mma.py --one-row,
+# bench/gemm_mma_bench.py --shapes lm_head --m 1) come first (docs/throughput.md).
+ROW1_ROUTED = False
 SMEM_DEFAULT = 48 * 1024
 NORM_SMEM = (16 * 8 + 16) * 4  # linear_mma_rows' static red[] and inv[] under NORM
 # bench/mma-fused-h200.json (graphs with PDL, us per RMSNorm -> GEMM (-> SwiGLU)): fused
@@ -104,7 +109,7 @@ def pick_form(m: int, n: int, k: int) -> tuple[int, ...]:
     the default model's shapes); any form gives the same bits. The rows kernel up to 128
     rows (the LM head's 49,152 columns give the tile kernel enough CTAs from 2 rows)."""
     head, wide = n >= 8192, n >= 2048
-    if m == 1 and n >= ROW1_FROM_N:
+    if ROW1_ROUTED and m == 1 and n >= ROW1_FROM_N:
         order: tuple[tuple[int, ...], ...] = (ROW1_FORMS[0],)
     elif head:
         order = ((1, 2, 1, 4),) if m <= 32 else ((2, 4, 2, 2),)
