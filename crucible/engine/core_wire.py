@@ -214,11 +214,14 @@ def tokenizer_payload(tok: Tokenizer) -> dict[str, Any]:
     return {"json": tok.backend.to_str(), "bos": tok.bos_token_id, "eos": tok.eos_token_id,
             "add_bos": tok.add_bos, "byte_level": tok.byte_level,
             "stops": list(tok.stop_token_ids), "source": tok.source,
-            "chat_template": tok.chat_template.source if tok.has_chat_template else None}
+            "chat_template": tok.chat_template.source if tok.has_chat_template else None,
+            "model_vocab": tok.model_vocab_size}
 
 
 def tokenizer_from_payload(p: dict[str, Any]) -> Tokenizer:
-    return Tokenizer(HFTokenizer.from_str(p["json"]), bos_token_id=p["bos"],
-                     eos_token_id=p["eos"], add_bos=p["add_bos"],
-                     chat_template=p["chat_template"], extra_stop_ids=p["stops"],
-                     byte_level=p["byte_level"], source=p["source"])
+    tok = Tokenizer(HFTokenizer.from_str(p["json"]), bos_token_id=p["bos"],
+                    eos_token_id=p["eos"], add_bos=p["add_bos"],
+                    chat_template=p["chat_template"], extra_stop_ids=p["stops"],
+                    byte_level=p["byte_level"], source=p["source"])
+    tok.cover(p["model_vocab"])  # the model's padding ids decode to no text in the front too
+    return tok

@@ -26,6 +26,12 @@ class LoadedModel:
     weights_mode: str  # "int8" or "f32": how backends run the linear layers
     prepared: BackendWeights | None = None  # the backend tensors, when already made
 
+    def __post_init__(self) -> None:
+        # A padded vocabulary (more embedding rows than tokens) lets the model sample ids
+        # the tokenizer has no token for; they must decode to no text, not fail the request.
+        if self.tokenizer is not None and hasattr(self.tokenizer, "cover"):
+            self.tokenizer.cover(self.config.vocab_size)
+
     def backend_tensors(self) -> BackendWeights:
         """What a backend uploads: the prepared tensors, or made now from the weights."""
         if self.prepared is not None:

@@ -35,6 +35,7 @@ class Tokenizer:
         self.backend = backend
         self.source = source  # file or directory it came from, for messages
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self.model_vocab_size = self.vocab_size  # ids past vocab_size: cover()
         for name, tid in (("bos", bos_token_id), ("eos", eos_token_id)):
             if tid is not None and not 0 <= tid < self.vocab_size:
                 raise ValueError(f"{name} token id {tid} outside vocabulary of {self.vocab_size}")
@@ -79,12 +80,20 @@ class Tokenizer:
                 ids.insert(0, self.bos_token_id)
         return ids
 
+    def cover(self, model_vocab_size: int) -> None:
+        """The model's ids run to ``model_vocab_size``: its embedding has rows past the last
+        token (a vocabulary padded to a round size), which it can still sample. Those ids
+        decode to no text, as vLLM's and HF's detokenizers give them."""
+        self.model_vocab_size = max(self.vocab_size, int(model_vocab_size))
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""
         ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        bad = [i for i in ids if not 0 <= i < self.model_vocab_size]
         if bad:
-            raise RequestError(f"token id {bad[0]} outside vocabulary of {self.vocab_size}")
+            raise RequestError(f"token id {bad[0]} outside vocabulary of "
+                               f"{self.model_vocab_size}")
+        ids = [i for i in ids if i < self.vocab_size]  # padding rows: no text
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
@@ -102,9 +111,10 @@ class Tokenizer:
         """The exact bytes a token stands for (special tokens: their text in UTF-8)."""
         if self._bytes is None:
             self._bytes = [self._compute_bytes(i) for i in range(self.vocab_size)]
-        if not 0 <= token_id < self.vocab_size:
-            raise RequestError(f"token id {token_id} outside vocabulary of {self.vocab_size}")
-        return self._bytes[token_id]
+        if not 0 <= token_id < self.model_vocab_size:
+            raise RequestError(f"token id {token_id} outside vocabulary of "
+                               f"{self.model_vocab_size}")
+        return self._bytes[token_id] if token_id < self.vocab_size else b""
 
     def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         """A fresh streaming detokenizer for one output sequence."""
