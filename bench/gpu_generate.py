@@ -173,7 +173,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="the int8 GEMMs' order (CRUCIBLE_GEMM)")
     p.add_argument("--parts", default="decode,engine,prefill,profile",
                    help="comma-separated subset of decode,engine,prefill,profile")
+    p.add_argument("--row1-head", action="store_true",
+                   help="under --gemm mma, route one-row LM heads to linear_mma_row1.cu "
+                        "(kernels/linear_mma.py ROW1_ROUTED, off until GPU-checked)")
     args = p.parse_args(argv)
+    if args.row1_head:
+        from crucible.kernels import linear_mma
+
+        linear_mma.ROW1_ROUTED = True
     model = load_model(args.model, args.weights)
     runner = ModelRunner(model, num_pages=1100, device="cuda",
                          settings=Settings(device="cuda", gemm=args.gemm))

@@ -25,6 +25,7 @@ run gemm-mma python3 bench/gemm_mma_bench.py --json "$out/gemm-mma.json"
 run mma-fused python3 bench/mma_fused_bench.py --json "$out/mma-fused.json"
 run mma-tests python3 -m pytest -q tests/test_gpu_linear_mma.py tests/test_gpu_mma_fused.py \
     tests/test_gpu_pdl_chain.py
+# (scripts/sanitize_mma.py --one-row: only the one-row forms, for a short lease.)
 for tool in memcheck racecheck; do
     run "mma-$tool" compute-sanitizer --tool "$tool" --error-exitcode 3 \
         python3 scripts/sanitize_mma.py
@@ -44,6 +45,9 @@ if [ $# -ge 1 ]; then
         --json "$out/gpu-generate-int8.json"
     run gpu-generate-mma python3 bench/gpu_generate.py --model "$model" --gemm mma \
         --rounds 2 --parts decode,engine --json "$out/gpu-generate-mma.json"
+    # The one-row LM head form (kernels/linear_mma.py ROW1_ROUTED) against the line above.
+    run gpu-generate-mma-row1 python3 bench/gpu_generate.py --model "$model" --gemm mma \
+        --row1-head --rounds 2 --parts decode,engine --json "$out/gpu-generate-mma-row1.json"
     for w in int8 f32; do
         run "gpu-eval-$w" python3 -m crucible gpu-eval --model "$model" --weights "$w" \
             --device cuda --paged --compare-attn reference --json "$out/gpu-eval-$w.json"
