@@ -80,8 +80,8 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     }
     // Down's chunk f of every column: to shared memory (registers would spill), in flight
     // through the wait, the norm and gate/up.
-    int4* wd_s = reinterpret_cast<int4*>(bw + (MMA ? 96 * (n_chunks + 1) : 0));  // [piece][N_d]
-    // (cru_stage_slice)
+    // [piece][N_d] (cru_stage_slice), after the fragments under MMA
+    int4* wd_s = reinterpret_cast<int4*>(bw + (MMA ? 96 * (n_chunks + 1) : 0));
     cru_stage_slice<T>(wd_s, w_down, F, f * CRU_KC, N_d, tid, nthreads);
     const bool finisher = c == 0;
     EpiIn<2> e;

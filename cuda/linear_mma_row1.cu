@@ -32,6 +32,16 @@
 #define CRU_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
 #endif
 
+// Block c's values of the warp's column pair added to its running totals, in ascending c.
+__device__ __forceinline__ void cru_row1_add(float2& tot, const unsigned* bw_c, int lane,
+                                             int4 qa, int4 qb) {
+    unsigned b[4][2];
+    cru_row_b_get(bw_c, lane, b);
+    const float2 v = cru_row_pair(b, qa, qb);
+    tot.x = __fadd_rn(tot.x, v.x);
+    tot.y = __fadd_rn(tot.y, v.y);
+}
+
 template <int PB, bool NORM>
 __global__ void __launch_bounds__(256)
 linear_mma_row1(const float* __restrict__ x, const signed char* __restrict__ w,
@@ -72,27 +82,16 @@ linear_mma_row1(const float* __restrict__ x, const signed char* __restrict__ w,
     }
     __syncthreads();
     if (!live) return;
-    float ta = 0.0f, tb = 0.0f;  // columns 16 p + g and 16 p + 8 + g (lanes t == 0)
-    unsigned b[4][2];
+    float2 tot = make_float2(0.0f, 0.0f);  // columns 16 p + g, 16 p + 8 + g (lanes t == 0)
 #pragma unroll
     for (int c = 0; c < PB; ++c)
-        if (c < nb) {
-            cru_row_b_get(bw + 96 * c, lane, b);
-            const float2 v = cru_row_pair(b, qa[c], qb[c]);
-            ta = __fadd_rn(ta, v.x);
-            tb = __fadd_rn(tb, v.y);
-        }
-    for (int c = PB; c < nb; ++c) {
-        const int4 a = __ldg(reinterpret_cast<const int4*>(wa + 64 * c));
-        const int4 bq = __ldg(reinterpret_cast<const int4*>(wb + 64 * c));
-        cru_row_b_get(bw + 96 * c, lane, b);
-        const float2 v = cru_row_pair(b, a, bq);
-        ta = __fadd_rn(ta, v.x);
-        tb = __fadd_rn(tb, v.y);
-    }
+        if (c < nb) cru_row1_add(tot, bw + 96 * c, lane, qa[c], qb[c]);
+    for (int c = PB; c < nb; ++c)
+        cru_row1_add(tot, bw + 96 * c, lane, __ldg(reinterpret_cast<const int4*>(wa + 64 * c)),
+                     __ldg(reinterpret_cast<const int4*>(wb + 64 * c)));
     if (t == 0) {
         const int na = 16 * pair + g, nb8 = na + 8;
-        float va = __fmul_rn(ta, scale[na]), vb = __fmul_rn(tb, scale[nb8]);
+        float va = __fmul_rn(tot.x, scale[na]), vb = __fmul_rn(tot.y, scale[nb8]);
         if (residual) {
             va = __fadd_rn(residual[na], va);
             vb = __fadd_rn(residual[nb8], vb);

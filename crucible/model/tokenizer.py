@@ -93,7 +93,8 @@ class Tokenizer:
         if bad:
             raise RequestError(f"token id {bad[0]} outside vocabulary of "
                                f"{self.model_vocab_size}")
-        ids = [i for i in ids if i < self.vocab_size]  # padding rows: no text
+        if self.model_vocab_size > self.vocab_size:  # padding rows: no text
+            ids = [i for i in ids if i < self.vocab_size]
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
