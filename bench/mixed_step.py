@@ -36,6 +36,7 @@ from common import SMOLLM2, stat, write_json
 
 from crucible.backend.profile import ProfiledBackend
 from crucible.engine.runner import ModelRunner
+from crucible.engine.settings import Settings
 from crucible.model import llama
 from crucible.model.tiny import tiny_random_model
 from crucible.step.batch import PackedBatch, SegmentSpec, build_packed_batch
@@ -46,6 +47,7 @@ CASES = (
     ("mixed 2048: 768 decode + 2x640 prefill", 768, (400, 1200), (640, 640)),
     ("prefill 1024", 0, (0, 0), (1024,)),
     ("decode 256", 256, (400, 1200), ()),
+    ("decode 64", 64, (128, 192), ()),  # gpu_generate's batch-64 decode: 128-token prompts
     ("mixed 256: 32 decode + 224 prefill", 32, (100, 900), (224,)),
     ("mixed 96: 16 decode + 2x40 prefill", 16, (100, 900), (40, 40)),
 )
@@ -121,14 +123,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", default="bench/mixed-step.json")
+    p.add_argument("--gemm", default="fma", choices=("fma", "mma"),
+                   help="the int8 GEMMs' order (CRUCIBLE_GEMM)")
+    p.add_argument("--cases", default="", help="comma-separated name prefixes to run (all)")
     args = p.parse_args(argv)
+    wanted = tuple(c.strip() for c in args.cases.split(",") if c.strip())
+    cases = tuple(c for c in CASES if not wanted or c[0].startswith(wanted))
     model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
-    runner = ModelRunner(model, num_pages=PAGES_PER_ROW * 800, device="cuda")
+    runner = ModelRunner(model, num_pages=PAGES_PER_ROW * 800, device="cuda",
+                         settings=Settings(device="cuda", gemm=args.gemm))
     rng = np.random.default_rng(0)
     batches = {name: make_batch(rng, d, h, c, runner.config.vocab_size)
-               for name, d, h, c in CASES}
+               for name, d, h, c in cases}
     runs = [(name, False) for name in batches]
-    runs += [(name, True) for name, d, _, c in CASES if d and c]  # mixed: the baseline
+    runs += [(name, True) for name, d, _, c in cases if d and c]  # mixed: the baseline
     res: dict[str, dict[str, list[float]]] = {}
     for r in range(args.rounds):
         for name, one in runs if r % 2 == 0 else runs[::-1]:
@@ -138,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r} done", file=sys.stderr, flush=True)
     summary: dict[str, Any] = {name: {k: stat(v) for k, v in d.items()}
                                for name, d in res.items()}
-    for name, d, _, c in CASES:
+    for name, d, _, c in cases:
         if d and c:
             a, b = res[name], res[name + " (one launch)"]
             summary[name]["one_launch_over_split"] = stat(
@@ -151,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json, {"command": "python3 bench/mixed_step.py "
                            + " ".join(argv if argv is not None else sys.argv[1:]),
                            "cases": {n: {"decode_rows": d, "history": list(h),
-                                         "prefill_chunks": list(c)} for n, d, h, c in CASES},
+                                         "prefill_chunks": list(c)} for n, d, h, c in cases},
                            "results": summary})
     return 0
 

@@ -4,7 +4,8 @@ against the separate kernels they replace, on the default model's shapes: what s
 
     PYTHONPATH=$PWD python3 bench/mma_fused_bench.py [--json PATH] [--rounds 5]
 
-Per shape and M: rmsnorm_rows -> linear_mma (-> swiglu_rows) and the one fused launch, each
+Per shape and M: rmsnorm_rows -> linear_mma (-> swiglu_rows), the one fused launch, and for
+gate/up rmsnorm_rows -> linear_mma with the SwiGLU epilogue alone ("norm_then_epi"), each
 captured 50 times in one graph with PDL (as decode graphs launch them), replayed in
 alternating order each round; reported: microseconds per chain, min over rounds. The bits
 are not this bench's: tests/test_gpu_mma_fused.py checks fused == separate.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -28,7 +30,7 @@ MS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def chains(m: int, n: int, swiglu: bool, rng: np.random.Generator
-           ) -> tuple[Callable[[], None], Callable[[], None], tuple[int, ...]]:
+           ) -> tuple[dict[str, Callable[[], None]], tuple[int, ...]]:
     import cupy as cp
 
     wd = upload_weight(rng.integers(-127, 128, (n, D)).astype(np.int8),
@@ -51,7 +53,15 @@ def chains(m: int, n: int, swiglu: bool, rng: np.random.Generator
     def fused() -> None:
         lm.linear_mma(x, wd, out, form=form, norm=norm, eps=1e-5, swiglu=swiglu, pdl=True)
 
-    return separate, fused, form
+    def norm_then_epi() -> None:
+        rows_launch("rmsnorm_rows", m, (x, norm, xn, np.int32(D), np.float32(1e-5)), pdl=True)
+        lm.linear_mma(xn, wd, out, form=lm.fused_form(m, n, D, True, norm=False), swiglu=True,
+                      pdl=True)
+
+    fns = {"separate": separate, "fused": fused}
+    if swiglu:
+        fns["norm_then_epi"] = norm_then_epi
+    return fns, form
 
 
 def time_graphs(fns: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
@@ -88,15 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for name, n, swiglu in SHAPES:
         for m in MS:
-            separate, fused, form = chains(m, n, swiglu, rng)
-            got = time_graphs({"separate": separate, "fused": fused}, args.rounds)
+            fns, form = chains(m, n, swiglu, rng)
+            got = time_graphs(fns, args.rounds)
             results[f"{name} M={m}"] = {**got, "form": form}
-            print(f"{name} M={m}: separate {got['separate']} us, fused {got['fused']} us "
-                  f"(form {form})", flush=True)
+            print(f"{name} M={m}: " + ", ".join(f"{k} {v} us" for k, v in got.items())
+                  + f" (form {form})", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"bench": "mma-fused", "fuse_max_rows": lm.FUSE_MAX_ROWS,
-                       "results": results}, f, indent=1)
+            json.dump({"bench": "mma-fused", "command": "PYTHONPATH=$PWD python3 "
+                       "bench/mma_fused_bench.py " + " ".join(argv or sys.argv[1:]),
+                       "fuse_max_rows": lm.FUSE_MAX_ROWS, "results": results}, f, indent=1)
     return 0
 
 

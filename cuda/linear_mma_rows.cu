@@ -10,10 +10,13 @@
 //
 // NORM (the RMSNorm prologue): x's rows are normalised on the way in, x * inv * norm_w
 // with inv from rowops.cuh's canonical tree (the CTA's 16 rows at once), the values
-// rmsnorm_rows would write, so fused == rmsnorm_rows then this kernel, bit for bit.
-// EPI (the SwiGLU epilogue, NT even): w is gate/up [2F, K]; tiles 0 .. NT/2 - 1 take gate
-// rows f0 + ..., the rest the up rows F + f0 + ...; y[m, f] = swiglu(g * scale[f],
-// u * scale[F + f]) (rowops.cuh), the values gemm then swiglu_rows give.
+// rmsnorm_rows would write, so fused == rmsnorm_rows then this kernel, bit for bit. The
+// CTA's rows are first copied to shared memory in one pass, every load in flight at once:
+// summing squares straight from global memory made each of the tree's ~11 passes over 16
+// rows wait on its own loads (2-3x slower than the separate kernels from 16 rows on).
+// EPI (the SwiGLU epilogue, NT even; with or without NORM): w is gate/up [2F, K]; tiles
+// 0 .. NT/2 - 1 take gate rows f0 + ..., the rest the up rows F + f0 + ...; y[m, f] =
+// swiglu(g * scale[f], u * scale[F + f]) (rowops.cuh), the values gemm then swiglu_rows give.
 //
 // Layout: as linear_mma.cu (x f32 [M, K], w int8 [N, K], scale f32 [N], y, residual f32
 // [M, N]; K % 64 == 0, N % (8 NT) == 0, 16-byte aligned rows); norm_w f32 [K]; with EPI y
@@ -24,7 +27,8 @@
 // (lane 4 g + t: A rows g, g + 8; B column g; C columns 2t, 2t+1) and writes each block
 // value to shared memory; then thread i adds, for outputs i, i + threads, ... of the tile,
 // the values of blocks 0, 1, ... in order.
-// Shared memory (dynamic): float blk[K / 64][16][8 NT]; static: the norm's 16 x 8 warp
+// Shared memory (dynamic): float blk[K / 64][16][8 NT], then under NORM float xs[R][K] with
+// R = min(16, M) (the CTA's rows; a last tile holds fewer); static: the norm's 16 x 8 warp
 // partials and 16 inverses. PDL (pdl.cuh): each warp's first block's codes load before
 // cru_pdl_wait (at decode sizes that is most of a warp's codes); x and the residual after
 // it. No standard headers (NVRTC).
@@ -41,6 +45,12 @@ __device__ __forceinline__ float4 cru_norm4(float4 v, float inv, const float* nw
     const float4 w = __ldg(reinterpret_cast<const float4*>(nw + k));
     return make_float4(cru_norm_apply(v.x, inv, w.x), cru_norm_apply(v.y, inv, w.y),
                        cru_norm_apply(v.z, inv, w.z), cru_norm_apply(v.w, inv, w.w));
+}
+
+// Four of x's values: from shared memory (STAGED) or through the read-only path.
+template <bool STAGED>
+__device__ __forceinline__ float4 cru_x4(const float* p) {
+    return STAGED ? *reinterpret_cast<const float4*>(p) : __ldg(reinterpret_cast<const float4*>(p));
 }
 
 template <int NT, bool ONE_ACC, bool NORM, bool EPI>
@@ -71,12 +81,20 @@ linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
         q[n] = __ldg(reinterpret_cast<const int4*>(wr[n] + 64 * first + 16 * t));
     cru_pdl_wait();
     cru_pdl_trigger();
+    float* xs = blk + (size_t)nb * 16 * TW;  // NORM: the CTA's rows, staged
     if (NORM) {  // the CTA's rows' inverses, in rmsnorm_rows' order (rowops.cuh)
         const int live = min(16, M - m0);
-        cru_rows_sumsq(x + (size_t)m0 * K, live, K, red);
+        const float4* src = reinterpret_cast<const float4*>(x + (size_t)m0 * K);
+        float4* dst = reinterpret_cast<float4*>(xs);
+        for (int i = threadIdx.x; i < live * (K >> 2); i += blockDim.x) dst[i] = src[i];
+        __syncthreads();
+        cru_rows_sumsq(xs, live, K, red);
         if ((int)threadIdx.x < live) inv[threadIdx.x] = cru_inv_rms(cru_rows_total(red, threadIdx.x), K, eps);
         __syncthreads();
     }
+    // Row r of the CTA's x: staged under NORM, else straight from global memory.
+    const float* x0 = NORM ? xs + (size_t)g * K : x + (size_t)r0 * K;
+    const float* x1 = NORM ? xs + (size_t)(g + 8) * K : x + (size_t)r1 * K;
     for (int c = warp; c < nb; c += warps) {
         const int kt = 64 * c + 16 * t;
         if (c != warp) {
@@ -87,10 +105,8 @@ linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
         float4 v0[4], v1[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            v0[j] = r0 < M ? __ldg(reinterpret_cast<const float4*>(x + (size_t)r0 * K + kt + 4 * j))
-                           : zero4;
-            v1[j] = r1 < M ? __ldg(reinterpret_cast<const float4*>(x + (size_t)r1 * K + kt + 4 * j))
-                           : zero4;
+            v0[j] = r0 < M ? cru_x4<NORM>(x0 + kt + 4 * j) : zero4;
+            v1[j] = r1 < M ? cru_x4<NORM>(x1 + kt + 4 * j) : zero4;
             if (NORM) {
                 if (r0 < M) v0[j] = cru_norm4(v0[j], inv[g], norm_w, kt + 4 * j);
                 if (r1 < M) v1[j] = cru_norm4(v1[j], inv[g + 8], norm_w, kt + 4 * j);
@@ -141,3 +157,23 @@ linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
         y[(size_t)row * N + n0 + j] = v;
     }
 }
+
+#ifndef __CUDACC_RTC__
+// Offline `nvcc -c` builds instantiate the forms linear_mma.py compiles, so `-Xptxas -v`
+// reports their registers and spills (tests/test_attention_nvcc.py).
+#define CRU_MMA_ROWS(NT, ONE, NORM, EPI)                                                      \
+    template __global__ void linear_mma_rows<NT, ONE, NORM, EPI>(                             \
+        const float*, const signed char*, const float*, const float*, float*, int, int, int, \
+        const float*, float);
+CRU_MMA_ROWS(1, false, false, false)
+CRU_MMA_ROWS(2, false, false, false)
+CRU_MMA_ROWS(4, false, false, false)
+CRU_MMA_ROWS(2, true, false, false)
+CRU_MMA_ROWS(1, false, true, false)
+CRU_MMA_ROWS(2, false, true, false)
+CRU_MMA_ROWS(4, false, true, false)
+CRU_MMA_ROWS(2, false, true, true)
+CRU_MMA_ROWS(4, false, true, true)
+CRU_MMA_ROWS(2, false, false, true)
+CRU_MMA_ROWS(4, false, false, true)
+#endif

@@ -45,9 +45,9 @@ if [ $# -ge 1 ]; then
         --json "$out/gpu-generate-int8.json"
     run gpu-generate-mma python3 bench/gpu_generate.py --model "$model" --gemm mma \
         --rounds 2 --parts decode,engine --json "$out/gpu-generate-mma.json"
-    # The one-row LM head form (kernels/linear_mma.py ROW1_ROUTED) against the line above.
-    run gpu-generate-mma-row1 python3 bench/gpu_generate.py --model "$model" --gemm mma \
-        --row1-head --rounds 2 --parts decode,engine --json "$out/gpu-generate-mma-row1.json"
+    # The LM head on the tile kernel at one row (ROW1_ROUTED off) against the line above.
+    run gpu-generate-mma-tile-head python3 bench/gpu_generate.py --model "$model" --gemm mma \
+        --row1-head 0 --rounds 2 --parts decode,engine --json "$out/gpu-generate-mma-tile-head.json"
     for w in int8 f32; do
         run "gpu-eval-$w" python3 -m crucible gpu-eval --model "$model" --weights "$w" \
             --device cuda --paged --compare-attn reference --json "$out/gpu-eval-$w.json"

@@ -3,7 +3,8 @@ every form of both kernels, row tails, residual on and off, plain and as a PDL l
 stream of its own; each must equal the first form's bits and stay within 1e-6 of float64
 (relative to the products' magnitude). Then a chain of PDL launches through model_ops.cu
 (embed, RMSNorm, gate/up, SwiGLU, down + residual, gather) must equal the plain chain, and
-every fused rows form (RMSNorm prologue, SwiGLU epilogue) the separate kernels.
+every fused rows form (RMSNorm prologue, SwiGLU epilogue, or the epilogue alone) the
+separate kernels.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_mma.py
     compute-sanitizer --tool racecheck python3 scripts/sanitize_mma.py [--one-row]
@@ -73,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         bad += not same
         print(f"chain M={m}: PDL {'==' if same else '!= FAILED'} plain")
     for m in (1,) if one_row else (1, 5, 33):  # the fused forms (RMSNorm, SwiGLU)
-        for swiglu in (False, True):
-            bad += fused_case(m, swiglu)
+        for norm, swiglu in ((True, False), (True, True), (False, True)):
+            bad += fused_case(m, swiglu, norm)
     cp.cuda.Device().synchronize()
     print(f"{bad} failed")
     return 1 if bad else 0
@@ -106,9 +107,9 @@ def chain(m: int, pdl: bool) -> Any:
     return out
 
 
-def fused_case(m: int, swiglu: bool) -> int:
-    """Every fused rows form (at one row the one-row forms too) == rmsnorm_rows, linear_mma
-    (and swiglu_rows); failures."""
+def fused_case(m: int, swiglu: bool, with_norm: bool = True) -> int:
+    """Every fused rows form (at one row the one-row forms too) == rmsnorm_rows (where
+    ``with_norm``), linear_mma (and swiglu_rows); failures."""
     import cupy as cp
 
     rng = np.random.default_rng(m + swiglu)
@@ -118,19 +119,25 @@ def fused_case(m: int, swiglu: bool) -> int:
     wd = upload_weight(rng.integers(-127, 128, (n, k)).astype(np.int8),
                        (0.01 + 0.01 * rng.random(n)).astype(np.float32))
     xn, y = cp.empty_like(x), cp.empty((m, n), cp.float32)
-    rows_launch("rmsnorm_rows", m, (x, norm, xn, np.int32(k), np.float32(1e-5)))
+    if with_norm:
+        rows_launch("rmsnorm_rows", m, (x, norm, xn, np.int32(k), np.float32(1e-5)))
+    else:
+        xn = x
+        norm = None
     ref = lm.linear_mma(xn, wd, y)
     if swiglu:
         ref = cp.empty((m, n // 2), cp.float32)
         flat_launch("swiglu_rows", ref.size, (y, ref, np.int32(n // 2), np.int64(ref.size)))
     bad = 0
     one_row = lm.ROW1_FORMS if m == 1 and not swiglu else ()
-    for form in (f for f in lm.ROW_FORMS + one_row if not swiglu or f[0] % 2 == 0):
+    for form in (f for f in lm.ROW_FORMS + one_row if (not swiglu or f[0] % 2 == 0)
+                 and lm.fits(n, k, f, with_norm, m)):
         out = cp.full(ref.shape, cp.nan, cp.float32)
         got = lm.linear_mma(x, wd, out, form=form, norm=norm, eps=1e-5, swiglu=swiglu)
         ok = bool(cp.array_equal(got.view(cp.uint32), ref.view(cp.uint32)))
         bad += not ok
-        print(f"fused M={m} swiglu={swiglu} form={form}: {'==' if ok else '!= FAILED'} separate")
+        print(f"fused M={m} norm={with_norm} swiglu={swiglu} form={form}: "
+              f"{'==' if ok else '!= FAILED'} separate")
     return bad
 
 

@@ -57,8 +57,9 @@ def test_wrapper_refuses_f32_weights_and_misfits(fake_cupy: types.ModuleType) ->
 
 def test_wrapper_refuses_what_the_fused_forms_cannot_run(fake_cupy: types.ModuleType) -> None:
     x, gu, norm, out = dev((2, 576)), weight(3072, 576), dev((576,)), dev((2, 1536))
-    cases = ((dict(swiglu=True), "comes with the RMSNorm prologue"),
-             (dict(norm=dev((64,)), swiglu=True), r"contiguous f32 \[576\]"),
+    cases = ((dict(norm=dev((64,)), swiglu=True), r"contiguous f32 \[576\]"),
+             (dict(swiglu=True, one_acc=True), "no fused form"),
+             (dict(swiglu=True, form=(1, 12)), "no fused rows form"),
              (dict(norm=norm, swiglu=True, one_acc=True), "no fused form"),
              (dict(norm=norm, swiglu=True, form=(1, 12)), "no fused rows form"),
              (dict(norm=norm, swiglu=True, form=(2, 4, 2, 2)), "no fused rows form"))
@@ -69,8 +70,11 @@ def test_wrapper_refuses_what_the_fused_forms_cannot_run(fake_cupy: types.Module
         lm.linear_mma(x, gu, out, dev((2, 1536)), norm=norm, swiglu=True)
     with pytest.raises(ValueError, match=r"out must be contiguous f32 \(2, 1536\)"):
         lm.linear_mma(x, gu, dev((2, 3072)), norm=norm, swiglu=True)
-    with pytest.raises(ValueError, match="no fused rows form for M=3"):
-        lm.linear_mma(dev((3, 576)), gu, dev((3, 1536)), norm=norm, swiglu=True)
+    # Past 64 rows gate/up takes the tile kernel, which fuses nothing.
+    with pytest.raises(ValueError, match="no fused rows form for M=65"):
+        lm.linear_mma(dev((65, 576)), gu, dev((65, 1536)), norm=norm, swiglu=True)
+    with pytest.raises(ValueError, match="no fused rows form for M=65"):
+        lm.linear_mma(dev((65, 576)), gu, dev((65, 1536)), swiglu=True)
     # K = 1536 at NT = 4: the block values fill 48 KiB, the norm's 576 bytes do not fit.
     assert lm.fits(576, 1536, (4, 8)) and not lm.fits(576, 1536, (4, 8), norm=True)
     with pytest.raises(ValueError, match=r"form \(4, 8\) does not fit"):
@@ -78,21 +82,37 @@ def test_wrapper_refuses_what_the_fused_forms_cannot_run(fake_cupy: types.Module
                       form=(4, 8))
     assert lm.fused_form(1, 3072, 576, swiglu=True) == (2, 12)  # an even NT for SwiGLU
     assert lm.fused_form(lm.FUSE_MAX_ROWS + 1, 960, 576) is None
+    # The SwiGLU epilogue alone: wherever the rows kernel runs, whatever FUSE_MAX_ROWS.
+    for m in (1, 3, 16, 64):
+        assert lm.fused_form(m, 3072, 576, swiglu=True, norm=False) == (2, 12)
+    assert lm.fused_form(65, 3072, 576, swiglu=True, norm=False) is None
+    assert lm.fused_form(8, 960, 576, norm=False) is None  # neither: nothing to fuse
+    # The prologue stages its CTA's rows (min(16, M)) of x in shared memory beside the block
+    # values: K = 576 at NT = 2 fits with 16 rows (46,656 bytes), at NT = 4 up to 13, and
+    # K = 640 at NT = 2 with 4 (where it does not fit, the stages stay separate).
+    assert lm.row_smem(576, 2, 16) + lm.NORM_SMEM == 46656
+    assert lm.fits(576, 576, (2, 12), norm=True, m=64)
+    assert lm.fits(576, 576, (4, 8), norm=True, m=13)
+    assert not lm.fits(576, 576, (4, 8), norm=True, m=14)
+    assert lm.fits(576, 640, (2, 8), norm=True, m=4)
+    assert not lm.fits(576, 640, (2, 8), norm=True, m=16)
 
 
 def test_the_one_row_form_takes_one_row_of_a_wide_weight(
         fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    """linear_mma_row1 (the batch-1 LM head): once routed (ROW1_ROUTED, off until its GPU
-    checks have run), picked at one row of 8,192 columns or more and fused with the final
-    RMSNorm there (never with SwiGLU); it refuses more rows, the control, and shapes whose
-    B fragments do not fit or whose columns are not whole pairs."""
+    """linear_mma_row1 (the batch-1 LM head): routed (ROW1_ROUTED; a bench may switch it
+    off), picked at one row of 8,192 columns or more and fused with the final RMSNorm there
+    (never with SwiGLU); it refuses more rows, the control, and shapes whose B fragments do
+    not fit or whose columns are not whole pairs."""
     head = weight(49152, 576)
-    assert not lm.ROW1_ROUTED and len(lm.pick_form(1, 49152, 576)) == 4
+    assert lm.ROW1_ROUTED and lm.ROW1_FORMS[0] == (2,)
+    monkeypatch.setattr(lm, "ROW1_ROUTED", False)  # off: the tile kernel, nothing fused
+    assert len(lm.pick_form(1, 49152, 576)) == 4
     assert lm.fused_form(1, 49152, 576) is None
     monkeypatch.setattr(lm, "ROW1_ROUTED", True)
-    assert lm.pick_form(1, 49152, 576) == (9,) and len(lm.pick_form(2, 49152, 576)) == 4
+    assert lm.pick_form(1, 49152, 576) == (2,) and len(lm.pick_form(2, 49152, 576)) == 4
     assert len(lm.pick_form(1, 3072, 576)) == 2  # narrower weights keep the rows kernel
-    assert lm.fused_form(1, 49152, 576) == (9,) and lm.fused_form(2, 49152, 576) is None
+    assert lm.fused_form(1, 49152, 576) == (2,) and lm.fused_form(2, 49152, 576) is None
     assert lm.fused_form(1, 49152, 576, swiglu=True) is None
     assert lm.fits(49152, 576, (2,)) and lm.fits(64, 64 * 128, (9,))
     assert not lm.fits(49160, 576, (9,)) and not lm.fits(49152, 560, (9,))
@@ -115,8 +135,9 @@ def backend(gemm: str, seen: list, monkeypatch: pytest.MonkeyPatch) -> object:
 
     monkeypatch.setattr(lm, "linear_mma", lambda x, wd, out, residual=None, pdl=None,
                         norm=None, swiglu=False, **kw: seen.append(
-                            ("mma", residual is not None, pdl) if norm is None
-                            else ("mma+norm", swiglu, kw["form"])) or out)
+                            ("mma", residual is not None, pdl) if norm is None and not swiglu
+                            else ("mma+norm" if norm is not None else "mma+swiglu", swiglu,
+                                  kw["form"])) or out)
     monkeypatch.setattr(ck, "linear", lambda x, wd, out, residual=None, **kw:
                         seen.append(("fma", residual is not None)) or out)
     monkeypatch.setattr(cc, "linear_chunks", lambda x, wd, out, *a, **kw:
@@ -153,21 +174,24 @@ def test_mma_routes_every_int8_gemm_and_turns_the_fused_kernels_off(
     be.linear(x, "l0.o")
     assert seen == [("mma", False, False)]
     seen.clear()
+    monkeypatch.setattr(lm, "ROW1_ROUTED", False)  # the head on the tile kernel first
     for m in (1, 40, 300):  # rows, chunks and wide sizes under fma
         assert not be.fuses(dev((m, 576)), "mlp_in")
         be.mlp_in(dev((m, 576)), 0)
         be.norm_linear(dev((m, 576)), "final_norm", "lm_head")
     head = [("norm", "final_norm"), ("mma", False, False)]  # the LM head: the tile kernel
     # One row: RMSNorm, gate/up and SwiGLU in one rows launch (an even NT, for SwiGLU); past
-    # FUSE_MAX_ROWS (40, 300) the separate stages.
+    # FUSE_MAX_ROWS but in the rows kernel (40) the RMSNorm, then gate/up with the SwiGLU
+    # epilogue; in the tile kernel (300) the separate stages.
     separate = [("norm", "l0.ffn_norm"), ("mma", False, False), ("swiglu", 0)]
-    assert seen == [("mma+norm", True, (2, 12))] + head + (separate + head) * 2
+    epi = [("norm", "l0.ffn_norm"), ("mma+swiglu", True, (2, 12))]
+    assert seen == [("mma+norm", True, (2, 12))] + head + epi + head + separate + head
     seen.clear()
     # With the one-row form routed, one row's final norm and LM head are one launch of it.
     monkeypatch.setattr(lm, "ROW1_ROUTED", True)
     be.norm_linear(dev((1, 576)), "final_norm", "lm_head")
     be.norm_linear(dev((2, 576)), "final_norm", "lm_head")
-    assert seen == [("mma+norm", False, (9,))] + head
+    assert seen == [("mma+norm", False, (2,))] + head
 
 
 def test_fma_keeps_the_fused_kernels(fake_cupy: types.ModuleType,

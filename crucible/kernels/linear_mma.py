@@ -29,22 +29,25 @@ CONTROL = (1, 2, 2, 2)  # the form of the one-accumulator negative control
 ROW_FORMS: tuple[tuple[int, int], ...] = ((1, 8), (2, 8), (4, 8), (2, 4), (1, 12), (2, 12))
 ROW_CONTROL = (2, 8)  # the rows kernel's control form
 # (PB,): linear_mma_row1, one row, a warp per 16 columns, its first PB K blocks' codes loaded
-# before the PDL wait (9: all of the default model's K = 576; 2 streams the rest: a check).
-ROW1_FORMS: tuple[tuple[int], ...] = ((9,), (2,))
+# before the PDL wait, the rest streamed after it. The first is the routed one: 2 (an engine
+# decoding at batch 1 under mma, bench/gpu-generate-mma-row1-h200.json: 1,880 tok/s at PB 2,
+# 1,855-1,866 at 9, which holds all of the default model's K = 576, 1,830 on the tile
+# kernel; alone, 8.6 / 11.1 / 21.2 us: bench/gemm-mma-row1-h200.json).
+ROW1_FORMS: tuple[tuple[int], ...] = ((2,), (9,))
 ROW1_THREADS = 256
 # The one-row form from this many columns: the LM head (49,152 x 576) at one row took 23 us
 # on the tile kernel against 12.9 for linear.cu's row kernel (bench/gemm-mma-h200.json).
 ROW1_FROM_N = 8192
-# Written and host-checked (tests/cuda_host/mma_driver.cpp) but not yet run on a GPU, so
-# pick_form does not route to it: its bitwise GPU tests, sanitizers and timing
-# (tests/test_gpu_linear_mma.py -k one_row, scripts/sanitize_mma.py --one-row,
-# bench/gemm_mma_bench.py --shapes lm_head --m 1) come first (docs/throughput.md).
-ROW1_ROUTED = False
+# pick_form routes one row of such a weight to it (H200: tests/test_gpu_linear_mma.py bitwise
+# against the tile kernel's row, memcheck and racecheck clean: bench/mma-row1-*-h200.log).
+# Benches switch it off to time the tile kernel instead.
+ROW1_ROUTED = True
 SMEM_DEFAULT = 48 * 1024
 NORM_SMEM = (16 * 8 + 16) * 4  # linear_mma_rows' static red[] and inv[] under NORM
 # bench/mma-fused-h200.json (graphs with PDL, us per RMSNorm -> GEMM (-> SwiGLU)): fused
 # 4.3 vs 6.1 (gate/up) and 3.3 vs 4.0 (QKV) at one row, 4.9 vs 6.3 and 3.8 vs 4.1 at two,
-# QKV 4.8 vs 4.2 at four, 2-3x slower from 16 rows on.
+# QKV 4.8 vs 4.2 at four, 2-3x slower from 16 rows on, when the prologue summed its rows'
+# squares from global memory. It stages them in shared memory now (linear_mma_rows.cu).
 FUSE_MAX_ROWS = 2
 
 
@@ -59,10 +62,10 @@ def _row_name(nt: int, one_acc: bool, norm: bool = False, swiglu: bool = False) 
 
 
 _NAMES = tuple(_name(f, False) for f in FORMS) + (_name(CONTROL, True),)
-# Plain for every NT; the RMSNorm prologue for every NT; with the SwiGLU epilogue for the
-# even ones (it pairs gate and up tiles).
-ROW_FUSED = tuple((nt, True, sw) for nt in (1, 2, 4) for sw in (False, True) if nt % 2 == 0
-                  or not sw)
+# Plain for every NT; the RMSNorm prologue for every NT; the SwiGLU epilogue, with or without
+# the prologue, for the even ones (it pairs gate and up tiles).
+ROW_FUSED = (tuple((nt, True, sw) for nt in (1, 2, 4) for sw in (False, True) if nt % 2 == 0
+                   or not sw) + tuple((nt, False, True) for nt in (2, 4)))
 _ROW_NAMES = (tuple(_row_name(nt, False) for nt in (1, 2, 4)) + (_row_name(2, True),)
               + tuple(_row_name(nt, False, n, sw) for nt, n, sw in ROW_FUSED))
 
@@ -83,19 +86,21 @@ def kernel(form: tuple[int, ...], one_acc: bool = False, norm: bool = False,
     return cached_module("linear_mma.cu", _NAMES).get_function(_name(form, one_acc))
 
 
-def row_smem(k: int, nt: int) -> int:
-    return (k // 64) * 16 * 8 * nt * 4  # linear_mma_rows' block values
+def row_smem(k: int, nt: int, norm_rows: int = 0) -> int:
+    """linear_mma_rows' dynamic shared memory: the block values, and under the RMSNorm
+    prologue its CTA's rows of x (``norm_rows``: min(16, M))."""
+    return (k // 64) * 16 * 8 * nt * 4 + 4 * k * min(16, norm_rows)
 
 
-def fits(n: int, k: int, form: tuple[int, ...], norm: bool = False) -> bool:
+def fits(n: int, k: int, form: tuple[int, ...], norm: bool = False, m: int = 16) -> bool:
     """The kernels' shape rules: whole 64-wide K blocks, whole CTA column tiles; a rows
-    form's block values (and with ``norm`` the prologue's static 576 bytes) in 48 KiB; the
-    one-row form's B fragments (384 bytes a block) too."""
+    form's block values (and with ``norm`` the prologue's staged rows of an M-row launch and
+    its static 576 bytes) in 48 KiB; the one-row form's B fragments (384 bytes a block) too."""
     if len(form) == 1:
         return k % 64 == 0 and n % 16 == 0 and 384 * (k // 64) <= SMEM_DEFAULT
     nt, wn = (form[0], 1) if len(form) == 2 else (form[1], form[3])
     return k % 64 == 0 and n % (8 * nt * wn) == 0 and (
-        len(form) == 4 or row_smem(k, nt) + NORM_SMEM * norm <= SMEM_DEFAULT)
+        len(form) == 4 or row_smem(k, nt, m if norm else 0) + NORM_SMEM * norm <= SMEM_DEFAULT)
 
 
 def supports(n: int, k: int) -> bool:
@@ -128,12 +133,14 @@ def pick_form(m: int, n: int, k: int) -> tuple[int, ...]:
 
 
 def fused_form(m: int, n: int, k: int, swiglu: bool = False,
-               max_rows: int = FUSE_MAX_ROWS) -> tuple[int, ...] | None:
-    """The rows form that runs RMSNorm (and SwiGLU) inside the GEMM at this shape, or None
-    where the stages stay separate (same bits): past ``max_rows`` (FUSE_MAX_ROWS: there
-    every CTA's serial sums of squares for its rows cost more than the launches they save)
-    or where pick_form takes the tile kernel."""
-    if m > max_rows:
+               max_rows: int | None = None, norm: bool = True) -> tuple[int, ...] | None:
+    """The rows form that runs RMSNorm (``norm``) and/or SwiGLU inside the GEMM at this
+    shape, or None where the stages stay separate (same bits): with ``norm`` past
+    ``max_rows`` (FUSE_MAX_ROWS: there the prologue costs more than the launch it saves),
+    and wherever pick_form takes the tile kernel."""
+    if not norm and not swiglu:
+        return None
+    if norm and m > (FUSE_MAX_ROWS if max_rows is None else max_rows):
         return None
     form = pick_form(m, n, k)
     if len(form) == 1:  # the one-row form has the RMSNorm prologue, not the SwiGLU epilogue
@@ -142,7 +149,7 @@ def fused_form(m: int, n: int, k: int, swiglu: bool = False,
         return None
     if swiglu and form[0] % 2:
         form = (form[0] + 1, form[1])
-    return (form[0], form[1]) if fits(n, k, form, norm=True) else None
+    return (form[0], form[1]) if fits(n, k, form, norm, m) else None
 
 
 def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
@@ -152,8 +159,8 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights only. ``pdl``: launch
     with programmatic dependent launch (launch.py); the bits are the same either way.
     ``norm`` (f32 [K]) and ``eps``: RMSNorm x first, as rmsnorm_rows does; ``swiglu``: the
-    weight is gate/up [2F, K] and out [M, F] = swiglu(gate, up), as swiglu_rows does. Both
-    need a rows form, and ``norm`` alone may take the one-row form (``fused_form``); they
+    weight is gate/up [2F, K] and out [M, F] = swiglu(gate, up), as swiglu_rows does. Either
+    needs a rows form, and ``norm`` alone may take the one-row form (``fused_form``); they
     give the bits of the separate kernels."""
     import cupy as cp
 
@@ -166,17 +173,17 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     else:
         m, n, k = check_linear(x, wd, out, residual)
     need(wd.dtype_name == "int8", "linear_mma: int8 weights only")
-    if norm is not None or swiglu:  # the compiled fused forms: NORM, NORM + EPI (ROW_FUSED)
-        need(norm is not None, "linear_mma: the SwiGLU epilogue comes with the RMSNorm prologue")
-        need(tuple(norm.shape) == (k,) and norm.dtype == np.float32 and norm.flags.c_contiguous,
+    if norm is not None or swiglu:  # the compiled fused forms: NORM, EPI or both (ROW_FUSED)
+        need(norm is None or (tuple(norm.shape) == (k,) and norm.dtype == np.float32
+                              and norm.flags.c_contiguous),
              f"linear_mma: norm weight must be contiguous f32 [{k}]")
         need(not one_acc, "linear_mma: the one-accumulator control has no fused form")
-        form = form or fused_form(m, n, k, swiglu)
+        form = form or fused_form(m, n, k, swiglu, max_rows=m, norm=norm is not None)
         need(form is not None and len(form) in (1, 2) and not (swiglu and (
             len(form) == 1 or form[0] % 2)), f"linear_mma: no fused rows form for M={m}, "
              f"N={n}, K={k}")
     form = form or pick_form(m, n, k)
-    need(fits(n, k, form, norm is not None),
+    need(fits(n, k, form, norm is not None, m),
          f"linear_mma: form {form} does not fit N={n}, K={k}")
     for a in (x, wd.w, out, residual, norm):
         need(a is None or a.data.ptr % 16 == 0, "linear_mma: arrays must be 16-byte aligned")
@@ -197,8 +204,8 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
         nt, warps = form
         nw = norm if norm is not None else np.uint64(0)
         launch(kernel(form, one_acc, norm is not None, swiglu), (n // (8 * nt), -(-m // 16)),
-               (32 * min(warps, k // 64),), args + (nw, np.float32(eps)), row_smem(k, nt),
-               pdl=pdl)
+               (32 * min(warps, k // 64),), args + (nw, np.float32(eps)),
+               row_smem(k, nt, m if norm is not None else 0), pdl=pdl)
         return out
     mt, nt, wm, wn = form
     launch(kernel(form, one_acc), (n // (8 * nt * wn), -(-m // (16 * mt * wm))),

@@ -101,9 +101,10 @@ int rows(const Case& c, bool with_res, int warps) {
     return compare(c, y, with_res, what);
 }
 
-// The fused rows forms: x normalised by rowops_ref.h's tree (norm weight nw, eps 1e-5),
-// then the plain reference; with SwiGLU, y[m, f] = swiglu(ref(f), ref(N/2 + f)).
-template <int NT, bool EPI>
+// The fused rows forms: x normalised by rowops_ref.h's tree (norm weight nw, eps 1e-5;
+// NORM) or as it is, then the plain reference; with SwiGLU, y[m, f] = swiglu(ref(f),
+// ref(N/2 + f)).
+template <int NT, bool NORM, bool EPI>
 int fused(const Case& c, bool with_res, int warps) {
     const int F = c.N / 2, W = EPI ? F : c.N;
     const float* res = with_res && !EPI ? c.res.data() : nullptr;
@@ -112,12 +113,14 @@ int fused(const Case& c, bool with_res, int warps) {
     for (int m = 0; m < c.M; ++m) {
         const float inv = inv_rms(&c.x[(size_t)m * c.K], c.K, 1e-5f);
         for (int k = 0; k < c.K; ++k)
-            xn[(size_t)m * c.K + k] = cru_norm_apply(c.x[(size_t)m * c.K + k], inv, nw[k]);
+            xn[(size_t)m * c.K + k] = NORM ? cru_norm_apply(c.x[(size_t)m * c.K + k], inv, nw[k])
+                                           : c.x[(size_t)m * c.K + k];
     }
     dim3 grid{(unsigned)(c.N / (8 * NT)), (unsigned)((c.M + 15) / 16), 1};
     run_grid(grid, {(unsigned)(32 * std::min(warps, c.K / 64)), 1, 1}, [&] {
-        linear_mma_rows<NT, false, true, EPI>(c.x.data(), c.w.data(), c.sc.data(), res,
-                                              y.data(), c.M, c.N, c.K, nw.data(), 1e-5f);
+        linear_mma_rows<NT, false, NORM, EPI>(c.x.data(), c.w.data(), c.sc.data(), res,
+                                              y.data(), c.M, c.N, c.K,
+                                              NORM ? nw.data() : nullptr, 1e-5f);
     });
     int bad = 0;
     for (int m = 0; m < c.M; ++m)
@@ -130,7 +133,8 @@ int fused(const Case& c, bool with_res, int warps) {
         }
     if (bad)
         printf("FAIL fused rows %dx%d %s M=%d K=%d residual=%d: %d wrong\n", NT, warps,
-               EPI ? "norm+swiglu" : "norm", c.M, c.K, (int)(res != nullptr), bad);
+               !NORM ? "swiglu" : EPI ? "norm+swiglu" : "norm", c.M, c.K, (int)(res != nullptr),
+               bad);
     return bad != 0;
 }
 
@@ -161,8 +165,9 @@ int row1(const Case& c, bool with_res) {
 }
 
 static int all_fused(const Case& c, bool r) {
-    return fused<1, false>(c, r, 12) + fused<2, false>(c, r, 8) + fused<2, true>(c, r, 12) +
-           fused<4, true>(c, r, 8);
+    return fused<1, true, false>(c, r, 12) + fused<2, true, false>(c, r, 8) +
+           fused<2, true, true>(c, r, 12) + fused<4, true, true>(c, r, 8) +
+           fused<2, false, true>(c, r, 12) + fused<4, false, true>(c, r, 8);
 }
 
 static int all_tiles(const Case& c, bool r) {
@@ -195,7 +200,7 @@ int main(int argc, char** argv) {
     for (auto& t : rows_cases) {  // the fused forms on the three-block cases
         if (t[1] != 192) continue;
         fails += all_fused(make(t[0], 64, t[1], g), t[2] != 0);
-        runs += 4;
+        runs += 6;
     }
     for (int K : {192, 128}) {  // the one-row form: N = 160 is 10 warps, one CTA partly idle
         const Case c = make(1, 160, K, g);
