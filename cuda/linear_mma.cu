@@ -27,11 +27,16 @@
 // x and q come through L1 (a CTA's warps share rows and columns). ONE_ACC (a negative
 // control for the checks, never routed): one accumulator for all three parts, other bits.
 // PDL (pdl.cuh): the first K block's codes load before cru_pdl_wait; x and the residual
-// after it. No standard headers (NVRTC).
+// after it. PF (the host's choice for small grids, kernels/linear_mma.py PF_MAX_CTAS): loads
+// run a block ahead, block c + 1's codes (and with MT = 1 its x) in flight while block c's
+// mmas run. In a grid of about a CTA a SM nothing else hides a block's load latency (down's
+// K = 1536 is 24 blocks in a row); in larger grids the registers it takes (up to twice)
+// cost more occupancy than it saves. Which registers hold a value never changes its
+// arithmetic, so both give the same bits. No standard headers (NVRTC).
 #include "mma_common.cuh"
 #include "pdl.cuh"
 
-template <int MT, int NT, int WM, int WN, bool ONE_ACC>
+template <int MT, int NT, int WM, int WN, bool ONE_ACC, bool PF = false>
 __global__ void __launch_bounds__(32 * WM * WN)
 linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
            const float* __restrict__ scale, const float* __restrict__ residual,
@@ -50,18 +55,49 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
             for (int e = 0; e < 4; ++e)
                 total[i][c][e] = part[i][c][0][e] = part[i][c][1][e] = part[i][c][2][e] = 0.0f;
     const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    int4 q[NT];
+    // Codes of column g of each tile at k = kb + 16 t (a lane's 16 bytes of block kb / 64).
+    const signed char* wq[NT];
+#pragma unroll
+    for (int c = 0; c < NT; ++c) wq[c] = w + (size_t)(n0 + 8 * c + g) * K + 16 * t;
+    // Rows g and g + 8 of the warp's 16-row tiles, from k = 16 t (MT = 1's x prefetch).
+    const int r0 = m0 + g, r1 = r0 + 8;
+    const float* x0 = x + (size_t)r0 * K + 16 * t;
+    const float* x1 = x + (size_t)r1 * K + 16 * t;
+    int4 q[NT], qn[NT];
 #pragma unroll
     for (int c = 0; c < NT; ++c)  // block 0's codes: weights, never written by a step
-        q[c] = __ldg(reinterpret_cast<const int4*>(w + (size_t)(n0 + 8 * c + g) * K + 16 * t));
+        q[c] = __ldg(reinterpret_cast<const int4*>(wq[c]));
     cru_pdl_wait();
     cru_pdl_trigger();
+    constexpr bool XPF = PF && MT == 1;  // x a block ahead too
+    float4 xa[4][2], xb[4][2];  // XPF: this block's x, the next block's
+    if (XPF) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            xa[j][0] = r0 < M ? __ldg(reinterpret_cast<const float4*>(x0 + 4 * j)) : zero4;
+            xa[j][1] = r1 < M ? __ldg(reinterpret_cast<const float4*>(x1 + 4 * j)) : zero4;
+        }
+    }
     for (int kb = 0; kb < K; kb += 64) {
         const int kt = kb + 16 * t;
-        if (kb > 0) {
+        const bool more = PF && kb + 64 < K;
+        if (!PF && kb > 0) {  // this block's codes, now
+#pragma unroll
+            for (int c = 0; c < NT; ++c) q[c] = __ldg(reinterpret_cast<const int4*>(wq[c] + kb));
+        }
+        if (more) {  // the next block's loads, in flight through this block's mmas
 #pragma unroll
             for (int c = 0; c < NT; ++c)
-                q[c] = __ldg(reinterpret_cast<const int4*>(w + (size_t)(n0 + 8 * c + g) * K + kt));
+                qn[c] = __ldg(reinterpret_cast<const int4*>(wq[c] + kb + 64));
+            if (XPF) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    xb[j][0] = r0 < M ? __ldg(reinterpret_cast<const float4*>(
+                                            x0 + kb + 64 + 4 * j)) : zero4;
+                    xb[j][1] = r1 < M ? __ldg(reinterpret_cast<const float4*>(
+                                            x1 + kb + 64 + 4 * j)) : zero4;
+                }
+            }
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -70,11 +106,17 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
             for (int c = 0; c < NT; ++c) cru_codes_b(cru_word(q[c], j), b[c]);
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
-                const int r0 = m0 + 16 * i + g, r1 = r0 + 8;
-                const float4 v0 = r0 < M ? __ldg(reinterpret_cast<const float4*>(
-                                               x + (size_t)r0 * K + kt + 4 * j)) : zero4;
-                const float4 v1 = r1 < M ? __ldg(reinterpret_cast<const float4*>(
-                                               x + (size_t)r1 * K + kt + 4 * j)) : zero4;
+                const int s0 = m0 + 16 * i + g, s1 = s0 + 8;
+                float4 v0, v1;
+                if (XPF) {
+                    v0 = xa[j][0];
+                    v1 = xa[j][1];
+                } else {
+                    v0 = s0 < M ? __ldg(reinterpret_cast<const float4*>(
+                                      x + (size_t)s0 * K + kt + 4 * j)) : zero4;
+                    v1 = s1 < M ? __ldg(reinterpret_cast<const float4*>(
+                                      x + (size_t)s1 * K + kt + 4 * j)) : zero4;
+                }
                 unsigned a[3][4];
                 cru_split_a(v0, v1, a);
 #pragma unroll
@@ -88,6 +130,17 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     total[i][c][e] = cru_block_add<ONE_ACC>(total[i][c][e], part[i][c], e);
+        if (more) {
+#pragma unroll
+            for (int c = 0; c < NT; ++c) q[c] = qn[c];
+            if (XPF) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    xa[j][0] = xb[j][0];
+                    xa[j][1] = xb[j][1];
+                }
+            }
+        }
     }
 #pragma unroll
     for (int i = 0; i < MT; ++i)
@@ -103,3 +156,22 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
             }
         }
 }
+
+#ifndef __CUDACC_RTC__
+// Offline `nvcc -c` builds instantiate the forms linear_mma.py compiles (FORMS, CONTROL), so
+// `-Xptxas -v` reports their registers and spills (tests/test_attention_nvcc.py).
+#define CRU_MMA_TILE(MT, NT, WM, WN, ONE, PF)                                               \
+    template __global__ void linear_mma<MT, NT, WM, WN, ONE, PF>(                           \
+        const float*, const signed char*, const float*, const float*, float*, int, int, int);
+#define CRU_MMA_TILE2(MT, NT, WM, WN) \
+    CRU_MMA_TILE(MT, NT, WM, WN, false, false) CRU_MMA_TILE(MT, NT, WM, WN, false, true)
+CRU_MMA_TILE2(1, 2, 2, 2)
+CRU_MMA_TILE2(1, 2, 1, 4)
+CRU_MMA_TILE2(1, 4, 2, 2)
+CRU_MMA_TILE2(2, 2, 2, 2)
+CRU_MMA_TILE2(2, 4, 2, 2)
+CRU_MMA_TILE2(1, 1, 4, 2)
+CRU_MMA_TILE2(4, 2, 1, 4)
+CRU_MMA_TILE2(2, 4, 4, 1)
+CRU_MMA_TILE(1, 2, 2, 2, true, false)
+#endif

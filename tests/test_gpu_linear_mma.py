@@ -49,8 +49,11 @@ def test_every_form_and_m_gives_the_same_rows(n: int, k: int, with_res: bool) ->
             if len(form) == 2 and m > 300 or len(form) == 1 and m != 1:
                 continue
             r = None if res is None else res[:m]
-            got = lm.linear_mma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r, form=form)
-            assert same(got, ref[:m]), f"form {form} M={m}"
+            # The tile forms with their loads a block ahead and without (PF_MAX_CTAS picks).
+            for pf in (False, True) if len(form) == 4 else (None,):
+                got = lm.linear_mma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r,
+                                    form=form, prefetch=pf)
+                assert same(got, ref[:m]), f"form {form} M={m} prefetch={pf}"
 
 
 @pytest.mark.parametrize("n,k", NK[:2])

@@ -51,9 +51,17 @@ NORM_SMEM = (16 * 8 + 16) * 4  # linear_mma_rows' static red[] and inv[] under N
 FUSE_MAX_ROWS = 2
 
 
-def _name(form: tuple[int, int, int, int], one_acc: bool) -> str:
+# The tile kernel's loads a block ahead (PF) in grids of at most this many CTAs (about two
+# waves of the H200's 132 SMs): there nothing else hides a block's loads (qkv, o and down at
+# 64-256 rows 1.26-1.6x); in larger grids the registers PF takes cost more occupancy than it
+# saves (gate/up at 256-1,024 rows 0.88-0.94x with it). bench/gemm-mma-prefetch-h200.json.
+PF_MAX_CTAS = 264
+
+
+def _name(form: tuple[int, int, int, int], one_acc: bool, pf: bool = False) -> str:
     mt, nt, wm, wn = form
-    return f"linear_mma<{mt}, {nt}, {wm}, {wn}, {'true' if one_acc else 'false'}>"
+    b = lambda v: "true" if v else "false"  # noqa: E731
+    return f"linear_mma<{mt}, {nt}, {wm}, {wn}, {b(one_acc)}, {b(pf)}>"
 
 
 def _row_name(nt: int, one_acc: bool, norm: bool = False, swiglu: bool = False) -> str:
@@ -61,7 +69,8 @@ def _row_name(nt: int, one_acc: bool, norm: bool = False, swiglu: bool = False) 
     return f"linear_mma_rows<{nt}, {b(one_acc)}, {b(norm)}, {b(swiglu)}>"
 
 
-_NAMES = tuple(_name(f, False) for f in FORMS) + (_name(CONTROL, True),)
+_NAMES = tuple(_name(f, False, pf) for f in FORMS for pf in (False, True)) + (
+    _name(CONTROL, True),)
 # Plain for every NT; the RMSNorm prologue for every NT; the SwiGLU epilogue, with or without
 # the prologue, for the even ones (it pairs gate and up tiles).
 ROW_FUSED = (tuple((nt, True, sw) for nt in (1, 2, 4) for sw in (False, True) if nt % 2 == 0
@@ -76,14 +85,14 @@ _ROW1_NAMES = tuple(f"linear_mma_row1<{pb}, {'true' if nm else 'false'}>"
 
 @functools.cache
 def kernel(form: tuple[int, ...], one_acc: bool = False, norm: bool = False,
-           swiglu: bool = False) -> Any:
+           swiglu: bool = False, pf: bool = False) -> Any:
     if len(form) == 1:
         return cached_module("linear_mma_row1.cu", _ROW1_NAMES).get_function(
             f"linear_mma_row1<{form[0]}, {'true' if norm else 'false'}>")
     if len(form) == 2:
         return cached_module("linear_mma_rows.cu", _ROW_NAMES).get_function(
             _row_name(form[0], one_acc, norm, swiglu))
-    return cached_module("linear_mma.cu", _NAMES).get_function(_name(form, one_acc))
+    return cached_module("linear_mma.cu", _NAMES).get_function(_name(form, one_acc, pf))
 
 
 def row_smem(k: int, nt: int, norm_rows: int = 0) -> int:
@@ -155,13 +164,14 @@ def fused_form(m: int, n: int, k: int, swiglu: bool = False,
 def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
                form: tuple[int, ...] | None = None, one_acc: bool = False,
                pdl: bool = False, norm: Any = None, eps: float = 0.0,
-               swiglu: bool = False) -> Any:
+               swiglu: bool = False, prefetch: bool | None = None) -> Any:
     """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights only. ``pdl``: launch
     with programmatic dependent launch (launch.py); the bits are the same either way.
     ``norm`` (f32 [K]) and ``eps``: RMSNorm x first, as rmsnorm_rows does; ``swiglu``: the
     weight is gate/up [2F, K] and out [M, F] = swiglu(gate, up), as swiglu_rows does. Either
     needs a rows form, and ``norm`` alone may take the one-row form (``fused_form``); they
-    give the bits of the separate kernels."""
+    give the bits of the separate kernels. ``prefetch``: the tile kernel's loads a block
+    ahead or not (None: by the grid's size, PF_MAX_CTAS); the bits are the same either way."""
     import cupy as cp
 
     if swiglu:  # out is [M, F]: check_linear's [M, N] does not apply
@@ -208,6 +218,7 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
                row_smem(k, nt, m if norm is not None else 0), pdl=pdl)
         return out
     mt, nt, wm, wn = form
-    launch(kernel(form, one_acc), (n // (8 * nt * wn), -(-m // (16 * mt * wm))),
-           (32 * wm * wn,), args, pdl=pdl)
+    grid = (n // (8 * nt * wn), -(-m // (16 * mt * wm)))
+    pf = not one_acc and (grid[0] * grid[1] <= PF_MAX_CTAS if prefetch is None else prefetch)
+    launch(kernel(form, one_acc, pf=pf), grid, (32 * wm * wn,), args, pdl=pdl)
     return out

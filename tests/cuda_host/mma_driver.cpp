@@ -73,17 +73,17 @@ static int compare(const Case& c, const std::vector<float>& y, bool with_res, co
     return bad != 0;
 }
 
-template <int MT, int NT, int WM, int WN>
+template <int MT, int NT, int WM, int WN, bool PF = false>
 int tile(const Case& c, bool with_res) {
     std::vector<float> y((size_t)c.M * c.N, -777.0f);
     const float* res = with_res ? c.res.data() : nullptr;
     dim3 grid{(unsigned)(c.N / (8 * NT * WN)), (unsigned)((c.M + 16 * MT * WM - 1) / (16 * MT * WM)), 1};
     run_grid(grid, {(unsigned)(32 * WM * WN), 1, 1}, [&] {
-        linear_mma<MT, NT, WM, WN, false>(c.x.data(), c.w.data(), c.sc.data(), res, y.data(),
-                                          c.M, c.N, c.K);
+        linear_mma<MT, NT, WM, WN, false, PF>(c.x.data(), c.w.data(), c.sc.data(), res,
+                                              y.data(), c.M, c.N, c.K);
     });
     char what[64];
-    snprintf(what, sizeof what, "tile %dx%dx%dx%d", MT, NT, WM, WN);
+    snprintf(what, sizeof what, "tile %dx%dx%dx%d%s", MT, NT, WM, WN, PF ? " prefetch" : "");
     return compare(c, y, with_res, what);
 }
 
@@ -170,10 +170,11 @@ static int all_fused(const Case& c, bool r) {
            fused<2, false, true>(c, r, 12) + fused<4, false, true>(c, r, 8);
 }
 
+template <bool PF>
 static int all_tiles(const Case& c, bool r) {
-    return tile<1, 2, 2, 2>(c, r) + tile<1, 2, 1, 4>(c, r) + tile<1, 4, 2, 2>(c, r) +
-           tile<2, 2, 2, 2>(c, r) + tile<2, 4, 2, 2>(c, r) + tile<1, 1, 4, 2>(c, r) +
-           tile<4, 2, 1, 4>(c, r) + tile<2, 4, 4, 1>(c, r);
+    return tile<1, 2, 2, 2, PF>(c, r) + tile<1, 2, 1, 4, PF>(c, r) + tile<1, 4, 2, 2, PF>(c, r) +
+           tile<2, 2, 2, 2, PF>(c, r) + tile<2, 4, 2, 2, PF>(c, r) + tile<1, 1, 4, 2, PF>(c, r) +
+           tile<4, 2, 1, 4, PF>(c, r) + tile<2, 4, 4, 1, PF>(c, r);
 }
 
 static int all_rows(const Case& c, bool r) {
@@ -190,8 +191,9 @@ int main(int argc, char** argv) {
     const int rows_cases[][3] = {{5, 192, 1}, {17, 192, 0}, {1, 128, 0}};
     int runs = 0, fails = 0;
     for (auto& t : tile_cases) {
-        fails += all_tiles(make(t[0], 64, t[1], g), t[2] != 0);
-        runs += 8;
+        const Case c = make(t[0], 64, t[1], g);
+        fails += all_tiles<false>(c, t[2] != 0) + all_tiles<true>(c, t[2] != 0);
+        runs += 16;
     }
     for (auto& t : rows_cases) {
         fails += all_rows(make(t[0], 64, t[1], g), t[2] != 0);
