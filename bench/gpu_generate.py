@@ -176,9 +176,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--row1-head", type=int, default=None, metavar="PB",
                    help="under --gemm mma, route one-row LM heads to linear_mma_row1.cu's "
                         "form PB (0: not at all; kernels/linear_mma.py ROW1_ROUTED, ROW1_FORMS)")
-    p.add_argument("--fuse-max-rows", type=int, default=None,
-                   help="under --gemm mma, fuse RMSNorm into the rows GEMM up to this many "
-                        "rows (kernels/linear_mma.py FUSE_MAX_ROWS)")
     args = p.parse_args(argv)
     from crucible.kernels import linear_mma
 
@@ -188,8 +185,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.row1_head > 0:
             assert pb in linear_mma.ROW1_FORMS, f"--row1-head: one of {linear_mma.ROW1_FORMS}"
             linear_mma.ROW1_FORMS = (pb,) + tuple(f for f in linear_mma.ROW1_FORMS if f != pb)
-    if args.fuse_max_rows is not None:
-        linear_mma.FUSE_MAX_ROWS = args.fuse_max_rows
     model = load_model(args.model, args.weights)
     runner = ModelRunner(model, num_pages=1100, device="cuda",
                          settings=Settings(device="cuda", gemm=args.gemm))

@@ -234,11 +234,8 @@ class CupyBackend:
 
     def mlp_in(self, x: Any, layer: int) -> Any:
         """RMSNorm -> gate/up -> SwiGLU; returns [T, F] (decode sizes: norm, then chunks)."""
-        norm, gate_up = f"l{layer}.ffn_norm", f"l{layer}.gate_up"
-        fused = cupy_mma.norm_gemm(self, x, norm, gate_up, True)
-        if fused is None:  # mma order, decode sizes past the fused prologue's: two launches
-            fused = cupy_mma.norm_then_gemm_swiglu(self, x, norm, gate_up)
-        if fused is not None:  # mma order, decode sizes: one launch
+        fused = cupy_mma.norm_gemm(self, x, f"l{layer}.ffn_norm", f"l{layer}.gate_up", True)
+        if fused is not None:  # mma order, decode sizes: one launch (two past 2 rows)
             return fused
         wd = self._linear[f"l{layer}.gate_up"]
         if not self.mma and cc.use_chunks(x.shape[0], wd.shape[0], x.shape[1], cc.EPI_SWIGLU):

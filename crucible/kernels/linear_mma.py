@@ -58,15 +58,17 @@ FUSE_MAX_ROWS = 2
 PF_MAX_CTAS = 264
 
 
+def _b(v: bool) -> str:  # a template argument
+    return "true" if v else "false"
+
+
 def _name(form: tuple[int, int, int, int], one_acc: bool, pf: bool = False) -> str:
     mt, nt, wm, wn = form
-    b = lambda v: "true" if v else "false"  # noqa: E731
-    return f"linear_mma<{mt}, {nt}, {wm}, {wn}, {b(one_acc)}, {b(pf)}>"
+    return f"linear_mma<{mt}, {nt}, {wm}, {wn}, {_b(one_acc)}, {_b(pf)}>"
 
 
 def _row_name(nt: int, one_acc: bool, norm: bool = False, swiglu: bool = False) -> str:
-    b = lambda v: "true" if v else "false"  # noqa: E731
-    return f"linear_mma_rows<{nt}, {b(one_acc)}, {b(norm)}, {b(swiglu)}>"
+    return f"linear_mma_rows<{nt}, {_b(one_acc)}, {_b(norm)}, {_b(swiglu)}>"
 
 
 _NAMES = tuple(_name(f, False, pf) for f in FORMS for pf in (False, True)) + (
@@ -79,7 +81,7 @@ _ROW_NAMES = (tuple(_row_name(nt, False) for nt in (1, 2, 4)) + (_row_name(2, Tr
               + tuple(_row_name(nt, False, n, sw) for nt, n, sw in ROW_FUSED))
 
 
-_ROW1_NAMES = tuple(f"linear_mma_row1<{pb}, {'true' if nm else 'false'}>"
+_ROW1_NAMES = tuple(f"linear_mma_row1<{pb}, {_b(nm)}>"
                     for (pb,) in ROW1_FORMS for nm in (False, True))
 
 
@@ -88,7 +90,7 @@ def kernel(form: tuple[int, ...], one_acc: bool = False, norm: bool = False,
            swiglu: bool = False, pf: bool = False) -> Any:
     if len(form) == 1:
         return cached_module("linear_mma_row1.cu", _ROW1_NAMES).get_function(
-            f"linear_mma_row1<{form[0]}, {'true' if norm else 'false'}>")
+            f"linear_mma_row1<{form[0]}, {_b(norm)}>")
     if len(form) == 2:
         return cached_module("linear_mma_rows.cu", _ROW_NAMES).get_function(
             _row_name(form[0], one_acc, norm, swiglu))
