@@ -1,16 +1,19 @@
-"""attn_decode's L2 prefetch budget, A/B on the GPU: the same launches with the host's budget
-(kernels/attention.py decode_prefetch_len), with every CTA prefetching its whole history
-(the kernel before the budget) and with no prefetch, alternating within each round.
+"""attn_decode's L2 prefetches, A/B on the GPU: the same launches under named configurations,
+alternating within each round. A configuration is a prefetch budget before the PDL wait
+("budget": the host's, kernels/attention.py decode_prefetch_len; "full": every CTA its whole
+history; "none") and the rolling prefetch's leads (keys, values) in positions (G > 1 only).
 
     python3 bench/decode_attention.py --json bench/decode-attention-h200.json
+    python3 bench/decode_attention.py --configs budget,full,none   # the budget's A/B
 
 The pool has the default model's layout (30 layers, 3 KV heads of 64, f32, 16-token pages
 handed out shuffled) and random data; each case is one decode step of ``rows`` rows with
 histories uniform in a range and launches attn_decode for layers 0..29 in turn, as a step
-does (the layers' data differ, so nothing stays in L2 from one launch to the next). The
-three budgets must give the same bits (a prefetch changes no arithmetic): checked per case.
-Reported per case and budget: us per layer (median of rounds, min-max) and the KV bytes the
-launch reads over its time (TB/s); ratios are paired within a round.
+does (the layers' data differ, so nothing stays in L2 from one launch to the next). Every
+configuration must give the same bits (a prefetch changes no arithmetic): checked per case.
+Reported per case and configuration: us per layer (median of rounds, min-max) and the KV
+bytes the launch reads over its time (TB/s); ratios against the first configuration are
+paired within a round.
 """
 
 from __future__ import annotations
@@ -29,8 +32,18 @@ CASES = (("1 row, history 4000", 1, (4000, 4000)),
          ("64 rows, 400-1200", 64, (400, 1200)),
          ("256 rows, 400-1200", 256, (400, 1200)),
          ("496 rows, 400-1200", 496, (400, 1200)),
-         ("1024 rows, 100-900", 1024, (100, 900)))
+         ("1024 rows, 100-900", 1024, (100, 900)),
+         ("128 rows, 2000-4000", 128, (2000, 4000)),
+         ("256 rows, 100-600", 256, (100, 600)))
 FULL = 2**31 - 1
+# name -> (prefetch budget: "budget" for the host's, or positions; rolling leads)
+CONFIGS = {"none": (0, (0, 0)), "full": (FULL, (0, 0)), "budget": ("budget", (0, 0)),
+           "roll": ("budget", None)}  # None: kernels/attention.py DECODE_ROLL
+for _k in (256, 512, 768, 1024):
+    for _v in (0, 128, 256, 384, 512):
+        CONFIGS[f"k{_k}v{_v}"] = ("budget", (_k, _v))
+    CONFIGS[f"k0v{_k // 2}"] = ("budget", (0, _k // 2))
+DEFAULT_CONFIGS = "budget,roll,k256v128,k512v128,k512v384,k768v256,k1024v512,k0v256,k512v0"
 
 
 def build(cp: Any, rows: int, hist: tuple[int, int], seed: int) -> dict[str, Any]:
@@ -73,21 +86,24 @@ def launcher(cp: Any, d: dict[str, Any]) -> Any:
     out = cp.empty_like(d["q"])
     budget = decode_prefetch_len(N_HEADS // g * rows, N_HEADS // N_KV // g)
 
-    def run(prefetch: int, layer: int) -> Any:
+    def run(config: str, layer: int) -> Any:
+        prefetch, roll = CONFIGS[config]
+        extra = {} if roll is None else {"roll": roll}
         args = decode_args(d["q"], d["k"], d["v"], layer, d["segs"], d["tables"], out, N_HEADS,
-                           N_KV, d["cap"], heads_per_cta=g, prefetch_len=prefetch)
+                           N_KV, d["cap"], heads_per_cta=g,
+                           prefetch_len=budget if prefetch == "budget" else prefetch, **extra)
         launch(fn, (N_HEADS // g, rows, 1), (256, 1, 1), args, shared_mem=plan.smem_bytes)
         return out
 
     return run, budget, g
 
 
-def time_layers(cp: Any, run: Any, prefetch: int) -> float:
+def time_layers(cp: Any, run: Any, config: str) -> float:
     """us per layer over one pass of the 30 layers (events around the pass)."""
     start, end = cp.cuda.Event(), cp.cuda.Event()
     start.record()
     for layer in range(N_LAYERS):
-        run(prefetch, layer)
+        run(config, layer)
     end.record()
     end.synchronize()
     return cp.cuda.get_elapsed_time(start, end) * 1e3 / N_LAYERS
@@ -98,40 +114,51 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--configs", default=DEFAULT_CONFIGS,
+                   help=f"comma list of {', '.join(CONFIGS)}; ratios are against the first")
+    p.add_argument("--cases", default=None, help="comma list of case names (default: all)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        p.error(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
+    cases = [c for c in CASES if args.cases is None or c[0] in args.cases.split(",")]
     result: dict[str, Any] = {"command": "python3 " + " ".join(sys.argv), "cases": {},
+                              "configs": {c: CONFIGS[c] for c in configs},
                               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    for ci, (name, rows, hist) in enumerate(CASES):
+    base = configs[0]
+    for ci, (name, rows, hist) in enumerate(cases):
         d = build(cp, rows, hist, seed=ci)
         run, budget, g = launcher(cp, d)
-        budgets = {"budget": budget, "full": FULL, "none": 0}
-        ref = run(FULL, 7).copy()
-        same = all(bool((run(b, 7).view(cp.uint32) == ref.view(cp.uint32)).all())
-                   for b in budgets.values())
-        for b in budgets.values():  # warm-up
-            time_layers(cp, run, b)
-        times: dict[str, list[float]] = {k: [] for k in budgets}
-        order = list(budgets)
+        ref = run(base, 7).copy()
+        same = all(bool((run(c, 7).view(cp.uint32) == ref.view(cp.uint32)).all())
+                   for c in configs)
+        for c in configs:  # warm-up
+            time_layers(cp, run, c)
+        times: dict[str, list[float]] = {c: [] for c in configs}
         for r in range(args.rounds):
-            for k in (order if r % 2 == 0 else order[::-1]):
-                times[k].append(time_layers(cp, run, budgets[k]))
+            for c in (configs if r % 2 == 0 else configs[::-1]):
+                times[c].append(time_layers(cp, run, c))
         case: dict[str, Any] = {"rows": rows, "history": hist, "heads_per_cta": g,
                                 "budget_positions": budget, "bits_identical": same,
                                 "kv_bytes_per_layer": d["bytes"]}
-        for k, ts in times.items():
+        for c, ts in times.items():
             med = statistics.median(ts)
-            case[k] = {"us_per_layer": {"median": round(med, 2), "min": round(min(ts), 2),
+            case[c] = {"us_per_layer": {"median": round(med, 2), "min": round(min(ts), 2),
                                         "max": round(max(ts), 2)},
                        "tb_per_s": round(d["bytes"] / med / 1e6, 3)}
-        for k in ("full", "none"):
-            ratios = [a / b for a, b in zip(times[k], times["budget"])]
-            case[f"{k}_over_budget"] = {"median": round(statistics.median(ratios), 3),
-                                        "min": round(min(ratios), 3), "max": round(max(ratios), 3)}
+        for c in configs[1:]:
+            ratios = [a / b for a, b in zip(times[base], times[c])]
+            case[f"{base}_over_{c}"] = {"median": round(statistics.median(ratios), 3),
+                                        "min": round(min(ratios), 3),
+                                        "max": round(max(ratios), 3)}
         result["cases"][name] = case
-        print(f"{name:22s} G={g} budget={budget:6d} bits {'same' if same else 'DIFFER'}  "
-              + "  ".join(f"{k} {case[k]['us_per_layer']['median']:8.1f} us "
-                          f"{case[k]['tb_per_s']:5.2f} TB/s" for k in budgets), flush=True)
+        print(f"{name:22s} G={g} budget={budget:6d} bits {'same' if same else 'DIFFER'}", flush=True)
+        for c in configs:
+            speed = "" if c == base else f"  x{case[f'{base}_over_{c}']['median']:.3f}"
+            print(f"    {c:10s} {case[c]['us_per_layer']['median']:8.1f} us "
+                  f"{case[c]['tb_per_s']:5.2f} TB/s{speed}", flush=True)
         del d, run
         cp.get_default_memory_pool().free_all_blocks()
     if args.json:
