@@ -1,10 +1,12 @@
-"""attn_decode's L2 prefetches, A/B on the GPU: the same launches under named configurations,
-alternating within each round. A configuration is a prefetch budget before the PDL wait
-("budget": the host's, kernels/attention.py decode_prefetch_len; "full": every CTA its whole
-history; "none") and the rolling prefetch's leads (keys, values) in positions (G > 1 only).
+"""attn_decode's L2 prefetch budget, A/B on the GPU: the same launches under named budgets,
+alternating within each round ("budget": the host's, kernels/attention.py
+decode_prefetch_len; "full": every CTA its whole history; "none").
 
     python3 bench/decode_attention.py --json bench/decode-attention-h200.json
-    python3 bench/decode_attention.py --configs budget,full,none   # the budget's A/B
+    python3 bench/decode_attention.py --configs budget --cases "256 rows, 400-1200"  # for ncu
+
+(A rolling prefetch during the kernel, keys and values ahead of their use, was timed at
+754bbcb with this bench: 0.82-0.996x, bench/decode-attention-roll-h200.json.)
 
 The pool has the default model's layout (30 layers, 3 KV heads of 64, f32, 16-token pages
 handed out shuffled) and random data; each case is one decode step of ``rows`` rows with
@@ -36,14 +38,9 @@ CASES = (("1 row, history 4000", 1, (4000, 4000)),
          ("128 rows, 2000-4000", 128, (2000, 4000)),
          ("256 rows, 100-600", 256, (100, 600)))
 FULL = 2**31 - 1
-# name -> (prefetch budget: "budget" for the host's, or positions; rolling leads)
-CONFIGS = {"none": (0, (0, 0)), "full": (FULL, (0, 0)), "budget": ("budget", (0, 0)),
-           "roll": ("budget", None)}  # None: kernels/attention.py DECODE_ROLL
-for _k in (256, 512, 768, 1024):
-    for _v in (0, 128, 256, 384, 512):
-        CONFIGS[f"k{_k}v{_v}"] = ("budget", (_k, _v))
-    CONFIGS[f"k0v{_k // 2}"] = ("budget", (0, _k // 2))
-DEFAULT_CONFIGS = "budget,roll,k256v128,k512v128,k512v384,k768v256,k1024v512,k0v256,k512v0"
+# name -> prefetch budget before the PDL wait: "budget" for the host's, or positions
+CONFIGS: dict[str, int | str] = {"budget": "budget", "full": FULL, "none": 0}
+DEFAULT_CONFIGS = "budget,full,none"
 
 
 def build(cp: Any, rows: int, hist: tuple[int, int], seed: int) -> dict[str, Any]:
@@ -87,11 +84,10 @@ def launcher(cp: Any, d: dict[str, Any]) -> Any:
     budget = decode_prefetch_len(N_HEADS // g * rows, N_HEADS // N_KV // g)
 
     def run(config: str, layer: int) -> Any:
-        prefetch, roll = CONFIGS[config]
-        extra = {} if roll is None else {"roll": roll}
+        prefetch = CONFIGS[config]
         args = decode_args(d["q"], d["k"], d["v"], layer, d["segs"], d["tables"], out, N_HEADS,
                            N_KV, d["cap"], heads_per_cta=g,
-                           prefetch_len=budget if prefetch == "budget" else prefetch, **extra)
+                           prefetch_len=budget if prefetch == "budget" else int(prefetch))
         launch(fn, (N_HEADS // g, rows, 1), (256, 1, 1), args, shared_mem=plan.smem_bytes)
         return out
 
@@ -116,14 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
                    help=f"comma list of {', '.join(CONFIGS)}; ratios are against the first")
-    p.add_argument("--cases", default=None, help="comma list of case names (default: all)")
+    p.add_argument("--cases", default=None,
+                   help="case names separated by ';' (default: all)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     configs = args.configs.split(",")
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         p.error(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
-    cases = [c for c in CASES if args.cases is None or c[0] in args.cases.split(",")]
+    cases = [c for c in CASES if args.cases is None or c[0] in args.cases.split(";")]
+    if not cases:
+        p.error(f"no case named in {args.cases!r}; known: {'; '.join(c[0] for c in CASES)}")
     result: dict[str, Any] = {"command": "python3 " + " ".join(sys.argv), "cases": {},
                               "configs": {c: CONFIGS[c] for c in configs},
                               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -63,8 +63,8 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             const float* __restrict__ v_pool, const int4* __restrict__ segs, int n_segs,
             const int* __restrict__ tables, int table_stride, float* __restrict__ out,
             int n_heads, int n_kv_heads, int n_layers, int layer, int capacity,
-            int prefetch_len, int roll_k, int roll_v, const void* __restrict__ w_o,
-            float* __restrict__ o_parts, int o_n) {
+            int prefetch_len, const void* __restrict__ w_o, float* __restrict__ o_parts,
+            int o_n) {
     static_assert(G >= 1 && G <= 4, "attn_decode is instantiated for 1..4 heads per CTA");
     static_assert(!MMA || (G == 1 && OW == 1), "the mma partials take int8 W_o, one head");
     extern __shared__ float4 dec_smem4[];
@@ -100,9 +100,6 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
 
     // Before the wait: history only (positions < len - 1; see the header).
     const int hist = len - 1, pf = min(hist, prefetch_len);
-    // The rolling prefetch is built for G > 1, the large steps: G = 1 (batch 1 to ~43 rows)
-    // holds V tile 0 through QK in its last registers, and the addresses would spill them.
-    constexpr bool ROLL = G > 1;
     float4 vr[CRU_DEC_VT * 16 / 256];
 #pragma unroll
     for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i) vr[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -124,16 +121,8 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     // barrier that publishes q_s, so their latency overlaps q's instead of following it.
     float k[CRU_HEAD_DIM];
     if (tid < len) cru_dec_load_k(k, k_pool, tab, tid, n_layers, layer, kv_dim, kvh);
-    // Rolling prefetch: while key j is scored, key j + roll_k (roll_k a multiple of 256:
-    // whole sweeps ahead) is asked into L2, so a sweep's register loads wait on L2 rather
-    // than DRAM. Keys [256, roll_k) are asked for here; the loop keeps the lead.
-    if (ROLL)
-        for (int p = tid + 256; p < len && p < roll_k + tid; p += 256)
-            if (p >= pf) cru_dec_prefetch(k_pool, tab, p, n_layers, layer, kv_dim, kvh);
     __syncthreads();
     for (int j = tid; j < len;) {  // (G = 1) the V tile's loads are in flight meanwhile
-        if (ROLL && roll_k > 0 && j + roll_k < len && j + roll_k >= pf)
-            cru_dec_prefetch(k_pool, tab, j + roll_k, n_layers, layer, kv_dim, kvh);
         // q_s is loop-invariant, and hoisting its G*16 float4 out of the sweep would spill:
         // an opaque zero offset makes every sweep load it afresh (shared loads are cheap).
         int fresh = 0;
@@ -146,12 +135,6 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
         if (j < len) cru_dec_load_k(k, k_pool, tab, j, n_layers, layer, kv_dim, kvh);
     }
     if (G > 1) cru_dec_load_v(vr, v_pool, tab, 0, 0, len, n_layers, layer, kv_dim, kvh);
-    // Rolling prefetch: values [VT, VT + roll_v) are asked into L2 through the softmax; as
-    // each later tile's register loads are issued below, the tile roll_v positions further
-    // on (roll_v a multiple of VT) is asked for.
-    if (ROLL)
-        for (int p = CRU_DEC_VT + tid; p < len && p < CRU_DEC_VT + roll_v; p += 256)
-            if (p >= pf) cru_dec_prefetch(v_pool, tab, p, n_layers, layer, kv_dim, kvh);
     // The softmax's passes read only the scores this thread wrote (thread j computed key j,
     // j + 256, ...), so no barrier is needed first.
     cru_ref_softmax_g<G>(scores, capacity, len, sm);
@@ -171,9 +154,6 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i) vr[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             cru_dec_load_v(vr, v_pool, tab, base + CRU_DEC_VT, 0, len, n_layers, layer, kv_dim,
                            kvh);
-            const int p = base + CRU_DEC_VT + roll_v + tid;
-            if (ROLL && roll_v > 0 && tid < CRU_DEC_VT && p < len && p >= pf)
-                cru_dec_prefetch(v_pool, tab, p, n_layers, layer, kv_dim, kvh);
         }
         if (tid < CRU_HEAD_DIM)
             cru_dec_pv_tile<G>(vt, scores + base, capacity, min(CRU_DEC_VT, len - base), d, acc);
@@ -226,14 +206,14 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
 #define CRU_DEC_INSTANTIATE(G, OW)                                                          \
     template __global__ void attn_decode<G, OW>(const float*, const float*, const float*,     \
                                                 const int4*, int, const int*, int, float*, int, \
-                                                int, int, int, int, int, int, int,              \
-                                                const void*, float*, int);
+                                                int, int, int, int, int, const void*, float*,   \
+                                                int);
 CRU_DEC_INSTANTIATE(1, 0)
 CRU_DEC_INSTANTIATE(3, 0)
 CRU_DEC_INSTANTIATE(1, 1)
 CRU_DEC_INSTANTIATE(1, 4)
 template __global__ void attn_decode<1, 1, true>(const float*, const float*, const float*,
                                                  const int4*, int, const int*, int, float*, int,
-                                                 int, int, int, int, int, int, int, const void*,
-                                                 float*, int);
+                                                 int, int, int, int, int, const void*, float*,
+                                                 int);
 #endif

@@ -5,8 +5,7 @@
 
 Only the decode module is compiled (the attention module's every variant is slow to load
 under the sanitizer). Each case runs attn_decode<1> and <3> with L2 prefetch budgets of
-none, part of the history and all of it, and (G = 3) rolling prefetch leads of none to
-1,024 keys / 512 values; every run must give the same bits (prefetches
+none, part of the history and all of it; every run must give the same bits (prefetches
 change no arithmetic, the heads per CTA change who computes what, not how), and agree with
 a float64 numpy attention to 1e-5. Exit status 1 on any mismatch.
 """
@@ -21,7 +20,7 @@ from crucible.checks.attention_cases import LAYER, Case, build
 from crucible.kernels.variants import decode_smem_bytes
 
 CASES = (Case("decode-8", 9, 3, ((0, 1), (15, 1), (16, 1), (130, 1), (255, 1), (256, 1),
-                                 (300, 1), (700, 1), (1500, 1)), pages="interleaved", seed=11),
+                                 (300, 1), (700, 1)), pages="interleaved", seed=11),
          Case("decode-1", 9, 3, ((413, 1),), seed=12))
 
 
@@ -60,12 +59,11 @@ def main() -> int:
             fn = decode_kernel(g)
             smem = decode_smem_bytes(b.capacity, g)
             ensure_dynamic_smem(fn, smem)
-            rolls = ((0, 0),) if g == 1 else ((0, 0), (256, 128), (512, 256), (1024, 512))
-            for prefetch, roll in [(p, r) for p in (0, 100, 2**31 - 1) for r in rolls]:
+            for prefetch in (0, 100, 2**31 - 1):
                 out = cp.full(d["q"].shape, cp.nan, dtype=cp.float32)
                 args = decode_args(d["q"], d["k"], d["v"], LAYER, d["segs"], d["tables"], out,
                                    case.n_heads, case.n_kv_heads, b.capacity,
-                                   heads_per_cta=g, prefetch_len=prefetch, roll=roll)
+                                   heads_per_cta=g, prefetch_len=prefetch)
                 launch(fn, (case.n_heads // g, b.segments.shape[0], 1), (256, 1, 1), args,
                        shared_mem=smem)
                 got = cp.asnumpy(out)
@@ -73,7 +71,7 @@ def main() -> int:
                 same = np.array_equal(got.view(np.uint32), first.view(np.uint32))
                 close = bool(np.isfinite(got).all()) and float(np.abs(got - want).max()) < 1e-5
                 bad += not (same and close)
-                print(f"{case.name} G={g} prefetch={prefetch} roll={roll}: "
+                print(f"{case.name} G={g} prefetch={prefetch}: "
                       f"{'same bits' if same else 'BITS DIFFER'}, "
                       f"{'close to float64' if close else 'FAR FROM float64'}")
         first = None

@@ -104,33 +104,3 @@ def test_mixed_step_split_matches_one_launch() -> None:
     # Negative control: the online variant over the same step differs from those bits.
     online, _ = run_variant(Variant("online", 2, 32), d)
     assert not bool((online.view(cp.uint32) == out.view(cp.uint32)).all())
-
-
-def test_decode_rolling_prefetch_changes_no_bit() -> None:
-    """attn_decode<3>'s rolling L2 prefetch (kernels/attention.py DECODE_ROLL) moves data
-    only: every lead gives the bits of none, which are the reference kernel's, on histories
-    of several QK sweeps and V tiles (and the few-position edges). The reference differs
-    from the online variant on the same batch (the negative control of this file)."""
-    from crucible.checks.attention_cases import LAYER, build
-    from crucible.checks.attention_check import run_variant, to_device
-    from crucible.kernels.attention import decode_args
-    from crucible.kernels.launch import launch
-    from crucible.kernels.loader import decode_kernel, ensure_dynamic_smem
-    from crucible.kernels.variants import decode_smem_bytes
-
-    lens = (0, 1, 255, 256, 511, 700, 1023, 1500, 2047)
-    host = build(Case("rolling", 9, 3, tuple((s, 1) for s in lens), pages="interleaved",
-                      seed=8))
-    d = to_device(host)
-    ref, _ = run_variant(Variant("reference"), d)
-    online, _ = run_variant(Variant("online", 2, 32), d)
-    assert not bool((online.view(cp.uint32) == ref.view(cp.uint32)).all())
-    fn = decode_kernel(3)
-    smem = decode_smem_bytes(host.capacity, 3)
-    ensure_dynamic_smem(fn, smem)
-    for roll in ((0, 0), (256, 128), (512, 256), (1024, 512), (768, 0), (0, 384)):
-        out = cp.full(d["q"].shape, cp.nan, dtype=cp.float32)
-        args = decode_args(d["q"], d["k"], d["v"], LAYER, d["segs"], d["tables"], out, 9, 3,
-                           host.capacity, heads_per_cta=3, prefetch_len=0, roll=roll)
-        launch(fn, (3, len(lens), 1), (256, 1, 1), args, shared_mem=smem)
-        assert bool((out.view(cp.uint32) == ref.view(cp.uint32)).all()), roll

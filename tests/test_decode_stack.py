@@ -206,12 +206,11 @@ def test_attention_o_launches_what_paged_attention_launches_plus_o(
     ds.attention_o(q, pool, pool, 1, meta, wo, out, parts, 9, 3)
     (fn0, grid0, plain), (fn1, grid1, stack) = launches
     assert (fn0, fn1) == ("attn_decode<1, 0>", "attn_decode<1, 1>") and grid0 == grid1 == (9, 1)
-    assert all(a is b or a == b for a, b in zip(plain[:16], stack[:16]))
+    assert all(a is b or a == b for a, b in zip(plain[:14], stack[:14]))
     # 9 CTAs, 3 per KV head, share half the L2: 25 MiB / 3 / 512 B positions each.
     assert int(plain[13]) == 25 * 2**20 // (3 * 512)
-    assert (int(plain[14]), int(plain[15])) == attention.DECODE_ROLL  # the rolling leads
-    assert [int(a) for a in plain[16:]] == [0, 0, 0]
-    assert stack[16] is wo.w and stack[17] is parts and int(stack[18]) == 576
+    assert [int(a) for a in plain[14:]] == [0, 0, 0]
+    assert stack[14] is wo.w and stack[15] is parts and int(stack[16]) == 576
     ds.attention_o(q, pool, pool, 1, meta, wo, out, parts, 9, 3, mma=True)
     fn2, grid2, mma = launches[2]
     assert fn2 == "attn_decode<1, 1, true>" and grid2 == (9, 1)

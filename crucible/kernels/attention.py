@@ -196,21 +196,14 @@ def decode_prefetch_len(ctas: int, sharing: int = 1) -> int:
     return l2_bytes() // 2 * max(1, sharing) // (max(1, ctas) * KV_POSITION_BYTES)
 
 
-# attn_decode's rolling L2 prefetch (G > 1 only), in positions ahead of the key being scored
-# and of the V tile being loaded. Prefetches change no arithmetic: any value, same bits.
-DECODE_ROLL = (512, 256)
-
-
 def decode_args(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
                 page_tables: Any, out: Any, n_heads: int, n_kv_heads: int,
                 score_capacity: int, o_weight: Any = None, o_parts: Any = None, *,
-                heads_per_cta: int = 1, prefetch_len: int | None = None,
-                roll: tuple[int, int] = DECODE_ROLL) -> tuple:
+                heads_per_cta: int = 1, prefetch_len: int | None = None) -> tuple:
     """attn_decode<G, OW>'s arguments (G = ``heads_per_cta``, which sizes the grid the
     prefetch budget is shared by). ``o_weight``/``o_parts`` [H, T, N_o]: the decode stack's
     O partials (crucible/kernels/decode_stack.py); null without them. ``prefetch_len``:
-    decode_prefetch_len's budget unless given; ``roll``: the rolling prefetch's leads (keys,
-    values), (0, 0) for none (benchmarks compare both)."""
+    decode_prefetch_len's budget unless given (benchmarks compare budgets)."""
     i32 = np.int32
     o = ((np.uint64(0), np.uint64(0), i32(0)) if o_parts is None
          else (o_weight, o_parts, i32(o_parts.shape[2])))
@@ -220,5 +213,4 @@ def decode_args(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
                                            sharing)
     return (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables,
             i32(page_tables.shape[1]), out, i32(n_heads), i32(n_kv_heads), i32(k_pool.shape[1]),
-            i32(layer), i32(score_capacity), i32(min(prefetch_len, 2**31 - 1)),
-            i32(roll[0]), i32(roll[1])) + o
+            i32(layer), i32(score_capacity), i32(min(prefetch_len, 2**31 - 1))) + o
