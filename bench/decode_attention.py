@@ -38,9 +38,11 @@ CASES = (("1 row, history 4000", 1, (4000, 4000)),
          ("128 rows, 2000-4000", 128, (2000, 4000)),
          ("256 rows, 100-600", 256, (100, 600)))
 FULL = 2**31 - 1
-# name -> prefetch budget before the PDL wait: "budget" for the host's, or positions
-CONFIGS: dict[str, int | str] = {"budget": "budget", "full": FULL, "none": 0}
-DEFAULT_CONFIGS = "budget,full,none"
+# name -> prefetch budget before the PDL wait: "budget" for the host's, or positions;
+# "ringS": attn_decode_ring with S stages (no prefetch budget: it has none)
+CONFIGS: dict[str, int | str] = {"budget": "budget", "full": FULL, "none": 0,
+                                 "ring2": "ring2", "ring3": "ring3"}
+DEFAULT_CONFIGS = "budget,ring2,ring3"
 
 
 def build(cp: Any, rows: int, hist: tuple[int, int], seed: int) -> dict[str, Any]:
@@ -69,9 +71,9 @@ def build(cp: Any, rows: int, hist: tuple[int, int], seed: int) -> dict[str, Any
 def launcher(cp: Any, d: dict[str, Any]) -> Any:
     from crucible.kernels.attention import decode_args, decode_prefetch_len
     from crucible.kernels.launch import launch
-    from crucible.kernels.loader import (decode_kernel, ensure_dynamic_smem, sm_count,
-                                         smem_optin_limit)
-    from crucible.kernels.variants import parse_variant, plan_launch
+    from crucible.kernels.loader import (DECODE_RING_STAGES, decode_kernel, decode_ring_kernel,
+                                         ensure_dynamic_smem, sm_count, smem_optin_limit)
+    from crucible.kernels.variants import decode_ring_smem_bytes, parse_variant, plan_launch
 
     rows = int(d["segs"].shape[0])
     plan = plan_launch(parse_variant("exact-q4-k64"), n_heads=N_HEADS, n_kv_heads=N_KV,
@@ -83,12 +85,19 @@ def launcher(cp: Any, d: dict[str, Any]) -> Any:
     out = cp.empty_like(d["q"])
     budget = decode_prefetch_len(N_HEADS // g * rows, N_HEADS // N_KV // g)
 
+    rings = {}
+    for stages in DECODE_RING_STAGES:
+        rings[f"ring{stages}"] = (decode_ring_kernel(g, stages),
+                                  decode_ring_smem_bytes(d["cap"], g, stages))
+        ensure_dynamic_smem(*rings[f"ring{stages}"])
+
     def run(config: str, layer: int) -> Any:
         prefetch = CONFIGS[config]
+        kernel, smem = rings.get(config, (fn, plan.smem_bytes))
+        pf = budget if prefetch == "budget" else 0 if config in rings else int(prefetch)
         args = decode_args(d["q"], d["k"], d["v"], layer, d["segs"], d["tables"], out, N_HEADS,
-                           N_KV, d["cap"], heads_per_cta=g,
-                           prefetch_len=budget if prefetch == "budget" else int(prefetch))
-        launch(fn, (N_HEADS // g, rows, 1), (256, 1, 1), args, shared_mem=plan.smem_bytes)
+                           N_KV, d["cap"], heads_per_cta=g, prefetch_len=pf)
+        launch(kernel, (N_HEADS // g, rows, 1), (256, 1, 1), args, shared_mem=smem)
         return out
 
     return run, budget, g
