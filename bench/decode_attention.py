@@ -5,8 +5,10 @@ decode_prefetch_len; "full": every CTA its whole history; "none").
     python3 bench/decode_attention.py --json bench/decode-attention-h200.json
     python3 bench/decode_attention.py --configs budget --cases "256 rows, 400-1200"  # for ncu
 
-(A rolling prefetch during the kernel, keys and values ahead of their use, was timed at
-754bbcb with this bench: 0.82-0.996x, bench/decode-attention-roll-h200.json.)
+Two other forms were timed with this bench and dropped: a rolling L2 prefetch during the
+kernel (754bbcb: 0.82-0.996x, bench/decode-attention-roll-h200.json) and K and V through a
+cp.async ring of shared memory (7ca89cb: 0.78-1.065x, bench/decode-attention-ring-h200.json,
+with per-CTA phase clocks and a bare-read roofline).
 
 The pool has the default model's layout (30 layers, 3 KV heads of 64, f32, 16-token pages
 handed out shuffled) and random data; each case is one decode step of ``rows`` rows with
@@ -38,11 +40,9 @@ CASES = (("1 row, history 4000", 1, (4000, 4000)),
          ("128 rows, 2000-4000", 128, (2000, 4000)),
          ("256 rows, 100-600", 256, (100, 600)))
 FULL = 2**31 - 1
-# name -> prefetch budget before the PDL wait: "budget" for the host's, or positions;
-# "ringS": attn_decode_ring with S stages (no prefetch budget: it has none)
-CONFIGS: dict[str, int | str] = {"budget": "budget", "full": FULL, "none": 0,
-                                 "ring2": "ring2", "ring3": "ring3"}
-DEFAULT_CONFIGS = "budget,ring2,ring3"
+# name -> prefetch budget before the PDL wait: "budget" for the host's, or positions
+CONFIGS: dict[str, int | str] = {"budget": "budget", "full": FULL, "none": 0}
+DEFAULT_CONFIGS = "budget,full,none"
 
 
 def build(cp: Any, rows: int, hist: tuple[int, int], seed: int) -> dict[str, Any]:
@@ -71,9 +71,9 @@ def build(cp: Any, rows: int, hist: tuple[int, int], seed: int) -> dict[str, Any
 def launcher(cp: Any, d: dict[str, Any]) -> Any:
     from crucible.kernels.attention import decode_args, decode_prefetch_len
     from crucible.kernels.launch import launch
-    from crucible.kernels.loader import (DECODE_RING_STAGES, decode_kernel, decode_ring_kernel,
-                                         ensure_dynamic_smem, sm_count, smem_optin_limit)
-    from crucible.kernels.variants import decode_ring_smem_bytes, parse_variant, plan_launch
+    from crucible.kernels.loader import (decode_kernel, ensure_dynamic_smem, sm_count,
+                                         smem_optin_limit)
+    from crucible.kernels.variants import parse_variant, plan_launch
 
     rows = int(d["segs"].shape[0])
     plan = plan_launch(parse_variant("exact-q4-k64"), n_heads=N_HEADS, n_kv_heads=N_KV,
@@ -85,19 +85,12 @@ def launcher(cp: Any, d: dict[str, Any]) -> Any:
     out = cp.empty_like(d["q"])
     budget = decode_prefetch_len(N_HEADS // g * rows, N_HEADS // N_KV // g)
 
-    rings = {}
-    for stages in DECODE_RING_STAGES:
-        rings[f"ring{stages}"] = (decode_ring_kernel(g, stages),
-                                  decode_ring_smem_bytes(d["cap"], g, stages))
-        ensure_dynamic_smem(*rings[f"ring{stages}"])
-
     def run(config: str, layer: int) -> Any:
         prefetch = CONFIGS[config]
-        kernel, smem = rings.get(config, (fn, plan.smem_bytes))
-        pf = budget if prefetch == "budget" else 0 if config in rings else int(prefetch)
         args = decode_args(d["q"], d["k"], d["v"], layer, d["segs"], d["tables"], out, N_HEADS,
-                           N_KV, d["cap"], heads_per_cta=g, prefetch_len=pf)
-        launch(kernel, (N_HEADS // g, rows, 1), (256, 1, 1), args, shared_mem=smem)
+                           N_KV, d["cap"], heads_per_cta=g,
+                           prefetch_len=budget if prefetch == "budget" else int(prefetch))
+        launch(fn, (N_HEADS // g, rows, 1), (256, 1, 1), args, shared_mem=plan.smem_bytes)
         return out
 
     return run, budget, g

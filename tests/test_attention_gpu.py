@@ -104,35 +104,3 @@ def test_mixed_step_split_matches_one_launch() -> None:
     # Negative control: the online variant over the same step differs from those bits.
     online, _ = run_variant(Variant("online", 2, 32), d)
     assert not bool((online.view(cp.uint32) == out.view(cp.uint32)).all())
-
-
-def test_decode_ring_matches_the_reference() -> None:
-    """attn_decode_ring (cuda/attention_decode_ring.cu: K and V through a cp.async ring, two
-    threads per key) gives the reference's bits for every heads-per-CTA and ring depth, on
-    histories from one position to many chunks (chunk edges 127/128/129, 255/256, a tail
-    of one); nothing may stay unwritten (outputs start as NaN). The online variant on the
-    same batch must differ (the negative control)."""
-    from crucible.checks.attention_cases import LAYER, build
-    from crucible.checks.attention_check import run_variant, to_device
-    from crucible.kernels.attention import decode_args
-    from crucible.kernels.launch import launch
-    from crucible.kernels.loader import (DECODE_RING_STAGES, decode_ring_kernel,
-                                         ensure_dynamic_smem)
-    from crucible.kernels.variants import decode_ring_smem_bytes
-
-    lens = (0, 1, 2, 126, 127, 128, 129, 255, 256, 383, 700, 1023, 1500, 2047)
-    host = build(Case("ring", 9, 3, tuple((s, 1) for s in lens), pages="interleaved", seed=8))
-    d = to_device(host)
-    ref, _ = run_variant(Variant("reference"), d)
-    online, _ = run_variant(Variant("online", 2, 32), d)
-    assert not bool((online.view(cp.uint32) == ref.view(cp.uint32)).all())
-    for heads in (1, 3):
-        for stages in DECODE_RING_STAGES:
-            fn = decode_ring_kernel(heads, stages)
-            smem = decode_ring_smem_bytes(host.capacity, heads, stages)
-            ensure_dynamic_smem(fn, smem)
-            out = cp.full(d["q"].shape, cp.nan, dtype=cp.float32)
-            args = decode_args(d["q"], d["k"], d["v"], LAYER, d["segs"], d["tables"], out, 9,
-                               3, host.capacity, heads_per_cta=heads, prefetch_len=0)
-            launch(fn, (9 // heads, len(lens), 1), (256, 1, 1), args, shared_mem=smem)
-            assert bool((out.view(cp.uint32) == ref.view(cp.uint32)).all()), (heads, stages)

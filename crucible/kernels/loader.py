@@ -75,27 +75,6 @@ def decode_kernel(heads: int = 1, o_weight_bytes: int = 0, mma: bool = False) ->
     return _decode_module().get_function(f"attn_decode<{heads}, {o_weight_bytes}>")
 
 
-DECODE_RING_STAGES = (2, 3)  # attn_decode_ring<G, S>: chunks of 128 positions in the ring
-
-
-@functools.cache
-def _decode_ring_module() -> Any:
-    _cupy()
-    names = [f"attn_decode_ring<{g}, {s}>" for g in DECODE_GROUPS for s in DECODE_RING_STAGES]
-    return compile_module("attention_decode_ring.cu", tuple(names))
-
-
-@functools.cache  # one RawKernel per form: its shared-memory opt-in is set on that object
-def decode_ring_kernel(heads: int, stages: int) -> Any:
-    """attn_decode_ring<heads, stages> (cuda/attention_decode_ring.cu): attn_decode's bits
-    with K and V streamed through a ring of ``stages`` shared-memory chunks; attn_decode's
-    argument list (kernels/attention.py decode_args)."""
-    if heads not in DECODE_GROUPS or stages not in DECODE_RING_STAGES:
-        raise ValueError(f"attn_decode_ring is built for {DECODE_GROUPS} heads per CTA and "
-                         f"{DECODE_RING_STAGES} stages, not {heads}/{stages}")
-    return _decode_ring_module().get_function(f"attn_decode_ring<{heads}, {stages}>")
-
-
 @functools.cache
 def attention_kernel(variant: Variant) -> Any:
     return attention_module().get_function(kernel_name(variant))

@@ -116,12 +116,6 @@ def decode_smem_bytes(capacity: int, heads: int = 1) -> int:
     return 4 * (DECODE_V_TILE * HEAD_DIM + heads * capacity + capacity // 16)
 
 
-def decode_ring_smem_bytes(capacity: int, heads: int, stages: int) -> int:
-    """attn_decode_ring's dynamic shared memory: the ring of ``stages`` 128-position chunks,
-    the scores and the staged page table."""
-    return 4 * (stages * DECODE_V_TILE * HEAD_DIM + heads * capacity + capacity // 16)
-
-
 def decode_static_bytes(heads: int = 1) -> int:
     """attn_decode's static shared memory, rounded up: q (heads*64 floats) and the softmax
     scratch (18 floats per head). Static and dynamic bytes share the per-CTA opt-in limit."""
