@@ -66,6 +66,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-in-process", action="store_true",
                    help="run the engine in a thread of the server process instead of a "
                         "process of its own (the default); for debugging and comparison")
+    p.add_argument("--api-servers", type=int_in(1, 64), default=1,
+                   help="HTTP front processes sharing the port and one engine process: each "
+                        "front serves ~30k streamed tokens/s, so a GPU busier than that "
+                        "wants 2-4 (docs/serving.md)")
     p.add_argument("--log-level", default="info", type=str.lower,
                    choices=("debug", "info", "warning", "error", "critical"),
                    help="info logs one access line per request (logger crucible.server.access)")
@@ -94,10 +98,12 @@ async def _serve(args: argparse.Namespace) -> int:
     source: EngineSource = (  # the lambda runs in an executor thread of this process
         (lambda: _built(args.model, settings)) if args.engine_in_process
         else EngineProcessConfig(args.model, settings))
-    runner, port, load = await start_server(state, args.host, args.port, source)
-    log.info("listening on http://%s:%d (loading %s on %s, %s weights, gemm %s, engine %s)",
-             args.host, port, args.model, args.resolved_device, args.weights, settings.gemm,
-             "in this process" if args.engine_in_process else "in its own process")
+    runner, port, load = await start_server(state, args.host, args.port, source,
+                                            fronts=args.api_servers, log_level=args.log_level)
+    log.info("listening on http://%s:%d (loading %s on %s, %s weights, gemm %s, engine %s, "
+             "%d front%s)", args.host, port, args.model, args.resolved_device, args.weights,
+             settings.gemm, "in this process" if args.engine_in_process else "in its own process",
+             args.api_servers, "" if args.api_servers == 1 else "s")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -115,7 +121,11 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def serve_main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.api_servers > 1 and args.engine_in_process:
+        p.error("--api-servers above 1 needs the engine in its own process "
+                "(drop --engine-in-process)")
     # The device is checked before anything listens: "--device cuda" without a GPU is one
     # line and exit code 2, not "listening", a model load and the error twice.
     try:

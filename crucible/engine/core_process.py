@@ -9,6 +9,12 @@ one step when there is work, send one frame for that step with every request's d
 (``LLMEngine.detokenize``), the front does, with the same code. The process exits when
 told to, when the pipe reaches EOF, or when its parent is gone (checked from a thread as
 well, so a front killed mid-load or mid-step leaves no orphan).
+
+Several fronts (``llm-engine serve --api-servers N``) each get a pipe of their own: link 0
+is the spawning front's, links 1.. belong to front processes it starts once the engine is
+ready. Requests are named by (link, handle); each link gets the frame of its own requests'
+deltas every step, with the engine's counters. Link 0's shutdown or EOF stops the process;
+another link's ends that front's requests only (its pages come back) and serving goes on.
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
-from multiprocessing.connection import Connection
-from typing import Any
+from multiprocessing.connection import Connection, wait
+from typing import Any, Sequence
 
 from crucible.engine import core_wire as wire
 from crucible.engine.engine import LLMEngine, RequestDelta
@@ -34,12 +40,14 @@ from crucible.errors import CrucibleError, QueueFullError, RequestError
 DEFAULT_FACTORY = "crucible.engine.factory:build_engine"
 
 
-def core_main(conn: Connection, model: str, settings: Settings, factory: str,
+def core_main(conns: Sequence[Connection], model: str, settings: Settings, factory: str,
               parent_pid: int) -> None:
-    """The spawned process's entry point (module level, so spawn can import it)."""
+    """The spawned process's entry point (module level, so spawn can import it); one pipe
+    per front, the spawning front's first."""
+    conn = conns[0]
     # Ctrl-C reaches the whole process group; the front decides when this process stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watch_parent(parent_pid)
+    watch_parent(parent_pid)
     try:
         module, _, name = factory.partition(":")
         build = getattr(importlib.import_module(module), name)
@@ -52,18 +60,21 @@ def core_main(conn: Connection, model: str, settings: Settings, factory: str,
             "traceback": traceback.format_exc()}))
         return
     freeze_startup()  # this process serves one engine for its whole life
-    core = EngineCore(engine, conn)
+    core = EngineCore(engine, conns)
     # The counters go with it, so /metrics shows the pool before the first step.
     ready = {"info": asdict(info), "max_context": engine.max_context,
              "vocab_size": engine.vocab_size, "num_pages": engine.allocator.num_pages,
              "max_queue": engine.config.max_queue, "pid": os.getpid(),
              "tokenizer": wire.tokenizer_payload(engine.tokenizer),
              "stats": dict(zip(wire.STATS_KEYS, core.counters()))}
-    if _send(conn, wire.encode_json(wire.READY, ready)):
+    frame = wire.encode_json(wire.READY, ready)
+    if _send(conn, frame):
+        for other in conns[1:]:  # a front that is gone already is noticed by the loop
+            _send(other, frame)
         core.run(settings.core_profile)
 
 
-def _watch_parent(parent_pid: int) -> None:
+def watch_parent(parent_pid: int) -> None:
     """Exit when the front is gone, even while loading or inside a long step (the pipe's
     EOF is only seen between steps)."""
     def watch() -> None:
@@ -84,17 +95,22 @@ def _send(conn: Connection, data: bytes) -> bool:
 
 
 class EngineCore:
-    """The loop over one engine: messages in, one frame per step out."""
+    """The loop over one engine: messages in from every front's link, one frame per step
+    and link out."""
 
-    def __init__(self, engine: LLMEngine, conn: Connection) -> None:
+    def __init__(self, engine: LLMEngine, conns: Connection | Sequence[Connection]) -> None:
         self.engine = engine
-        self.conn = conn
-        self.handles: dict[str, int] = {}  # live request id -> the front's handle
-        self.rids: dict[int, str] = {}  # and back
-        self.adds_seen = 0
+        self.conns: list[Connection] = [conns] if isinstance(conns, Connection) else list(conns)
+        self.open = [True] * len(self.conns)  # link i's front is still there
+        # live request id -> (link, the front's handle), and back. With several links the
+        # engine's ids carry the link ("rid@link"): each front names its requests alone.
+        self.handles: dict[str, tuple[int, int]] = {}
+        self.rids: dict[tuple[int, int], str] = {}
+        self.adds_seen = [0] * len(self.conns)
+        self.front_metrics: dict[int, Any] = {}  # link -> its front's latest metrics
         self.stopping = False
         # What late planning (engine/pacing.py) drains while a step runs, sent with its frame.
-        self._ended: list[tuple[int, RequestDelta]] = []
+        self._ended: list[tuple[int, int, RequestDelta]] = []
         self._changed = False
         if engine.pacer is not None:
             engine.pacer.arrivals = self._arrivals
@@ -127,65 +143,115 @@ class EngineCore:
             # Without a step, a frame still goes out when adds or aborts changed the counts
             # (an abort frees pages even when nothing runs afterwards).
             if deltas or ended or changed:
-                handles, forget = self.handles, self._forget
-                out = ended + [(forget(d.request_id) if d.finished
-                                else handles[d.request_id], d) for d in deltas]
-                if not _send(self.conn, wire.encode_step(out, self.counters())):
-                    return
+                self._send_step(ended, deltas)
+
+    def _send_step(self, ended: list[tuple[int, int, RequestDelta]],
+                   deltas: list[RequestDelta]) -> None:
+        handles, forget = self.handles, self._forget
+        if len(self.conns) == 1:  # one front: its frame, as before links were many
+            out = [(h, d) for _, h, d in ended] + [
+                (forget(d.request_id)[1] if d.finished else handles[d.request_id][1], d)
+                for d in deltas]
+            if not _send(self.conns[0], wire.encode_step(out, self.counters(0))):
+                self.stopping = True
+            return
+        per: list[list[tuple[int, RequestDelta]]] = [[] for _ in self.conns]
+        for link, h, d in ended:
+            per[link].append((h, d))
+        for d in deltas:
+            link, h = forget(d.request_id) if d.finished else handles[d.request_id]
+            per[link].append((h, d))
+        for link, out in enumerate(per):  # every front gets the counts, deltas or not
+            if self.open[link] and not _send(self.conns[link],
+                                             wire.encode_step(out, self.counters(link))):
+                self._close(link, [])
 
     def _arrivals(self) -> None:
         """Late planning's drain, inside a step: adds and aborts as between steps."""
         if not self.stopping:
             self._changed = self._drain(self._ended, block=False) or self._changed
 
-    def counters(self) -> list[int]:
+    def counters(self, link: int = 0) -> list[int]:
+        """The engine's counters as link ``link`` reads them (its own adds seen)."""
         st: dict[str, Any] = self.engine.stats()
         st["waiting_preempted"] = sum(1 for r in self.engine.scheduler.waiting
                                       if r.num_preemptions)
-        st["adds_seen"] = self.adds_seen
+        st["adds_seen"] = self.adds_seen[link]
         return [int(st[k]) for k in wire.STATS_KEYS]
 
     # -- messages --------------------------------------------------------------------------
-    def _drain(self, ended: list[tuple[int, RequestDelta]], block: bool) -> bool:
-        """Apply every waiting message; True if an add or an abort was among them."""
-        conn, changed = self.conn, False
+    def _drain(self, ended: list[tuple[int, int, RequestDelta]], block: bool) -> bool:
+        """Apply every waiting message of every link; True if an add or an abort was among
+        them."""
+        changed = False
+        waiting = [c for c, o in zip(self.conns, self.open) if o]
+        if block and waiting:  # idle: sleep until a message (or an EOF) arrives on a link
+            wait(waiting)
+        for link, conn in enumerate(self.conns):
+            if self.open[link]:
+                changed = self._drain_link(link, conn, ended) or changed
+            if self.stopping:
+                break
+        return changed
+
+    def _drain_link(self, link: int, conn: Connection,
+                    ended: list[tuple[int, int, RequestDelta]]) -> bool:
+        changed = False
         try:
-            if block:
-                conn.poll(None)  # idle: sleep until a message (or EOF) arrives
             while conn.poll(0):
                 data = conn.recv_bytes()
                 kind = data[0]
                 if kind == wire.ADD:
-                    self._add(data)
+                    self._add(link, data)
                     changed = True
                 elif kind == wire.ABORT:
                     for h in wire.decode_abort(data):
-                        self._abort(h, ended)
+                        self._abort(link, h, ended)
                     changed = True
                 elif kind == wire.STATS:
                     qid = int.from_bytes(data[1:5], "little")
-                    stats = dict(zip(wire.STATS_KEYS, self.counters()))
+                    stats = dict(zip(wire.STATS_KEYS, self.counters(link)))
                     if not _send(conn, wire.encode_json(wire.STATS_REPLY,
                                                         {"qid": qid, "stats": stats})):
-                        self.stopping = True
-                        return changed
+                        raise EOFError
+                elif kind == wire.FRONT_METRICS:
+                    self.front_metrics[link] = wire.decode_json(data)["metrics"]
+                    others = [m for i, m in self.front_metrics.items()
+                              if i != link and self.open[i]]
+                    if not _send(conn, wire.encode_json(wire.FRONTS, {"fronts": others})):
+                        raise EOFError
                 elif kind == wire.SHUTDOWN:
-                    for h in list(self.handles.values()):
-                        self._abort(h, ended)
-                    self.stopping = True
+                    self._close(link, ended)
                     return True
         except (EOFError, OSError):  # the front closed its end or died
-            self.stopping = True
-            for rid in list(self.handles):
-                self.engine.abort(rid)
-                self._forget(rid)
-            ended.clear()
+            self._close(link, ended, gone=True)
+            return True
         return changed
 
-    def _add(self, data: bytes) -> None:
+    def _close(self, link: int, ended: list[tuple[int, int, RequestDelta]],
+               gone: bool = False) -> None:
+        """Link ``link``'s front leaves (shutdown message, EOF, a failed send): its live
+        requests end as aborted. Link 0's leaving stops the process and takes every request;
+        the aborts go out on the next frame to every front still there (link 0 included
+        when it asked to shut down)."""
+        if gone or link != 0:
+            self.open[link] = False
+            if link != 0:
+                self.conns[link].close()  # that front's reader sees EOF: it may leave
+        self.front_metrics.pop(link, None)
+        for rid, (lk, h) in list(self.handles.items()):
+            if (link == 0 or lk == link) and self.engine.abort(rid):
+                self._forget(rid)
+                if self.open[lk]:
+                    ended.append((lk, h, RequestDelta(rid, (), "", None, None, True,
+                                                      "abort", 0)))
+        if link == 0:
+            self.stopping = True
+
+    def _add(self, link: int, data: bytes) -> None:
         handle, ids, meta = wire.decode_add(data)
-        self.adds_seen += 1
-        rid = meta["rid"]
+        self.adds_seen[link] += 1
+        rid = meta["rid"] if len(self.conns) == 1 else f"{meta['rid']}@{link}"
         try:
             self.engine.add_request(ids, meta["params"], rid, final_only=meta["final_only"],
                                     cache_salt=meta["cache_salt"],
@@ -195,38 +261,42 @@ class EngineCore:
                     "request" if isinstance(exc, RequestError) else "error")
             if kind == "error":
                 traceback.print_exc(file=sys.stderr)
-            _send(self.conn, wire.encode_json(wire.REFUSED, {
+            _send(self.conns[link], wire.encode_json(wire.REFUSED, {
                 "handle": handle, "kind": kind, "message": f"{exc}" if kind != "error"
                 else f"{type(exc).__name__}: {exc}"}))
             return
-        self.handles[rid] = handle
-        self.rids[handle] = rid
+        self.handles[rid] = (link, handle)
+        self.rids[(link, handle)] = rid
 
-    def _forget(self, rid: str) -> int:
-        handle = self.handles.pop(rid)
-        del self.rids[handle]
-        return handle
+    def _forget(self, rid: str) -> tuple[int, int]:
+        key = self.handles.pop(rid)
+        del self.rids[key]
+        return key
 
-    def _abort(self, handle: int, ended: list[tuple[int, RequestDelta]]) -> None:
-        rid = self.rids.get(handle)
+    def _abort(self, link: int, handle: int,
+               ended: list[tuple[int, int, RequestDelta]]) -> None:
+        rid = self.rids.get((link, handle))
         if rid is None or not self.engine.abort(rid):
             return  # it finished meanwhile: its last delta is already on its way
         self._forget(rid)
-        ended.append((handle, RequestDelta(rid, (), "", None, None, True, "abort", 0)))
+        ended.append((link, handle, RequestDelta(rid, (), "", None, None, True, "abort", 0)))
 
     def _fail_all(self, exc: Exception) -> None:
-        handles = list(self.handles.values())
-        for rid in list(self.handles):
+        per: dict[int, list[int]] = {i: [] for i in range(len(self.conns))}
+        for rid, (link, h) in list(self.handles.items()):
+            per[link].append(h)
             self.engine.abort(rid)
             self._forget(rid)
         alloc = self.engine.allocator
-        _send(self.conn, wire.encode_json(wire.FAILED, {
-            "handles": handles, "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-            # Nothing runs now, so every page must be free again; if not, the front stops
-            # trusting the pool.
-            "leaked_pages": alloc.num_pages - alloc.num_free,
-            "stats": dict(zip(wire.STATS_KEYS, self.counters()))}))
+        for link, handles in per.items():
+            if self.open[link]:
+                _send(self.conns[link], wire.encode_json(wire.FAILED, {
+                    "handles": handles, "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(),
+                    # Nothing runs now, so every page must be free again; if not, the front
+                    # stops trusting the pool.
+                    "leaked_pages": alloc.num_pages - alloc.num_free,
+                    "stats": dict(zip(wire.STATS_KEYS, self.counters(link)))}))
 
 
 class _Profile:

@@ -27,10 +27,10 @@ from crucible.engine.engine import Logprobs, RequestDelta
 from crucible.engine.sampling import SamplingParams
 from crucible.model.tokenizer import Tokenizer
 
-# front -> engine process
-ADD, ABORT, STATS, SHUTDOWN = 1, 2, 3, 4
-# engine process -> front
-READY, LOAD_FAILED, STEP, REFUSED, FAILED, STATS_REPLY = 16, 17, 18, 19, 20, 21
+# front -> engine process (FRONT_METRICS: a front's own metrics, when several fronts serve)
+ADD, ABORT, STATS, SHUTDOWN, FRONT_METRICS = 1, 2, 3, 4, 5
+# engine process -> front (FRONTS: the other fronts' latest metrics, the answer to one)
+READY, LOAD_FAILED, STEP, REFUSED, FAILED, STATS_REPLY, FRONTS = 16, 17, 18, 19, 20, 21, 22
 
 # The engine's counters, in the order every step frame carries them. ``adds_seen`` counts
 # the add messages the process has taken in, so the front knows which of its adds the

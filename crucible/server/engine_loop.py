@@ -47,6 +47,7 @@ class EngineLoop:
         self._stopped = False
         self.healthy = True
         self.unhealthy_reason = ""
+        self.other_fronts: list = []  # one front always: it shares its engine with none
         self.num_failures = 0  # failed requests seen (each failed step fails >= 1)
         self.peaks = LoadPeaks()
         self._last_sample = 0.0

@@ -24,6 +24,7 @@ from crucible.errors import CrucibleError
 from crucible.server.app import build_app
 from crucible.server.engine_client import EngineClient, EngineLoadError, EngineProcessConfig
 from crucible.server.engine_loop import EngineLoop
+from crucible.server.fronts import push_metrics, start_fronts, stop_fronts
 from crucible.server.serving_engine import ServingEngine
 from crucible.server.state import ServerConfig, ServerState
 from crucible.server.stream import EngineGone
@@ -34,14 +35,10 @@ log = logging.getLogger("crucible.server")
 EngineSource = Union[EngineProcessConfig, Callable[[], tuple[LLMEngine, EngineInfo]]]
 
 
-async def start_server(state: ServerState, host: str, port: int, source: EngineSource,
-                       *, freeze_gc: bool = True) -> tuple[web.AppRunner, int, asyncio.Task]:
-    """Listen now; load the engine in the background. Returns (runner, port, load task).
-
-    ``freeze_gc``: once an engine process is ready, move everything alive (the tokenizer,
-    its tables, the app) out of the collector's sight (factory.freeze_startup), as a
-    process serving one engine for its life does; per-token garbage then costs collections
-    only for itself. Off for servers inside another program (ServerThread: tests)."""
+async def listen(state: ServerState, host: str, port: int, *, reuse_port: bool = False
+                 ) -> tuple[web.AppRunner, int]:
+    """The app of ``state`` listening on host:port; returns (runner, the bound port).
+    ``reuse_port``: share the port with other front processes (server/fronts.py)."""
     # handler_cancellation: a client that disconnects cancels its handler, whose finally
     # aborts the request (a non-streaming request has no write that could fail instead).
     # Connections: headers within --read-timeout (the keep-alive timer), at most
@@ -50,15 +47,38 @@ async def start_server(state: ServerState, host: str, port: int, source: EngineS
     runner = CrucibleRunner(build_app(state), handler_cancellation=True, access_log=None,
                             max_connections=cfg.max_connections, read_timeout=cfg.read_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=min(1024, max(128, cfg.max_connections)))
+    site = web.TCPSite(runner, host, port, backlog=min(1024, max(128, cfg.max_connections)),
+                       reuse_port=reuse_port or None)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+async def start_server(state: ServerState, host: str, port: int, source: EngineSource,
+                       *, freeze_gc: bool = True, fronts: int = 1, log_level: str = "info"
+                       ) -> tuple[web.AppRunner, int, asyncio.Task]:
+    """Listen now; load the engine in the background. Returns (runner, port, load task).
+
+    ``freeze_gc``: once an engine process is ready, move everything alive (the tokenizer,
+    its tables, the app) out of the collector's sight (factory.freeze_startup), as a
+    process serving one engine for its life does; per-token garbage then costs collections
+    only for itself. Off for servers inside another program (ServerThread: tests).
+    ``fronts`` > 1 (an engine process only): this front shares the port with fronts - 1
+    front processes started once the engine is ready (server/fronts.py, ``log_level``
+    theirs); the load fails if one of them cannot listen."""
+    if fronts > 1 and not isinstance(source, EngineProcessConfig):
+        raise ValueError("several fronts need the engine in a process of its own")
+    runner, bound = await listen(state, host, port, reuse_port=fronts > 1)
 
     async def load() -> None:
         try:
-            engine, info = await (_start_process(state, source)
+            engine, info = await (_start_process(state, source, fronts)
                                   if isinstance(source, EngineProcessConfig)
                                   else _start_here(source))
+            if fronts > 1:
+                assert isinstance(engine, EngineClient)
+                state.front_procs = await asyncio.to_thread(
+                    start_fronts, engine.spare_ends, host, bound, state.config, log_level)
+                state.pusher = asyncio.create_task(push_metrics(state, engine))
         except Exception as exc:
             state.load_error = _load_failed(exc)
             if state.starting is not None:
@@ -68,13 +88,16 @@ async def start_server(state: ServerState, host: str, port: int, source: EngineS
         if freeze_gc and isinstance(source, EngineProcessConfig):
             freeze_startup()  # in-process, the builder froze the engine already (cli_serve)
         log.info("ready: %s", ", ".join(f"{k}={v}" for k, v in info.items()))
+        if fronts > 1:
+            log.info("%d fronts share port %d (pids %s and this one)", fronts, bound,
+                     ", ".join(str(p.pid) for p in state.front_procs))
 
     return runner, bound, asyncio.create_task(load())
 
 
-async def _start_process(state: ServerState, cfg: EngineProcessConfig
+async def _start_process(state: ServerState, cfg: EngineProcessConfig, fronts: int = 1
                          ) -> tuple[ServingEngine, dict[str, Any]]:
-    client = EngineClient(cfg)
+    client = EngineClient(cfg, fronts)
     state.starting = client  # so a shutdown during the load stops the process too
     info = await client.start()
     log.info("engine process %d", client.pid)
@@ -106,8 +129,13 @@ def _load_failed(exc: Exception) -> str:
 
 
 async def stop_server(state: ServerState, runner: web.AppRunner) -> None:
-    """Stop the engine first: live requests end as aborted, so their handlers finish and
-    the runner's cleanup does not wait out its timeout behind a long stream."""
+    """Stop the other fronts, then the engine: live requests end as aborted, so their
+    handlers finish and the runner's cleanup does not wait out its timeout behind a long
+    stream."""
+    if state.pusher is not None:
+        state.pusher.cancel()
+    if state.front_procs:
+        await asyncio.to_thread(stop_fronts, state.front_procs)
     for engine in (state.engine_loop, state.starting):
         if engine is not None:
             await engine.stop()
@@ -119,9 +147,10 @@ class ServerThread:
     """A real server on 127.0.0.1:<ephemeral> in a background thread (tests, benchmarks)."""
 
     def __init__(self, source: EngineSource, config: ServerConfig | None = None,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", fronts: int = 1) -> None:
         self.state = ServerState(config or ServerConfig())
         self._source = source
+        self._fronts = fronts
         self._host = host
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -153,7 +182,8 @@ class ServerThread:
 
         async def boot() -> None:
             self._runner, self.port, self.load_task = await start_server(
-                self.state, self._host, 0, self._source, freeze_gc=False)
+                self.state, self._host, 0, self._source, freeze_gc=False,
+                fronts=self._fronts, log_level="warning")
             self._ready.set()
 
         self._loop.run_until_complete(boot())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from typing import Any
+from typing import Any, Sequence
 
 from crucible.server.stream import RequestStream
 
@@ -43,6 +43,9 @@ ENGINE_SERIES = (
 )
 
 
+PEAK_KEYS = ("queue_peak", "waiting_peak", "pages_peak")  # sampled by each front
+
+
 class Histogram:
     def __init__(self, name: str, help_text: str,
                  buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> None:
@@ -68,16 +71,26 @@ class Histogram:
         self.sum = total
         self.count += len(values)
 
-    def render(self) -> list[str]:
+    def render(self, others: Sequence[list[float]] = ()) -> list[str]:
+        """Prometheus lines; ``others``: other fronts' ``state()`` to add in."""
+        counts, total, count = list(self.counts), self.sum, self.count
+        for o in others:
+            counts = [a + b for a, b in zip(counts, o[:-2])]
+            total += o[-2]
+            count += int(o[-1])
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
         acc = 0
-        for bound, n in zip(self.buckets, self.counts):
+        for bound, n in zip(self.buckets, counts):
             acc += n
             lines.append(f'{self.name}_bucket{{le="{bound}"}} {acc}')
-        lines.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
-        lines.append(f"{self.name}_sum {self.sum:.6f}")
-        lines.append(f"{self.name}_count {self.count}")
+        lines.append(f'{self.name}_bucket{{le="+Inf"}} {count}')
+        lines.append(f"{self.name}_sum {total:.6f}")
+        lines.append(f"{self.name}_count {count}")
         return lines
+
+    def state(self) -> list[float]:
+        """Bucket counts (+Inf last), then the sum and the count: what another front adds."""
+        return [*self.counts, self.sum, self.count]
 
 
 class Metrics:
@@ -108,8 +121,33 @@ class Metrics:
     def reject(self, cause: str) -> None:
         self.rejected[cause] += 1
 
-    def render(self, stats: dict[str, Any], *, healthy: bool, queue_bound: int) -> str:
+    def snapshot(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """What this front has counted, for the other fronts' /metrics (JSON-able); ``stats``:
+        its engine client's, whose peaks and failures are this front's own samples."""
+        return {"prompt": self.prompt_tokens, "generation": self.generation_tokens,
+                "finished": dict(self.finished), "rejected": dict(self.rejected),
+                "hist": [h.state() for h in (self.ttft, self.itl, self.e2e)],
+                "peaks": {k: stats.get(k, 0) for k in PEAK_KEYS},
+                "failures": stats.get("failures", 0)}
+
+    def render(self, stats: dict[str, Any], *, healthy: bool, queue_bound: int,
+               others: Sequence[dict[str, Any]] = ()) -> str:
+        """The text of /metrics; ``others``: the other fronts' snapshots (several fronts
+        over one engine, server/fronts.py): counters and histograms add, peaks take the
+        largest, the engine's gauges and counters are the engine's own."""
         out: list[str] = []
+        if others:
+            stats = dict(stats)
+            for key in PEAK_KEYS:
+                stats[key] = max([stats.get(key, 0)] + [o["peaks"][key] for o in others])
+            stats["failures"] = stats.get("failures", 0) + sum(o["failures"] for o in others)
+        finished, rejected = Counter(self.finished), Counter(self.rejected)
+        prompt, generation = self.prompt_tokens, self.generation_tokens
+        for o in others:
+            finished.update(o["finished"])
+            rejected.update(o["rejected"])
+            prompt += o["prompt"]
+            generation += o["generation"]
 
         def metric(name: str, kind: str, help_text: str, value: float,
                    labels: dict[str, str] | None = None) -> None:
@@ -124,9 +162,9 @@ class Metrics:
         for name, kind, text, key in ENGINE_SERIES:
             metric(name, kind, text, stats.get(key, 0))
         metric("crucible_prompt_tokens_total", "counter", "Prompt tokens of ended requests.",
-               self.prompt_tokens)
+               prompt)
         metric("crucible_generation_tokens_total", "counter",
-               "Generated tokens of ended requests.", self.generation_tokens)
+               "Generated tokens of ended requests.", generation)
         for key, kind, text in (
                 ("queries", "counter", "Admissions that looked the prefix cache up."),
                 ("hits", "counter", "Admissions that reused cached pages."),
@@ -137,13 +175,13 @@ class Metrics:
                 ("resident_bytes", "gauge", "K/V bytes of the pages it indexes.")):
             name = f"crucible_prefix_cache_{key}" + ("_total" if kind == "counter" else "")
             metric(name, kind, text, stats.get(f"cache_{key}", 0))
-        for reason in sorted(set(self.finished) | {"stop", "length", "abort", "error"}):
+        for reason in sorted(set(finished) | {"stop", "length", "abort", "error"}):
             metric("crucible_requests_finished_total", "counter", "Ended requests by reason.",
-                   self.finished[reason], {"reason": reason})
-        for cause in sorted(set(self.rejected) | {"queue_full", "invalid"}):
+                   finished[reason], {"reason": reason})
+        for cause in sorted(set(rejected) | {"queue_full", "invalid"}):
             metric("crucible_requests_rejected_total", "counter",
-                   "Requests refused before running, by cause.", self.rejected[cause],
+                   "Requests refused before running, by cause.", rejected[cause],
                    {"cause": cause})
-        for h in (self.ttft, self.itl, self.e2e):
-            out.extend(h.render())
+        for i, h in enumerate((self.ttft, self.itl, self.e2e)):
+            out.extend(h.render([o["hist"][i] for o in others]))
         return "\n".join(out) + "\n"

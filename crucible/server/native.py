@@ -102,7 +102,8 @@ async def metrics(request: web.Request) -> web.Response:
     state = _state(request)
     loop = state.engine_loop
     text = state.metrics.render(loop.stats if loop else {}, healthy=state.health()[0],
-                                queue_bound=state.config.max_queue)
+                                queue_bound=state.config.max_queue,
+                                others=loop.other_fronts if loop else ())
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Prometheus-Format": "0.0.4"})
 

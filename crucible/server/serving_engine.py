@@ -27,6 +27,7 @@ class ServingEngine(Protocol):
     num_pages: int  # the KV pool's pages (a request must fit it alone)
     max_queue: int  # the waiting-queue bound
     unhealthy_reason: str
+    other_fronts: list[dict[str, Any]]  # other fronts' metrics (server/fronts.py); else []
 
     @property
     def running(self) -> bool:

@@ -83,6 +83,10 @@ class ServerState:
         self.info: dict[str, Any] = {}  # model/device/weights for logs and /health
         # Long prompts are tokenised here, never on the event loop (2 threads: 2 at a time).
         self.tokenize_pool = ThreadPoolExecutor(2, thread_name_prefix="crucible-tokenize")
+        # Several fronts (server/fronts.py): the other front processes, started by this one,
+        # and the task sending this front's metrics to the engine process.
+        self.front_procs: list[Any] = []
+        self.pusher: asyncio.Task | None = None
 
     def attach(self, engine: ServingEngine, info: dict[str, Any]) -> None:
         self.engine_loop = engine
