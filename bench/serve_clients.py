@@ -91,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-running", type=int, default=None)
     p.add_argument("--engine-in-process", action="store_true",
                    help="pass --engine-in-process to the server (the engine in its thread)")
+    p.add_argument("--api-servers", type=int, default=1,
+                   help="the server's --api-servers: front processes over one engine")
     p.add_argument("--both-modes", action="store_true",
                    help="measure the engine in its own process and in-process, alternating")
     p.add_argument("--no-engine-batch1", action="store_true",
@@ -118,7 +120,9 @@ def server_command(args: argparse.Namespace, mode: str, port: int | str) -> list
                  "max_running"):
         if getattr(args, flag) is not None:
             cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
-    return cmd + (["--engine-in-process"] if mode == "in-process" else [])
+    if mode == "in-process":
+        return cmd + ["--engine-in-process"]
+    return cmd + (["--api-servers", str(args.api_servers)] if args.api_servers > 1 else [])
 
 
 def start_server(args: argparse.Namespace, mode: str) -> tuple[str, subprocess.Popen]:

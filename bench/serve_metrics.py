@@ -151,21 +151,31 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def engine_child(pid: int) -> int | None:
-    """The front's engine process: its child started by multiprocessing's spawn (not the
-    resource tracker spawn may also start), from /proc."""
+def spawn_children(pid: int) -> list[int]:
+    """The front's children started by multiprocessing's spawn (not the resource tracker
+    spawn may also start), from /proc, oldest first: the engine process, then the other
+    fronts of ``--api-servers`` (started once the engine is ready)."""
     try:
         kids = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
                 for c in (task / "children").read_text().split()]
     except OSError:
-        return None
+        return []
+    out = []
     for kid in kids:
         try:
             if b"spawn_main" in Path(f"/proc/{kid}/cmdline").read_bytes():
-                return kid
+                out.append(kid)
         except OSError:
             continue
-    return None
+    return sorted(out, key=_start_time)
+
+
+def _start_time(pid: int) -> int:
+    """Clock ticks after boot when ``pid`` started (0 if it is gone already)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 class CpuMeter:
@@ -173,8 +183,9 @@ class CpuMeter:
     which of them is the limit: a front near 1.0 is saturated, whatever the engine does."""
 
     def __init__(self, front_pid: int) -> None:
-        kid = engine_child(front_pid)
-        self.pids = {"front": front_pid, **({"engine": kid} if kid is not None else {})}
+        kids = spawn_children(front_pid)
+        self.pids = {"front": front_pid, **({"engine": kids[0]} if kids else {}),
+                     **{f"front{i}": k for i, k in enumerate(kids[1:], start=1)}}
         self.start: dict[str, float | None] = {}
         self.t0 = 0.0
 
@@ -189,4 +200,7 @@ class CpuMeter:
             now, was = cpu_seconds(p), self.start.get(k)
             if now is not None and was is not None:
                 out[f"{k}_cpu_cores"] = round((now - was) / wall, 2)
+        if len(self.pids) > 2:  # several fronts: their sum too
+            out["fronts_cpu_cores"] = round(sum(v for k, v in out.items()
+                                                if k.startswith("front")), 2)
         return out
