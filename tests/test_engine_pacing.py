@@ -151,7 +151,7 @@ def test_engine_core_takes_arrivals_in_during_a_step_and_sends_them_in_its_frame
     from multiprocessing import Pipe
 
     from crucible.engine import core_wire as wire
-    from crucible.engine.core_process import EngineCore
+    from crucible.engine.core_loop import EngineCore
 
     clock = Clock()
     runner = SimRunner(clock)

@@ -22,7 +22,7 @@ from multiprocessing import Pipe
 import pytest
 
 from crucible.engine import core_wire as wire
-from crucible.engine.core_process import EngineCore
+from crucible.engine.core_loop import EngineCore
 from crucible.engine.factory import TINY_MODEL, build_engine
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.settings import Settings

@@ -11,11 +11,7 @@ thread (core_link.py). The link's reader thread decodes each step frame, detoken
 (front_output.py) and hands the step's deltas to the loop with one
 ``call_soon_threadsafe``. When the process dies, every live request ends with an error
 naming its exit code, and the client stays unhealthy (503) from then on.
-
-With several fronts (server/fronts.py) the first front's client spawns the process with a
-pipe per front (``spare_ends``); each other front's client ``attach``es to its own. Every
-front sends its metrics now and then (``push_metrics``) and keeps the others' latest
-(``other_fronts``), so any front's /metrics counts what all of them served.
+(Several fronts over one engine process: server/fronts.py's ``FrontsClient``.)
 """
 
 from __future__ import annotations
@@ -47,8 +43,8 @@ class _Live(NamedTuple):
 class EngineClient:
     def __init__(self, config: EngineProcessConfig | None, fronts: int = 1) -> None:
         self.config = config  # None: attached to a process another front spawned
-        self.fronts = fronts
-        self.other_fronts: list[dict[str, Any]] = []  # the other fronts' latest metrics
+        self.fronts = fronts  # pipes the process gets (server/fronts.py)
+        self.other_fronts: list[dict[str, Any]] = []  # their metrics (server/fronts.py)
         self.tokenizer: Any = None  # all of these come with the ready message
         self.max_context = self.num_pages = self.max_queue = 0
         self.pid: int | None = None
@@ -71,7 +67,7 @@ class EngineClient:
         self._handlers = {wire.STEP: self._on_step, wire.READY: self._on_ready,
                           wire.LOAD_FAILED: self._on_load_failed,
                           wire.REFUSED: self._on_refused, wire.FAILED: self._on_failed,
-                          wire.STATS_REPLY: self._on_stats, wire.FRONTS: self._on_fronts}
+                          wire.STATS_REPLY: self._on_stats}
         self._link = CoreLink(self._on_frame, self._on_link_exit)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -83,25 +79,6 @@ class EngineClient:
         await loop.run_in_executor(None, self._link.start, self.config, self.fronts)
         self.pid = self._link.pid
         return await self._ready
-
-    @property
-    def spare_ends(self) -> list[Any]:
-        """The other fronts' pipe ends (``fronts`` > 1), for server/fronts.py to hand out."""
-        return self._link.spare_ends
-
-    async def attach(self, conn: Any) -> dict[str, Any]:
-        """Serve over ``conn``, a pipe of a process another front spawned; returns its
-        EngineInfo once its ready message (sent to every pipe at load) is read."""
-        loop = self._loop = asyncio.get_running_loop()
-        self._ready = loop.create_future()
-        self._link.attach(conn)
-        return await self._ready
-
-    def push_metrics(self, snapshot: dict[str, Any]) -> None:
-        """Send this front's metrics (server/metrics.py snapshot); the answer updates
-        ``other_fronts``."""
-        if self.running:
-            self._link.send(wire.encode_json(wire.FRONT_METRICS, {"metrics": snapshot}))
 
     async def stop(self) -> None:
         """Tell the process to stop (live requests end as aborted), wait for it, then
@@ -254,9 +231,6 @@ class EngineClient:
     def _on_stats(self, data: bytes) -> None:
         msg = wire.decode_json(data)
         self._call(self._answer, msg["qid"], msg["stats"])
-
-    def _on_fronts(self, data: bytes) -> None:
-        self._call(setattr, self, "other_fronts", wire.decode_json(data)["fronts"])
 
     # -- on the event loop -----------------------------------------------------------------
     def _deliver(self, items: list[tuple[RequestStream, Any]],

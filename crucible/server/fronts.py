@@ -26,14 +26,48 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from crucible.engine import core_wire as wire
 from crucible.engine.core_process import watch_parent
 from crucible.engine.factory import freeze_startup
+from crucible.server.engine_client import EngineClient, EngineProcessConfig
 from crucible.server.state import ServerConfig, ServerState
 
 log = logging.getLogger("crucible.server")
 
 PUSH_S = 1.0  # seconds between a front's metrics pushes
 START_TIMEOUT_S = 120.0  # for a front process to be listening
+
+
+class FrontsClient(EngineClient):
+    """An engine client among several fronts: the first front's spawns the process with a
+    pipe per front (``spare_ends``: the others' ends), each other front's ``attach``es to
+    its own end; every one sends its metrics (``push_metrics``) and keeps the others'
+    latest (``other_fronts``)."""
+
+    def __init__(self, config: EngineProcessConfig | None, fronts: int = 1) -> None:
+        super().__init__(config, fronts)
+        self._handlers[wire.FRONTS] = self._on_fronts
+
+    @property
+    def spare_ends(self) -> list[Any]:
+        return self._link.spare_ends
+
+    async def attach(self, conn: Any) -> dict[str, Any]:
+        """Serve over ``conn``, a pipe of a process another front spawned; returns its
+        EngineInfo once its ready message (sent to every pipe at load) is read."""
+        loop = self._loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self._link.attach(conn)
+        return await self._ready
+
+    def push_metrics(self, snapshot: dict[str, Any]) -> None:
+        """Send this front's metrics (server/metrics.py snapshot); the answer brings the
+        others' (reader thread -> ``other_fronts`` on the loop)."""
+        if self.running:
+            self._link.send(wire.encode_json(wire.FRONT_METRICS, {"metrics": snapshot}))
+
+    def _on_fronts(self, data: bytes) -> None:
+        self._call(setattr, self, "other_fronts", wire.decode_json(data)["fronts"])
 
 
 @dataclass(frozen=True)
@@ -47,7 +81,7 @@ class FrontSpec:
     index: int  # 1.. (the first front, which spawned the engine, is 0)
 
 
-async def push_metrics(state: ServerState, client: Any) -> None:
+async def push_metrics(state: ServerState, client: FrontsClient) -> None:
     """Forever: send this front's metrics to the engine process (the answer brings the
     others'). Cancelled when the server stops."""
     while True:
@@ -103,11 +137,10 @@ def front_main(conn: Any, spec: FrontSpec, ready: Any, parent_pid: int) -> None:
 
 
 async def _serve(conn: Any, spec: FrontSpec, ready: Any) -> None:
-    from crucible.server.engine_client import EngineClient  # noqa: PLC0415 (spawn: lazy)
-    from crucible.server.launch import listen, stop_server  # noqa: PLC0415
+    from crucible.server.launch import listen, stop_server  # noqa: PLC0415 (it imports us)
 
     state = ServerState(spec.config)
-    client = EngineClient(None)
+    client = FrontsClient(None)
     state.starting = client
     info = await client.attach(conn)
     state.attach(client, info)

@@ -24,7 +24,7 @@ from crucible.errors import CrucibleError
 from crucible.server.app import build_app
 from crucible.server.engine_client import EngineClient, EngineLoadError, EngineProcessConfig
 from crucible.server.engine_loop import EngineLoop
-from crucible.server.fronts import push_metrics, start_fronts, stop_fronts
+from crucible.server.fronts import FrontsClient, push_metrics, start_fronts, stop_fronts
 from crucible.server.serving_engine import ServingEngine
 from crucible.server.state import ServerConfig, ServerState
 from crucible.server.stream import EngineGone
@@ -75,7 +75,7 @@ async def start_server(state: ServerState, host: str, port: int, source: EngineS
                                   if isinstance(source, EngineProcessConfig)
                                   else _start_here(source))
             if fronts > 1:
-                assert isinstance(engine, EngineClient)
+                assert isinstance(engine, FrontsClient)
                 state.front_procs = await asyncio.to_thread(
                     start_fronts, engine.spare_ends, host, bound, state.config, log_level)
                 state.pusher = asyncio.create_task(push_metrics(state, engine))
@@ -97,7 +97,7 @@ async def start_server(state: ServerState, host: str, port: int, source: EngineS
 
 async def _start_process(state: ServerState, cfg: EngineProcessConfig, fronts: int = 1
                          ) -> tuple[ServingEngine, dict[str, Any]]:
-    client = EngineClient(cfg, fronts)
+    client = FrontsClient(cfg, fronts) if fronts > 1 else EngineClient(cfg)
     state.starting = client  # so a shutdown during the load stops the process too
     info = await client.start()
     log.info("engine process %d", client.pid)
