@@ -30,6 +30,7 @@ from crucible.engine import core_wire as wire
 from crucible.engine.core_process import watch_parent
 from crucible.engine.factory import freeze_startup
 from crucible.server.engine_client import EngineClient, EngineProcessConfig
+from crucible.server.listen import close_server, listen
 from crucible.server.state import ServerConfig, ServerState
 
 log = logging.getLogger("crucible.server")
@@ -137,8 +138,6 @@ def front_main(conn: Any, spec: FrontSpec, ready: Any, parent_pid: int) -> None:
 
 
 async def _serve(conn: Any, spec: FrontSpec, ready: Any) -> None:
-    from crucible.server.launch import listen, stop_server  # noqa: PLC0415 (it imports us)
-
     state = ServerState(spec.config)
     client = FrontsClient(None)
     state.starting = client
@@ -153,4 +152,4 @@ async def _serve(conn: Any, spec: FrontSpec, ready: Any) -> None:
     log.info("front %d listening on http://%s:%d", spec.index, spec.host, spec.port)
     await stop.wait()
     pusher.cancel()
-    await stop_server(state, runner)
+    await close_server(state, runner)

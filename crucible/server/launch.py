@@ -21,36 +21,17 @@ from aiohttp import web
 from crucible.engine.engine import LLMEngine
 from crucible.engine.factory import EngineInfo, freeze_startup
 from crucible.errors import CrucibleError
-from crucible.server.app import build_app
 from crucible.server.engine_client import EngineClient, EngineLoadError, EngineProcessConfig
 from crucible.server.engine_loop import EngineLoop
 from crucible.server.fronts import FrontsClient, push_metrics, start_fronts, stop_fronts
+from crucible.server.listen import close_server, listen
 from crucible.server.serving_engine import ServingEngine
 from crucible.server.state import ServerConfig, ServerState
 from crucible.server.stream import EngineGone
-from crucible.server.transport import CrucibleRunner
 
 log = logging.getLogger("crucible.server")
 # In its own process, or built here by this function (an in-process engine).
 EngineSource = Union[EngineProcessConfig, Callable[[], tuple[LLMEngine, EngineInfo]]]
-
-
-async def listen(state: ServerState, host: str, port: int, *, reuse_port: bool = False
-                 ) -> tuple[web.AppRunner, int]:
-    """The app of ``state`` listening on host:port; returns (runner, the bound port).
-    ``reuse_port``: share the port with other front processes (server/fronts.py)."""
-    # handler_cancellation: a client that disconnects cancels its handler, whose finally
-    # aborts the request (a non-streaming request has no write that could fail instead).
-    # Connections: headers within --read-timeout (the keep-alive timer), at most
-    # --max-connections open (transport.py); bodies are timed by fields.read_body.
-    cfg = state.config
-    runner = CrucibleRunner(build_app(state), handler_cancellation=True, access_log=None,
-                            max_connections=cfg.max_connections, read_timeout=cfg.read_timeout)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=min(1024, max(128, cfg.max_connections)),
-                       reuse_port=reuse_port or None)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
 async def start_server(state: ServerState, host: str, port: int, source: EngineSource,
@@ -129,18 +110,12 @@ def _load_failed(exc: Exception) -> str:
 
 
 async def stop_server(state: ServerState, runner: web.AppRunner) -> None:
-    """Stop the other fronts, then the engine: live requests end as aborted, so their
-    handlers finish and the runner's cleanup does not wait out its timeout behind a long
-    stream."""
+    """Stop the other fronts, then this one (listen.py close_server)."""
     if state.pusher is not None:
         state.pusher.cancel()
     if state.front_procs:
         await asyncio.to_thread(stop_fronts, state.front_procs)
-    for engine in (state.engine_loop, state.starting):
-        if engine is not None:
-            await engine.stop()
-    await runner.cleanup()
-    state.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+    await close_server(state, runner)
 
 
 class ServerThread:
