@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from multiprocessing import Pipe
 
@@ -210,3 +211,26 @@ def test_cli_refuses_fronts_it_cannot_run(argv: list[str], message: str) -> None
     out = subprocess.run([sys.executable, "-m", "crucible", "serve", "--model", "tiny-random",
                           "--device", "cpu", *argv], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_every_front_reports_a_dead_engine() -> None:
+    """The engine process killed: every front's /health turns 503 naming it (each front's
+    link sees the pipe close), whichever front a probe reaches; nothing hangs."""
+    srv = ServerThread(EngineProcessConfig(*TINY), ServerConfig(model_name="tiny-random"),
+                       fronts=2).start()
+    try:
+        os.kill(srv.state.engine_loop.pid, signal.SIGKILL)
+        deadline, streak = time.monotonic() + 20, 0
+        while streak < 12:  # a dozen probes in a row over new connections: both fronts
+            req = urllib.request.Request(srv.url + "/health", headers={"Connection": "close"})
+            try:
+                urllib.request.urlopen(req, timeout=10)
+                streak = 0
+            except urllib.error.HTTPError as e:
+                body = json.loads(e.read())
+                assert e.code == 503 and "engine process" in body["detail"], body
+                streak += 1
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        srv.stop()
