@@ -67,7 +67,7 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             int o_n) {
     static_assert(G >= 1 && G <= 4, "attn_decode is instantiated for 1..4 heads per CTA");
     static_assert(!MMA || (G == 1 && OW == 1), "the mma partials take int8 W_o, one head");
-    extern __shared__ float4 dec_smem4[];
+    CRU_DYNAMIC_SMEM(float4, dec_smem4);  // rows_chunk.cuh: the host shim maps it too
     float* vt = reinterpret_cast<float*>(dec_smem4);  // [CRU_DEC_VT][64]
     float* scores = vt + CRU_DEC_VT * CRU_HEAD_DIM;    // [G][capacity]
     int* tab = reinterpret_cast<int*>(scores + G * capacity);  // [capacity / 16]

@@ -33,9 +33,11 @@ __device__ __forceinline__ void cru_dec_load_v(float4* r, const float* v_pool, c
 // Ask L2 for position `pos`'s 256 bytes (two lines) without holding registers for them.
 __device__ __forceinline__ void cru_dec_prefetch(const float* pool, const int* tab, int pos,
                                                  int n_layers, int layer, int kv_dim, int kvh) {
+#ifndef CRU_HOST_SHIM  // tests/cuda_host: no cache to ask (a prefetch changes no value)
     const float* p = pool + cru_pool_row(tab, pos, n_layers, layer, kv_dim, kvh);
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 32));
+#endif
 }
 
 // Key `pos`'s 64 floats into registers (16 float4 loads in flight at once).

@@ -103,6 +103,23 @@ inline float __shfl_down_sync(unsigned, float v, int off) {
     b->arrive_and_wait();  // every lane has read before the slots are reused
     return r;
 }
+inline float __shfl_xor_sync(unsigned, float v, int mask) {  // the softmax's butterflies
+    std::barrier<>* b = warp_barriers[t_flat >> 5];
+    warp_slots[t_flat] = v;
+    b->arrive_and_wait();
+    const float r = warp_slots[t_flat ^ mask];
+    b->arrive_and_wait();
+    return r;
+}
+// common.cuh's exp and reciprocal: the GPU's __expf is an approximation of its own, so the
+// host stands in with the library's; a driver's reference calls these same functions.
+inline float __expf(float x) { return std::exp(x); }
+inline unsigned __brev(unsigned x) {  // common.cuh's leaf order helper
+    unsigned r = 0;
+    for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);
+    return r;
+}
+inline float __frcp_rn(float x) { volatile float r = 1.0f / x; return r; }
 
 // mma.m16n8k16 (bf16 in, f32 accumulate) for mma_common.cuh: the warp's lanes deposit their
 // fragments, meet, and each forms its four outputs from the whole A (16 x 16) and B (16 x 8).
