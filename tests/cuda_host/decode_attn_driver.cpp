@@ -12,12 +12,16 @@
 //
 // Sweep: one and three query heads a CTA (9 query heads over 3 KV heads, the default
 // model's), histories of 1 to 700 positions around the QK sweep (256 keys) and V tile (128)
-// edges, pages shuffled, two layers (layer 1 read), and both history segments in one launch
-// with an empty entry between them. A run is one (heads a CTA, row). `descending` as the
-// first argument makes the reference's PV chain run in descending history order: the
-// negative control, which must fail every run of two positions or more (24 of 26).
+// edges, pages shuffled, two layers (layer 1 read), all rows in one launch with an empty
+// entry among them; then the decode stack's forms (one head a CTA, W_o's chunk partials
+// of 192 columns: f32 and int8 W_o as 64-long fma chains from 0, int8 as the tensor-core
+// order's block values, mma_ref.h) on 4 of the rows (1, 17, 129, 300 positions). A run is
+// one (form, row): 38. `descending` as the first argument makes the reference's PV chain
+// run in descending history order: the negative control, which must fail every run of two
+// positions or more (33 of 38).
 #include "prelude.h"
 #include "attention_decode.cu"
+#include "mma_ref.h"
 
 #include <cstdio>
 #include <cstring>
@@ -103,22 +107,57 @@ int main(int argc, char** argv) {
         segs[i] = make_int4(i, 1, n - 1, i);  // row i, one position, at n - 1: n positions
         for (int p = 0; p < (n + 15) / 16; ++p) tables[(size_t)i * stride + p] = perm[at++];
     }
+    // W_o [ON, HEADS * HD]: f32 values and int8 codes (the decode stack's O projection)
+    constexpr int ON = 192, OK = HEADS * HD;
+    std::vector<float> wf((size_t)ON * OK);
+    std::vector<signed char> w8((size_t)ON * OK);
+    std::uniform_int_distribution<int> code(-127, 127);
+    for (size_t i = 0; i < wf.size(); ++i) {
+        wf[i] = normal(gen);
+        w8[i] = (signed char)code(gen);
+    }
     int runs = 0, fails = 0;
-    for (int G : {1, 3}) {
+    // forms: 0 = attn_decode<1, 0>, 1 = <3, 0>, 2 = <1, 4> (f32 W_o), 3 = <1, 1>, 4 = <1, 1, true>
+    for (int form = 0; form < 5; ++form) {
+        const int G = form == 1 ? 3 : 1;
+        // The stack's forms (batch-1 decode) take four of the rows; the others' entries
+        // are empty, so their CTAs leave at once (and must write nothing).
+        std::vector<int4> sg = segs;
+        if (form >= 2)
+            for (auto& e : sg)
+                if (e.y && e.z + 1 != 1 && e.z + 1 != 17 && e.z + 1 != 129 && e.z + 1 != 300)
+                    e.y = 0;
         std::vector<float> out(q.size(), -12345.0f);  // a sentinel: a missed write shows
+        std::vector<float> parts((size_t)HEADS * S * ON, -12345.0f);
         auto launch = [&] {
-            if (G == 1)
-                attn_decode<1, 0>(q.data(), kp.data(), vp.data(), segs.data(), S, tables.data(),
-                                  stride, out.data(), HEADS, KV, LAYERS, LAYER, capacity, 0,
-                                  nullptr, nullptr, 0);
-            else
-                attn_decode<3, 0>(q.data(), kp.data(), vp.data(), segs.data(), S, tables.data(),
-                                  stride, out.data(), HEADS, KV, LAYERS, LAYER, capacity, 0,
-                                  nullptr, nullptr, 0);
+            const float *qq = q.data(), *k = kp.data(), *v = vp.data();
+            const int* t = tables.data();
+            float *o = out.data(), *pp = parts.data();
+            switch (form) {
+                case 0: attn_decode<1, 0>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
+                                          LAYERS, LAYER, capacity, 0, nullptr, nullptr, 0); break;
+                case 1: attn_decode<3, 0>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
+                                          LAYERS, LAYER, capacity, 0, nullptr, nullptr, 0); break;
+                case 2: attn_decode<1, 4>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
+                                          LAYERS, LAYER, capacity, 0, wf.data(), pp, ON); break;
+                case 3: attn_decode<1, 1>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
+                                          LAYERS, LAYER, capacity, 0, w8.data(), pp, ON); break;
+                default: attn_decode<1, 1, true>(qq, k, v, sg.data(), S, t, stride, o, HEADS,
+                                                 KV, LAYERS, LAYER, capacity, 0, w8.data(), pp,
+                                                 ON);
+            }
         };
         run_grid(dim3{(unsigned)(HEADS / G), (unsigned)S, 1}, dim3{256, 1, 1}, launch);
         for (int i = 0; i < S; ++i) {
-            if (i == 3) continue;
+            if (sg[i].y == 0) {  // an empty entry: its row is never written
+                for (int h = 0; h < HEADS * HD; ++h)
+                    if (out[(size_t)i * HEADS * HD + h] != -12345.0f) {
+                        ++fails;
+                        printf("form %d: empty entry %d's row was written\n", form, i);
+                        break;
+                    }
+                continue;
+            }
             const int n = segs[i].z + 1;
             bool ok = true;
             for (int h = 0; h < HEADS; ++h) {
@@ -130,19 +169,24 @@ int main(int argc, char** argv) {
                 float want[HD];
                 reference(&q[((size_t)i * HEADS + h) * HD], kp.data(), vp.data(), rows, n, want);
                 ok = ok && std::memcmp(want, &out[((size_t)i * HEADS + h) * HD], sizeof(want)) == 0;
+                for (int c = 0; form >= 2 && c < ON; ++c) {  // head h's chunk of O column c
+                    const size_t w0 = (size_t)c * OK + h * HD;
+                    float p = 0.0f;
+                    if (form == 4) {
+                        p = mma_block(want, &w8[w0]);
+                    } else {
+                        for (int d = 0; d < HD; ++d)
+                            p = __fmaf_rn(want[d], form == 2 ? wf[w0 + d] : (float)w8[w0 + d], p);
+                    }
+                    ok = ok && p == parts[((size_t)h * S + i) * ON + c];
+                }
             }
             ++runs;
             if (!ok) {
                 ++fails;
-                printf("G=%d history %d: differs\n", G, n);
+                printf("form %d history %d: differs\n", form, n);
             }
         }
-        for (int h = 0; h < HEADS * HD; ++h)  // the empty entry's row is never written
-            if (out[(size_t)3 * HEADS * HD + h] != -12345.0f) {
-                ++fails;
-                printf("G=%d: the empty entry's row was written\n", G);
-                break;
-            }
     }
     printf("%d runs, %d failed\n", runs, fails);
     return fails != 0;
