@@ -4,6 +4,11 @@ decode_prefetch_len; "full": every CTA its whole history; "none").
 
     python3 bench/decode_attention.py --json bench/decode-attention-h200.json
     python3 bench/decode_attention.py --configs budget --cases "256 rows, 400-1200"  # for ncu
+    python3 bench/decode_attention.py --alt-source my/attention_decode.cu --configs budget,alt
+
+``--alt-source``: another attention_decode.cu (same kernel names and arguments; includes
+from cuda/), compiled here as configuration "alt" with the host's budget: a kernel change
+is timed against the shipped kernel in one process, bits checked, with no second tree.
 
 Two other forms were timed with this bench and dropped: a rolling L2 prefetch during the
 kernel (754bbcb: 0.82-0.996x, bench/decode-attention-roll-h200.json) and K and V through a
@@ -41,7 +46,8 @@ CASES = (("1 row, history 4000", 1, (4000, 4000)),
          ("256 rows, 100-600", 256, (100, 600)))
 FULL = 2**31 - 1
 # name -> prefetch budget before the PDL wait: "budget" for the host's, or positions
-CONFIGS: dict[str, int | str] = {"budget": "budget", "full": FULL, "none": 0}
+CONFIGS: dict[str, int | str] = {"budget": "budget", "full": FULL, "none": 0,
+                                 "alt": "alt"}  # alt: --alt-source's kernel, the budget
 DEFAULT_CONFIGS = "budget,full,none"
 
 
@@ -68,7 +74,24 @@ def build(cp: Any, rows: int, hist: tuple[int, int], seed: int) -> dict[str, Any
             "cap": -(-int(lens.max()) // 256) * 256}
 
 
-def launcher(cp: Any, d: dict[str, Any]) -> Any:
+ALT: dict[str, Any] = {}  # "module": the --alt-source module, compiled once
+
+
+def alt_kernel(cp: Any, source: str, g: int) -> Any:
+    """attn_decode<g, 0> of another attention_decode.cu (ALT's module)."""
+    from crucible.kernels.loader import DECODE_GROUPS
+    from crucible.kernels.source import cuda_source_dir
+
+    if "module" not in ALT:
+        with open(source) as f:
+            code = f.read()
+        ALT["module"] = cp.RawModule(code=code, options=("-std=c++17", f"-I{cuda_source_dir()}"),
+                                     name_expressions=[f"attn_decode<{h}, 0>"
+                                                       for h in DECODE_GROUPS])
+    return ALT["module"].get_function(f"attn_decode<{g}, 0>")
+
+
+def launcher(cp: Any, d: dict[str, Any], alt_source: str | None = None) -> Any:
     from crucible.kernels.attention import decode_args, decode_prefetch_len
     from crucible.kernels.launch import launch
     from crucible.kernels.loader import (decode_kernel, ensure_dynamic_smem, sm_count,
@@ -80,8 +103,11 @@ def launcher(cp: Any, d: dict[str, Any]) -> Any:
                        head_dim=HEAD_DIM, capacity=d["cap"], smem_limit=smem_optin_limit(),
                        decode=True, rows=rows, sm_count=sm_count())
     g = plan.decode_heads
-    fn = decode_kernel(g)
-    ensure_dynamic_smem(fn, plan.smem_bytes)
+    fns = {"shipped": decode_kernel(g)}
+    if alt_source is not None:
+        fns["alt"] = alt_kernel(cp, alt_source, g)
+    for fn in fns.values():
+        ensure_dynamic_smem(fn, plan.smem_bytes)
     out = cp.empty_like(d["q"])
     budget = decode_prefetch_len(N_HEADS // g * rows, N_HEADS // N_KV // g)
 
@@ -89,8 +115,9 @@ def launcher(cp: Any, d: dict[str, Any]) -> Any:
         prefetch = CONFIGS[config]
         args = decode_args(d["q"], d["k"], d["v"], layer, d["segs"], d["tables"], out, N_HEADS,
                            N_KV, d["cap"], heads_per_cta=g,
-                           prefetch_len=budget if prefetch == "budget" else int(prefetch))
-        launch(fn, (N_HEADS // g, rows, 1), (256, 1, 1), args, shared_mem=plan.smem_bytes)
+                           prefetch_len=budget if prefetch in ("budget", "alt") else int(prefetch))
+        launch(fns["alt" if config == "alt" else "shipped"], (N_HEADS // g, rows, 1),
+               (256, 1, 1), args, shared_mem=plan.smem_bytes)
         return out
 
     return run, budget, g
@@ -116,12 +143,16 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma list of {', '.join(CONFIGS)}; ratios are against the first")
     p.add_argument("--cases", default=None,
                    help="case names separated by ';' (default: all)")
+    p.add_argument("--alt-source", default=None,
+                   help="another attention_decode.cu, timed as configuration 'alt'")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     configs = args.configs.split(",")
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         p.error(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
+    if ("alt" in configs) != (args.alt_source is not None):
+        p.error("configuration 'alt' and --alt-source go together")
     cases = [c for c in CASES if args.cases is None or c[0] in args.cases.split(";")]
     if not cases:
         p.error(f"no case named in {args.cases!r}; known: {'; '.join(c[0] for c in CASES)}")
@@ -131,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     base = configs[0]
     for ci, (name, rows, hist) in enumerate(cases):
         d = build(cp, rows, hist, seed=ci)
-        run, budget, g = launcher(cp, d)
+        run, budget, g = launcher(cp, d, args.alt_source)
         ref = run(base, 7).copy()
         same = all(bool((run(c, 7).view(cp.uint32) == ref.view(cp.uint32)).all())
                    for c in configs)
