@@ -50,6 +50,7 @@ class FakeEngine:
                  tokens_per_step: int, max_context: int) -> None:
         self.tokenizer = tokenizer
         self.detokenize = True  # EngineCore turns it off; ids are all this engine makes
+        self.pacer = None  # no late planning (engine/pacing.py): steps come at step_rate
         self.vocab_size = tokenizer.vocab_size
         self.max_context = max_context
         self.config = SimpleNamespace(max_queue=settings.max_queue)
