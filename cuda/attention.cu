@@ -31,6 +31,10 @@
 // request's end are never touched. No standard headers (NVRTC).
 #include "common.cuh"
 
+#ifndef CRU_DYNAMIC_SMEM  // tests/cuda_host/prelude.h maps it onto one host buffer
+#define CRU_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
+#endif
+
 
 // ------------------------------------------------------------------------------------
 // Reference: one CTA per (query head, packed row); the canonical order itself.
@@ -40,7 +44,7 @@ attn_reference(const float* __restrict__ q, const float* __restrict__ k_pool,
                const float* __restrict__ v_pool, const int4* __restrict__ segs, int n_segs,
                const int* __restrict__ tables, int table_stride, float* __restrict__ out,
                int n_heads, int n_kv_heads, int n_layers, int layer) {
-    extern __shared__ float scores[];
+    CRU_DYNAMIC_SMEM(float, scores);
     __shared__ float red[8];
     __shared__ float bcast;
     const int head = blockIdx.x, row = blockIdx.y;
@@ -86,7 +90,7 @@ attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
            const float* __restrict__ v_pool, const int4* __restrict__ segs,
            const int* __restrict__ tables, int table_stride, float* __restrict__ out,
            int n_heads, int n_kv_heads, int n_layers, int layer, int capacity) {
-    extern __shared__ float4 smem4[];
+    CRU_DYNAMIC_SMEM(float4, smem4);
     TileJob t = cru_tile_job(segs, tables, table_stride, n_heads, n_kv_heads, Q);
     if (t.n_rows == 0) return;  // ragged segment: uniform early exit
     const int kv_dim = n_kv_heads * CRU_HEAD_DIM, lane = threadIdx.x & 31;
@@ -169,7 +173,7 @@ attn_online(const float* __restrict__ q, const float* __restrict__ k_pool,
             const float* __restrict__ v_pool, const int4* __restrict__ segs,
             const int* __restrict__ tables, int table_stride, float* __restrict__ out,
             int n_heads, int n_kv_heads, int n_layers, int layer, int capacity) {
-    extern __shared__ float4 smem4[];
+    CRU_DYNAMIC_SMEM(float4, smem4);
     const TileJob t = cru_tile_job(segs, tables, table_stride, n_heads, n_kv_heads, Q);
     if (t.n_rows == 0) return;
     const int kv_dim = n_kv_heads * CRU_HEAD_DIM, lane = threadIdx.x & 31;

@@ -44,6 +44,10 @@ whole steps) is gpu-engine-check's.
   partials (f32 and int8 W_o as fma chains, int8 as mma_ref.h's block values) are checked
   too, on four of the rows; 38 runs; exp is the library's in kernel and reference alike.
   The 33 runs of two positions or more must fail with the PV chain run descending.
+- cuda/attention.cu's exact tiled family (prefill_attn_driver.cpp), q4-k64, q2-k32, q1-k16
+  and q4-k64 with the page-table cache, over seven packed segments (prefill chunks of 4-70
+  rows starting at 0, 5, 100, 127; decode rows), against the same reference (attn_ref.h),
+  28 runs; the 24 whose rows have two positions or more must fail descending.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ from host_driver import build, run
 # driver: (runs, runs that fail with the partials added in descending order)
 CASES = {"chunks_driver.cpp": (720, 144), "stack_driver.cpp": (96, 48),
          "mma_driver.cpp": (72, 45), "mma_stack_driver.cpp": (24, 20),
-         "mma_qkv_driver.cpp": (24, 18), "decode_attn_driver.cpp": (38, 33)}
+         "mma_qkv_driver.cpp": (24, 18), "decode_attn_driver.cpp": (38, 33),
+         "prefill_attn_driver.cpp": (28, 24)}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

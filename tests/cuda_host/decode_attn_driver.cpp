@@ -2,13 +2,7 @@
 // (prelude.h) against a plain spelling of the reference attention order, bit for bit
 // (tests/test_kernels_on_host.py builds it).
 //
-// The reference (DESIGN.md's canonical order, as attn_reference spells it): per (row, query
-// head), s_j = 0.125 x the xor-butterfly sum (offsets 16, 8, 4, 2, 1) of the 32 leaves
-// fma(q[x+32], k[x+32], q[x] k[x]); the max; e_j = exp(s_j - max); the sum as 256 threads
-// would form it (thread t adds e_t, e_{t+256}, ... from 0, a butterfly per warp, the eight
-// warp sums in order) and its reciprocal; o_d = fma(e_j, v_j[d], o_d) for j ascending from 0,
-// times the reciprocal. prelude.h's exp stands in for __expf in both, so this checks the
-// kernel's mapping of that order onto threads, tiles and pages, not the GPU's exp.
+// The reference is attn_ref.h's (DESIGN.md's canonical order, as attn_reference spells it).
 //
 // Sweep: one and three query heads a CTA (9 query heads over 3 KV heads, the default
 // model's), histories of 1 to 700 positions around the QK sweep (256 keys) and V tile (128)
@@ -22,60 +16,12 @@
 #include "prelude.h"
 #include "attention_decode.cu"
 #include "mma_ref.h"
+#include "attn_ref.h"
 
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
-
-static bool descending = false;
-constexpr int HEADS = 9, KV = 3, HD = 64, LAYERS = 2, LAYER = 1, KVD = KV * HD;
-
-static float butterfly(float (&v)[32]) {  // lane 0's value after the xor butterfly
-    for (int off = 16; off > 0; off >>= 1) {
-        float w[32];
-        for (int x = 0; x < 32; ++x) w[x] = __fadd_rn(v[x], v[x ^ off]);
-        std::memcpy(v, w, sizeof(w));
-    }
-    return v[0];
-}
-
-static void reference(const float* q, const float* k_row0, const float* v_row0,
-                      const std::vector<long long>& rows, int len, float* out) {
-    // rows[j]: where position j's K/V row starts in the pools (its KV head's 64 floats)
-    std::vector<float> e(len);
-    for (int d = 0; d < HD; ++d) out[d] = 0.0f;
-    float m = -INFINITY;
-    for (int j = 0; j < len; ++j) {
-        const float* k = k_row0 + rows[j];
-        float leaf[32];
-        for (int x = 0; x < 32; ++x) leaf[x] = __fmaf_rn(q[x + 32], k[x + 32], __fmul_rn(q[x], k[x]));
-        e[j] = __fmul_rn(butterfly(leaf), 0.125f);
-        m = std::fmax(m, e[j]);
-    }
-    for (int j = 0; j < len; ++j) e[j] = __expf(__fsub_rn(e[j], m));
-    float warp_sum[8];
-    for (int w = 0; w < 8; ++w) {
-        float lane[32];
-        for (int l = 0; l < 32; ++l) {
-            float s = 0.0f;
-            for (int j = 32 * w + l; j < len; j += 256) s = __fadd_rn(s, e[j]);
-            lane[l] = s;
-        }
-        warp_sum[w] = butterfly(lane);
-    }
-    float total = warp_sum[0];
-    for (int w = 1; w < 8; ++w) total = __fadd_rn(total, warp_sum[w]);
-    const float inv = __frcp_rn(total);
-    for (int d = 0; d < HD; ++d) {
-        float o = 0.0f;
-        for (int i = 0; i < len; ++i) {
-            const int j = descending ? len - 1 - i : i;
-            o = __fmaf_rn(e[j], v_row0[rows[j] + d], o);
-        }
-        out[d] = __fmul_rn(o, inv);
-    }
-}
 
 int main(int argc, char** argv) {
     descending = argc > 1 && std::strcmp(argv[1], "descending") == 0;
@@ -161,13 +107,9 @@ int main(int argc, char** argv) {
             const int n = segs[i].z + 1;
             bool ok = true;
             for (int h = 0; h < HEADS; ++h) {
-                const int kvh = h / (HEADS / KV);
-                std::vector<long long> rows(n);
-                for (int j = 0; j < n; ++j)
-                    rows[j] = (((long long)tables[(size_t)i * stride + j / 16] * LAYERS + LAYER) * 16
-                               + j % 16) * KVD + kvh * HD;
                 float want[HD];
-                reference(&q[((size_t)i * HEADS + h) * HD], kp.data(), vp.data(), rows, n, want);
+                reference(&q[((size_t)i * HEADS + h) * HD], kp.data(), vp.data(),
+                          pool_rows(tables.data() + (size_t)i * stride, n, h), n, want);
                 ok = ok && std::memcmp(want, &out[((size_t)i * HEADS + h) * HD], sizeof(want)) == 0;
                 for (int c = 0; form >= 2 && c < ON; ++c) {  // head h's chunk of O column c
                     const size_t w0 = (size_t)c * OK + h * HD;

@@ -184,12 +184,13 @@ inline void run_grid(dim3 grid, dim3 block, F kernel) {
         threads.emplace_back([&, t] {
             threadIdx = {(unsigned)(t % block.x), (unsigned)(t / block.x), 0};
             t_flat = t;
-            for (unsigned y = 0; y < grid.y; ++y)
-                for (unsigned x = 0; x < grid.x; ++x) {
-                    blockIdx = {x, y, 0};
-                    kernel();
-                    bar.arrive_and_wait();  // the next CTA starts once this one has finished
-                }
+            for (unsigned z = 0; z < std::max(grid.z, 1u); ++z)
+                for (unsigned y = 0; y < grid.y; ++y)
+                    for (unsigned x = 0; x < grid.x; ++x) {
+                        blockIdx = {x, y, z};
+                        kernel();
+                        bar.arrive_and_wait();  // the next CTA starts once this one finished
+                    }
         });
     for (auto& t : threads) t.join();
 }
