@@ -14,12 +14,16 @@
 // G = the group size reads each K/V row once for all the heads sharing
 // it, best for large batches. What changes is who computes what, never the arithmetic:
 //   - page-table entries of the row's history are staged in shared memory once;
-//   - QK: thread j loads key j's 64 floats (16 float4) once and replays, for the G heads
-//     side by side, the reference warp's xor-butterfly dot tree (level 1 pairs lanes i and
-//     i + 16, then + 8, + 4, + 2, + 1; fp add commutes, so lane 0's butterfly value is
-//     exactly this tree); 256 keys per sweep;
+//   - QK, node-parallel: lane octet j (threads 8 j .. 8 j + 7) scores keys j, j + 32, ...,
+//     4 per sweep (128 keys a sweep); its thread i holds dims i + 8 m (m < 8) of the key and
+//     of each head's q, evaluates level-2 node i of the reference warp's xor-butterfly dot
+//     tree (level 1 pairs lanes i and i + 16, then + 8, + 4, + 2, + 1; fp add commutes, so
+//     lane 0's butterfly value is exactly this tree), and xor shuffles over 4, 2, 1 build
+//     the levels above; an octet's loads of a key are 8 fully used sectors, q needs no
+//     shared-memory reads in the sweep, and 80 registers (G = 3) fit 3 CTAs an SM;
 //   - softmax: cru_ref_softmax_g (softmax_group.cuh): per head the reference's passes and
-//     trees, with the G heads sharing every pass and barrier;
+//     trees, with the G heads sharing every pass and barrier (thread j's pass reads keys
+//     j, j + 256, ..., so a barrier follows QK);
 //   - PV: thread d < 64 runs the reference's ascending fused chain of output dimension d for
 //     all G heads (one V read feeds G chains), over V tiles of 128 positions staged in shared
 //     memory by all 256 threads; the next tile's loads are in flight while the chains run.
@@ -56,9 +60,10 @@ template <int OW> struct CruOWeight { typedef float type; };
 template <> struct CruOWeight<1> { typedef signed char type; };
 
 #define CRU_DEC_OCOL 3  // O columns per thread at once (576 = the default model's, / 256)
+#define CRU_DEC_KU 4    // keys per lane octet and QK sweep (32 octets: 128 keys a sweep)
 
 template <int G, int OW, bool MMA = false>
-__global__ void __launch_bounds__(256, 2)
+__global__ void __launch_bounds__(256, G > 1 ? 3 : 2)
 attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             const float* __restrict__ v_pool, const int4* __restrict__ segs, int n_segs,
             const int* __restrict__ tables, int table_stride, float* __restrict__ out,
@@ -117,26 +122,43 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
         q_s[tid >> 6][cru_dec_q_slot(tid & 63)] =
             q[(prow * n_heads + head0) * CRU_HEAD_DIM + tid];
     if (G == 1) cru_dec_load_v(vr, v_pool, tab, 0, hist, len, n_layers, layer, kv_dim, kvh);
-    // QK: thread j scores keys j, j + 256, ... The first key's loads are issued before the
-    // barrier that publishes q_s, so their latency overlaps q's instead of following it.
-    float k[CRU_HEAD_DIM];
-    if (tid < len) cru_dec_load_k(k, k_pool, tab, tid, n_layers, layer, kv_dim, kvh);
-    __syncthreads();
-    for (int j = tid; j < len;) {  // (G = 1) the V tile's loads are in flight meanwhile
-        // q_s is loop-invariant, and hoisting its G*16 float4 out of the sweep would spill:
-        // an opaque zero offset makes every sweep load it afresh (shared loads are cheap).
-        int fresh = 0;
-        asm volatile("" : "+r"(fresh));
-        float s[G];
-        cru_dec_dots<G>(k, q_s + fresh, s);
+    // QK: the lane octet `grp` (8 threads) scores keys grp, grp + 32, ..., CRU_DEC_KU of
+    // them per sweep, thread `node` holding the key's and q's dims node + 8 m in registers.
+    // The first sweep's key loads are issued before the barrier that publishes q_s, so
+    // their latency overlaps q's instead of following it.
+    const int node = tid & 7, grp = tid >> 3;
+    float k[CRU_DEC_KU][8];
 #pragma unroll
-        for (int g = 0; g < G; ++g) scores[g * capacity + j] = s[g];
-        j += 256;
-        if (j < len) cru_dec_load_k(k, k_pool, tab, j, n_layers, layer, kv_dim, kvh);
+    for (int u = 0; u < CRU_DEC_KU; ++u) {
+        const int pos = grp + 32 * u;
+        if (pos < len) cru_dec_load_knode(k[u], k_pool, tab, pos, node, n_layers, layer, kv_dim, kvh);
+    }
+    __syncthreads();
+    float qr[G][8];  // q dims node + 8 m: octet-order slots 8 node .. 8 node + 7
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const float4 lo = *reinterpret_cast<const float4*>(&q_s[g][8 * node]);
+        const float4 hi = *reinterpret_cast<const float4*>(&q_s[g][8 * node + 4]);
+        qr[g][0] = lo.x; qr[g][1] = lo.y; qr[g][2] = lo.z; qr[g][3] = lo.w;
+        qr[g][4] = hi.x; qr[g][5] = hi.y; qr[g][6] = hi.z; qr[g][7] = hi.w;
+    }
+    for (int base = 0; base < len; base += 32 * CRU_DEC_KU) {  // uniform: shuffles inside
+#pragma unroll
+        for (int u = 0; u < CRU_DEC_KU; ++u) {
+            const int pos = base + grp + 32 * u;
+            float sc[G];
+            cru_dec_node_dots<G>(k[u], qr, sc);  // (past len: a key of stale values, unused)
+            // Lane `node` of the octet stores head `node`'s score.
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+                if (node == g && pos < len) scores[g * capacity + pos] = sc[g];
+            const int next = pos + 32 * CRU_DEC_KU;
+            if (next < len)
+                cru_dec_load_knode(k[u], k_pool, tab, next, node, n_layers, layer, kv_dim, kvh);
+        }
     }
     if (G > 1) cru_dec_load_v(vr, v_pool, tab, 0, 0, len, n_layers, layer, kv_dim, kvh);
-    // The softmax's passes read only the scores this thread wrote (thread j computed key j,
-    // j + 256, ...), so no barrier is needed first.
+    __syncthreads();  // the softmax's thread j reads the scores of keys j, j + 256, ...
     cru_ref_softmax_g<G>(scores, capacity, len, sm);
 
     const int d = tid & 63;  // the output dimension this thread's chains own, if tid < 64

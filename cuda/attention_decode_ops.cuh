@@ -40,53 +40,48 @@ __device__ __forceinline__ void cru_dec_prefetch(const float* pool, const int* t
 #endif
 }
 
-// Key `pos`'s 64 floats into registers (16 float4 loads in flight at once).
-__device__ __forceinline__ void cru_dec_load_k(float (&k)[CRU_HEAD_DIM], const float* k_pool,
-                                               const int* tab, int pos, int n_layers,
-                                               int layer, int kv_dim, int kvh) {
-    const float4* kr = reinterpret_cast<const float4*>(
-        k_pool + cru_pool_row(tab, pos, n_layers, layer, kv_dim, kvh));
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        const float4 v = kr[i];
-        k[4 * i] = v.x; k[4 * i + 1] = v.y; k[4 * i + 2] = v.z; k[4 * i + 3] = v.w;
-    }
-}
-
 // Where q dimension d is staged: "octet order", slot 8 * (d & 7) + (d >> 3), so that the
-// eight dimensions i, i + 8, ..., i + 56 one level-2 node of the tree needs are two float4.
+// eight dimensions i, i + 8, ..., i + 56 that level-2 node i of the dot tree needs are two
+// float4 (slots 8 i .. 8 i + 7).
 __device__ __forceinline__ int cru_dec_q_slot(int d) { return 8 * (d & 7) + (d >> 3); }
 
-// The G heads' scaled dot products with one key (k: its 64 floats in registers). The
-// reference tree is evaluated node by node: level-2 node i (i < 8) is
-// (leaf(i) + leaf(i + 16)) + (leaf(i + 8) + leaf(i + 24)), leaf(x) = q[x+32]*k[x+32] fused
-// onto q[x]*k[x]; nodes i and i + 4 meet at level 3, then 0+2 and 1+3, then the root. Going
-// node-major keeps 8 partials per head live, so the G trees run side by side (and keys
-// die as they are used) instead of one tree of 16 level-1 partials at a time.
+// The 8 floats of key `pos` that node `node` of the tree needs: dims node + 8 m, m < 8. The
+// 8 threads of a key read its 256 bytes together, 32 contiguous bytes (one sector) per load.
+__device__ __forceinline__ void cru_dec_load_knode(float (&k)[8], const float* k_pool,
+                                                   const int* tab, int pos, int node,
+                                                   int n_layers, int layer, int kv_dim,
+                                                   int kvh) {
+    const float* kr = k_pool + cru_pool_row(tab, pos, n_layers, layer, kv_dim, kvh) + node;
+#pragma unroll
+    for (int m = 0; m < 8; ++m) k[m] = kr[8 * m];
+}
+
+// The G heads' scaled dot products with one key, node-parallel: the 8 threads of an aligned
+// lane octet hold one key, thread `node` (= lane & 7) the key's and each head's dims
+// node + 8 m. The reference tree (the warp's xor butterfly, attention.cu) is level-2 node i
+// = (leaf(i) + leaf(i + 16)) + (leaf(i + 8) + leaf(i + 24)), leaf(x) = q[x+32]*k[x+32] fused
+// onto q[x]*k[x]; then nodes i and i + 4, then 0+2 and 1+3, then the root. Each thread
+// evaluates its own node, and xor shuffles over 4, 2, 1 build the upper levels (fp add
+// commutes, so both partners of a shuffle get the same sum): every lane of the octet ends
+// with the root. All 32 lanes must call this (the shuffles are warp-wide).
 template <int G>
-__device__ __forceinline__ void cru_dec_dots(const float (&k)[CRU_HEAD_DIM],
-                                             const float (*q_s)[CRU_HEAD_DIM], float (&s)[G]) {
-    float b[G][8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            // lo: q dims i, i + 8, i + 16, i + 24; hi: the same + 32
-            const float4 lo = *reinterpret_cast<const float4*>(&q_s[g][8 * i]);
-            const float4 hi = *reinterpret_cast<const float4*>(&q_s[g][8 * i + 4]);
-            const float l0 = cru_leaf(lo.x, hi.x, k[i], k[i + 32]);
-            const float l8 = cru_leaf(lo.y, hi.y, k[i + 8], k[i + 40]);
-            const float l16 = cru_leaf(lo.z, hi.z, k[i + 16], k[i + 48]);
-            const float l24 = cru_leaf(lo.w, hi.w, k[i + 24], k[i + 56]);
-            b[g][i] = cru_add(cru_add(l0, l16), cru_add(l8, l24));
-        }
-    }
+__device__ __forceinline__ void cru_dec_node_dots(const float (&k)[8], const float (&q)[G][8],
+                                                  float (&s)[G]) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-        const float c0 = cru_add(b[g][0], b[g][4]), c1 = cru_add(b[g][1], b[g][5]);
-        const float c2 = cru_add(b[g][2], b[g][6]), c3 = cru_add(b[g][3], b[g][7]);
-        s[g] = cru_scale(cru_add(cru_add(c0, c2), cru_add(c1, c3)));
+        const float l0 = cru_leaf(q[g][0], q[g][4], k[0], k[4]);    // dims i, i + 32
+        const float l8 = cru_leaf(q[g][1], q[g][5], k[1], k[5]);    // i + 8, i + 40
+        const float l16 = cru_leaf(q[g][2], q[g][6], k[2], k[6]);   // i + 16, i + 48
+        const float l24 = cru_leaf(q[g][3], q[g][7], k[3], k[7]);   // i + 24, i + 56
+        s[g] = cru_add(cru_add(l0, l16), cru_add(l8, l24));
     }
+#pragma unroll
+    for (int off = 4; off > 0; off >>= 1) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) s[g] = cru_add(s[g], __shfl_xor_sync(0xffffffffu, s[g], off));
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = cru_scale(s[g]);
 }
 
 // Four steps of the G chains: acc[g] += p[g].{x,y,z,w} * v[0..3], in that order.

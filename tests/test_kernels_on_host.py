@@ -37,8 +37,8 @@ whole steps) is gpu-engine-check's.
   or the gather; K 64 / 192 / 576, 1 and 2 rows, 1 or 3 heads per CTA, 24 runs. The 18 runs
   with 3 or more partials or blocks must fail in descending order.
 - cuda/attention_decode.cu (decode_attn_driver.cpp) against a plain spelling of the
-  reference attention order (the QK butterfly tree, the softmax's 256-thread sums, the
-  ascending PV chain): attn_decode<1, 0> and <3, 0> over 9 query heads and 3 KV heads,
+  reference attention order (the QK butterfly tree, which the kernel builds from eight
+  threads a key, the softmax's 256-thread sums, the ascending PV chain): attn_decode<1, 0> and <3, 0> over 9 query heads and 3 KV heads,
   histories of 1 to 700 positions around the QK sweep and V tile edges, shuffled pages,
   empty entries that must stay unwritten; then the decode stack's forms, whose O chunk
   partials (f32 and int8 W_o as fma chains, int8 as mma_ref.h's block values) are checked

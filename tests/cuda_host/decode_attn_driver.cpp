@@ -5,7 +5,7 @@
 // The reference is attn_ref.h's (DESIGN.md's canonical order, as attn_reference spells it).
 //
 // Sweep: one and three query heads a CTA (9 query heads over 3 KV heads, the default
-// model's), histories of 1 to 700 positions around the QK sweep (256 keys) and V tile (128)
+// model's), histories of 1 to 700 positions around the QK sweep (128 keys) and V tile (128)
 // edges, pages shuffled, two layers (layer 1 read), all rows in one launch with an empty
 // entry among them; then the decode stack's forms (one head a CTA, W_o's chunk partials
 // of 192 columns: f32 and int8 W_o as 64-long fma chains from 0, int8 as the tensor-core
