@@ -6,6 +6,10 @@ decode_prefetch_len; "full": every CTA its whole history; "none").
     python3 bench/decode_attention.py --configs budget --cases "256 rows, 400-1200"  # for ncu
     python3 bench/decode_attention.py --alt-source my/attention_decode.cu --configs budget,alt
 
+``g1``: the shipped kernel with one query head a CTA (and that grid's budget) whatever the
+host's heads-per-CTA rule (kernels/variants.py decode_heads_per_cta) picks: where the rule
+picks the whole group, this times the other side of it.
+
 ``--alt-source``: another attention_decode.cu (same kernel names and arguments; includes
 from cuda/), compiled here as configuration "alt" with the host's budget: a kernel change
 is timed against the shipped kernel in one process, bits checked, with no second tree.
@@ -38,6 +42,9 @@ import numpy as np
 
 N_LAYERS, N_HEADS, N_KV, HEAD_DIM, PAGE = 30, 9, 3, 64, 16
 CASES = (("1 row, history 4000", 1, (4000, 4000)),
+         ("32 rows, 128-192", 32, (128, 192)),
+         ("64 rows, 128-192", 64, (128, 192)),  # gpu_generate's batch-64 decode
+         ("128 rows, 128-192", 128, (128, 192)),
          ("64 rows, 400-1200", 64, (400, 1200)),
          ("256 rows, 400-1200", 256, (400, 1200)),
          ("496 rows, 400-1200", 496, (400, 1200)),
@@ -47,7 +54,8 @@ CASES = (("1 row, history 4000", 1, (4000, 4000)),
 FULL = 2**31 - 1
 # name -> prefetch budget before the PDL wait: "budget" for the host's, or positions
 CONFIGS: dict[str, int | str] = {"budget": "budget", "full": FULL, "none": 0,
-                                 "alt": "alt"}  # alt: --alt-source's kernel, the budget
+                                 "alt": "alt",  # alt: --alt-source's kernel, the budget
+                                 "g1": "g1"}  # the shipped kernel at one head a CTA
 DEFAULT_CONFIGS = "budget,full,none"
 
 
@@ -96,7 +104,7 @@ def launcher(cp: Any, d: dict[str, Any], alt_source: str | None = None) -> Any:
     from crucible.kernels.launch import launch
     from crucible.kernels.loader import (decode_kernel, ensure_dynamic_smem, sm_count,
                                          smem_optin_limit)
-    from crucible.kernels.variants import parse_variant, plan_launch
+    from crucible.kernels.variants import decode_smem_bytes, parse_variant, plan_launch
 
     rows = int(d["segs"].shape[0])
     plan = plan_launch(parse_variant("exact-q4-k64"), n_heads=N_HEADS, n_kv_heads=N_KV,
@@ -108,11 +116,20 @@ def launcher(cp: Any, d: dict[str, Any], alt_source: str | None = None) -> Any:
         fns["alt"] = alt_kernel(cp, alt_source, g)
     for fn in fns.values():
         ensure_dynamic_smem(fn, plan.smem_bytes)
+    fns["g1"] = decode_kernel(1)
+    smem1 = decode_smem_bytes(d["cap"], 1)
+    ensure_dynamic_smem(fns["g1"], smem1)
     out = cp.empty_like(d["q"])
     budget = decode_prefetch_len(N_HEADS // g * rows, N_HEADS // N_KV // g)
+    budget1 = decode_prefetch_len(N_HEADS * rows, N_HEADS // N_KV)
 
     def run(config: str, layer: int) -> Any:
         prefetch = CONFIGS[config]
+        if config == "g1":
+            args = decode_args(d["q"], d["k"], d["v"], layer, d["segs"], d["tables"], out,
+                               N_HEADS, N_KV, d["cap"], heads_per_cta=1, prefetch_len=budget1)
+            launch(fns["g1"], (N_HEADS, rows, 1), (256, 1, 1), args, shared_mem=smem1)
+            return out
         args = decode_args(d["q"], d["k"], d["v"], layer, d["segs"], d["tables"], out, N_HEADS,
                            N_KV, d["cap"], heads_per_cta=g,
                            prefetch_len=budget if prefetch in ("budget", "alt") else int(prefetch))
