@@ -74,6 +74,18 @@ def engine_pid(srv) -> int:
     return engine.pid
 
 
+def wait_idle(srv, timeout: float = 10.0) -> dict:
+    """The server's engine stats once no request is left and every page is free (or fail
+    with the last stats): what every test that ends requests checks before the next."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = srv.engine_stats()
+        if st["running"] == st["waiting"] == 0 and st["pages_free"] == st["pages_total"]:
+            return st
+        assert time.monotonic() < deadline, st
+        time.sleep(0.02)
+
+
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():

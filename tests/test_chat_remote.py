@@ -21,6 +21,7 @@ from crucible.engine.factory import build_engine
 from crucible.engine.settings import Settings
 from crucible.server.launch import ServerThread
 from crucible.server.state import ServerConfig
+from engine_process_kit import wait_idle
 from test_chat_support import TIMEOUT_S, say, send, spawn_chat, stop, wait_prompt
 
 KEY = "chat-test-key"
@@ -43,17 +44,6 @@ def server(root: Path):
         yield srv
     finally:
         srv.stop()
-
-
-def wait_idle(srv: ServerThread) -> dict:
-    """The engine's stats once no request is left and every page is free (or fail)."""
-    deadline = time.monotonic() + 10
-    while True:
-        st = srv.engine_stats()
-        if st["running"] == st["waiting"] == 0 and st["pages_free"] == st["pages_total"]:
-            return st
-        assert time.monotonic() < deadline, st
-        time.sleep(0.02)
 
 
 def pages_used_metric(srv: ServerThread) -> int:

@@ -30,6 +30,7 @@ from crucible.engine.settings import Settings
 from crucible.server.engine_client import EngineProcessConfig
 from crucible.server.launch import ServerThread
 from crucible.server.state import ServerConfig
+from engine_process_kit import wait_for, wait_idle
 
 TINY = (TINY_MODEL, Settings(device="cpu", weights="f32", num_pages=256))
 
@@ -82,10 +83,8 @@ def test_core_links_keep_their_fronts_apart() -> None:
     done = _frames(f0, lambda fr: ended(fr) == 1)
     assert [w.finish_reason for w in _deltas(done) if w.finish_reason] == ["length"]
     assert len(toks(_deltas(done), 3)) == 60
-    deadline = time.monotonic() + 10
-    while engine.allocator.num_free != engine.allocator.num_pages or engine.has_unfinished():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: engine.allocator.num_free == engine.allocator.num_pages
+             and not engine.has_unfinished())
     assert core.open == [True, False] and core.handles == {}
     # Metrics pushed by link 0 come back as nothing (no other front is left).
     f0.send_bytes(wire.encode_json(wire.FRONT_METRICS, {"metrics": {"x": 1}}))
@@ -127,16 +126,6 @@ def _metrics(url: str, *starts: str) -> list[float]:
             for s in starts]
 
 
-def _idle(srv: ServerThread) -> None:
-    deadline = time.monotonic() + 15
-    while True:
-        st = srv.engine_stats()
-        if st["running"] == st["waiting"] == 0 and st["pages_free"] == st["pages_total"]:
-            return
-        assert time.monotonic() < deadline, st
-        time.sleep(0.05)
-
-
 def test_three_fronts_serve_one_engine() -> None:
     body = {"model": "tiny-random", "prompt": "the quick brown fox", "max_tokens": 12,
             "temperature": 0}
@@ -164,7 +153,7 @@ def test_three_fronts_serve_one_engine() -> None:
             streak = streak + 1 if got == want_metrics else 0
             assert time.monotonic() < deadline, seen[-10:]
             time.sleep(0.1)
-        _idle(srv)
+        wait_idle(srv, timeout=15)
     finally:
         srv.stop()
     assert [p.exitcode for p in srv.state.front_procs] == [0, 0]
@@ -189,11 +178,11 @@ def test_a_dead_front_loses_only_its_streams() -> None:
                 resp = r
                 break
             r.close()
-            _idle(srv)
+            wait_idle(srv, timeout=15)
         assert resp is not None, "no stream landed on the second front"
         os.kill(other.pid, signal.SIGKILL)
         other.join(10)
-        _idle(srv)  # the engine ended that front's request: every page is back
+        wait_idle(srv, timeout=15)  # the engine ended that front's request: every page is back
         body = {"model": "tiny-random", "prompt": "still here", "max_tokens": 4}
         for _ in range(5):  # the port now leads to the first front alone
             assert _post(srv.url, body)["choices"][0]["finish_reason"] == "length"

@@ -6,7 +6,6 @@ streaming and not. Two servers of one tiny random model, the same requests to bo
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 
@@ -17,6 +16,7 @@ from crucible.engine.settings import Settings
 from crucible.server.engine_client import EngineClient, EngineProcessConfig
 from crucible.server.launch import ServerThread
 from crucible.server.state import ServerConfig
+from engine_process_kit import wait_idle
 
 TINY = (TINY_MODEL, Settings(device="cpu", weights="f32", num_pages=256))
 MODEL = "tiny-random"
@@ -41,13 +41,7 @@ def servers():
 def idle_after(servers):
     yield
     for srv in servers:  # every request ended in the engine, every page is back
-        deadline = time.monotonic() + 10
-        while True:
-            st = srv.engine_stats()
-            if st["running"] == st["waiting"] == 0 and st["pages_free"] == st["pages_total"]:
-                break
-            assert time.monotonic() < deadline, st
-            time.sleep(0.02)
+        wait_idle(srv)
 
 
 def post(srv, path: str, body: dict) -> tuple[int, str]:

@@ -10,12 +10,36 @@
 // not the GPU's exp. Include after prelude.h.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
 // The drivers' geometry: the default model's heads, two layers of which layer 1 is read.
 constexpr int HEADS = 9, KV = 3, HD = 64, LAYERS = 2, LAYER = 1, KVD = KV * HD;
+
+// K and V pools of n_pages pages of random normals, and the page numbers in shuffled order
+// for the drivers to hand out (perm[at++]) as their segments' tables: a segment's pages are
+// then never adjacent, as in a pool that has served many requests.
+struct ShuffledPool {
+    std::vector<int> perm;
+    std::vector<float> k, v;
+};
+
+inline ShuffledPool shuffled_pool(int n_pages, std::mt19937& gen,
+                                  std::normal_distribution<float>& normal) {
+    ShuffledPool p;
+    p.perm.resize(n_pages);
+    for (int i = 0; i < n_pages; ++i) p.perm[i] = i;
+    std::shuffle(p.perm.begin(), p.perm.end(), gen);
+    const size_t n = (size_t)n_pages * LAYERS * 16 * KVD;
+    p.k.resize(n);
+    p.v.resize(n);
+    for (auto* v : {&p.k, &p.v})
+        for (float& x : *v) x = normal(gen);
+    return p;
+}
 
 static bool descending = false;  // the negative control: the PV chain run backwards
 

@@ -36,13 +36,12 @@ int main(int argc, char** argv) {
         max_chunk = std::max(max_chunk, n);
     }
     const int capacity = (max_end + 255) / 256 * 256, stride = (max_end + 15) / 16;
-    std::vector<int> perm(n_pages);
-    for (int i = 0; i < n_pages; ++i) perm[i] = i;
-    std::shuffle(perm.begin(), perm.end(), gen);
-    const size_t pool_n = (size_t)n_pages * LAYERS * 16 * KVD;
-    std::vector<float> kp(pool_n), vp(pool_n), q((size_t)T * HEADS * HD);
-    for (auto* v : {&kp, &vp, &q})
-        for (float& x : *v) x = normal(gen);
+    ShuffledPool pool = shuffled_pool(n_pages, gen, normal);
+    const std::vector<int>& perm = pool.perm;
+    std::vector<float>& kp = pool.k;
+    std::vector<float>& vp = pool.v;
+    std::vector<float> q((size_t)T * HEADS * HD);
+    for (float& x : q) x = normal(gen);
     std::vector<int4> segs(S);
     std::vector<int> tables((size_t)S * stride, 0);
     for (int i = 0, at = 0, row = 0; i < S; ++i) {
