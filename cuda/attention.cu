@@ -17,8 +17,7 @@
 //                         One CTA = one segment x one KV head x Q adjacent rows; its Q*G
 //                         (row, head) "distributions" share every K/V tile staged in smem.
 //                         Bit-identical to the reference: QK replays the warp's xor tree
-//                         with eight threads a key, each one level-2 subtree, q in
-//                         registers (attention_qk_nodes.cuh; tree-ordered K staging), softmax
+//                         sequentially in one thread (tree-ordered K staging), softmax
 //                         replays the reference's 8 virtual warps, PV runs the same
 //                         ascending fused chain. Dynamic smem 4*(KT*68 + Q*G*64 + 96 + Q*G*C).
 //                         CACHE (diagnostic "-cache" names) first copies the tile's page-table
@@ -30,7 +29,6 @@
 // Assumptions: the wrapper checks shapes; C is a multiple of 256 >= every row's causal
 // length; only positions < the tile's longest causal length are read, so pages beyond a
 // request's end are never touched. No standard headers (NVRTC).
-#include "attention_qk_nodes.cuh"
 #include "common.cuh"
 
 #ifndef CRU_DYNAMIC_SMEM  // tests/cuda_host/prelude.h maps it onto one host buffer
@@ -107,14 +105,12 @@ attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
         t.table = table_s;
     }
     cru_stage_q(q_s, lens, q, t, n_heads);
-    __syncthreads();  // q_s is visible: its chunks go to registers for the whole pass
-    const QkNodes qn = cru_qk_nodes_setup(q_s, t.nw);
 
     for (int base = 0; base < t.lmax; base += KT) {  // pass 1: K -> full score vectors
         __syncthreads();
         cru_stage<KT, true>(kv, k_pool, t, base, n_layers, layer, kv_dim);
         __syncthreads();
-        cru_qk_nodes<KT>(kv, qn, lens, scores, capacity, base, t.nw);
+        cru_qk_tile<KT>(kv, q_s, lens, scores, capacity, 0, base, t.nw);
     }
     __syncthreads();
 
