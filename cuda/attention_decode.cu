@@ -131,7 +131,8 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
 #pragma unroll
     for (int u = 0; u < CRU_DEC_KU; ++u) {
         const int pos = grp + 32 * u;
-        if (pos < len) cru_dec_load_knode(k[u], k_pool, tab, pos, node, n_layers, layer, kv_dim, kvh);
+        if (pos < len)
+            cru_dec_load_knode(k[u], k_pool, tab, pos, node, n_layers, layer, kv_dim, kvh);
     }
     __syncthreads();
     float qr[G][8];  // q dims node + 8 m: octet-order slots 8 node .. 8 node + 7
@@ -147,7 +148,7 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
         for (int u = 0; u < CRU_DEC_KU; ++u) {
             const int pos = base + grp + 32 * u;
             float sc[G];
-            cru_dec_node_dots<G>(k[u], qr, sc);  // (past len: a key of stale values, unused)
+            cru_dec_node_dots<G>(k[u], qr, sc);  // (pos >= len: k[u] unloaded, sc unused)
             // Lane `node` of the octet stores head `node`'s score.
 #pragma unroll
             for (int g = 0; g < G; ++g)
