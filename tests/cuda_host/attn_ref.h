@@ -19,26 +19,38 @@
 // The drivers' geometry: the default model's heads, two layers of which layer 1 is read.
 constexpr int HEADS = 9, KV = 3, HD = 64, LAYERS = 2, LAYER = 1, KVD = KV * HD;
 
-// K and V pools of n_pages pages of random normals, and the page numbers in shuffled order
-// for the drivers to hand out (perm[at++]) as their segments' tables: a segment's pages are
+// A driver's inputs: K and V pools of n_pages pages and q of q_rows rows (random normals,
+// drawn in that order), n_segs segment descriptors for the driver to fill, and their page
+// tables, which take_pages fills from the pages in shuffled order: a segment's pages are
 // then never adjacent, as in a pool that has served many requests.
-struct ShuffledPool {
+struct AttnInputs {
+    std::vector<float> k, v, q;  // k/v [n_pages][LAYERS][16][KVD], q [q_rows][HEADS * HD]
+    std::vector<int4> segs;
+    std::vector<int> tables;  // [n_segs][stride]
     std::vector<int> perm;
-    std::vector<float> k, v;
+    int stride = 0, at = 0;
+
+    void take_pages(int seg, int count) {
+        for (int p = 0; p < count; ++p) tables[(size_t)seg * stride + p] = perm[at++];
+    }
 };
 
-inline ShuffledPool shuffled_pool(int n_pages, std::mt19937& gen,
-                                  std::normal_distribution<float>& normal) {
-    ShuffledPool p;
-    p.perm.resize(n_pages);
-    for (int i = 0; i < n_pages; ++i) p.perm[i] = i;
-    std::shuffle(p.perm.begin(), p.perm.end(), gen);
+inline AttnInputs attn_inputs(int n_pages, int q_rows, int n_segs, int stride,
+                              std::mt19937& gen, std::normal_distribution<float>& normal) {
+    AttnInputs in;
+    in.perm.resize(n_pages);
+    for (int i = 0; i < n_pages; ++i) in.perm[i] = i;
+    std::shuffle(in.perm.begin(), in.perm.end(), gen);
     const size_t n = (size_t)n_pages * LAYERS * 16 * KVD;
-    p.k.resize(n);
-    p.v.resize(n);
-    for (auto* v : {&p.k, &p.v})
+    in.k.resize(n);
+    in.v.resize(n);
+    in.q.resize((size_t)q_rows * HEADS * HD);
+    for (auto* v : {&in.k, &in.v, &in.q})
         for (float& x : *v) x = normal(gen);
-    return p;
+    in.segs.resize(n_segs);
+    in.tables.assign((size_t)n_segs * stride, 0);
+    in.stride = stride;
+    return in;
 }
 
 static bool descending = false;  // the negative control: the PV chain run backwards
@@ -61,7 +73,8 @@ static void reference(const float* q, const float* k_row0, const float* v_row0,
     for (int j = 0; j < len; ++j) {
         const float* k = k_row0 + rows[j];
         float leaf[32];
-        for (int x = 0; x < 32; ++x) leaf[x] = __fmaf_rn(q[x + 32], k[x + 32], __fmul_rn(q[x], k[x]));
+        for (int x = 0; x < 32; ++x)
+            leaf[x] = __fmaf_rn(q[x + 32], k[x + 32], __fmul_rn(q[x], k[x]));
         e[j] = __fmul_rn(butterfly(leaf), 0.125f);
         m = std::fmax(m, e[j]);
     }

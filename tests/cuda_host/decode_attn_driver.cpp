@@ -35,22 +35,15 @@ int main(int argc, char** argv) {
         n_pages += (n + 15) / 16;
     }
     const int capacity = (max_len + 255) / 256 * 256, stride = (max_len + 15) / 16;
-    ShuffledPool pool = shuffled_pool(n_pages, gen, normal);
-    const std::vector<int>& perm = pool.perm;
-    std::vector<float>& kp = pool.k;
-    std::vector<float>& vp = pool.v;
-    std::vector<float> q((size_t)S * HEADS * HD);
-    for (float& x : q) x = normal(gen);
-    std::vector<int4> segs(S);
-    std::vector<int> tables((size_t)S * stride, 0);
-    for (int i = 0, at = 0, e = 0; i < S; ++i) {
+    AttnInputs in = attn_inputs(n_pages, S, S, stride, gen, normal);
+    for (int i = 0, e = 0; i < S; ++i) {
         if (i == 3) {  // an empty entry, as a mixed-step graph's one-row list pads with
-            segs[i] = make_int4(i, 0, 0, i);
+            in.segs[i] = make_int4(i, 0, 0, i);
             continue;
         }
         const int n = lens[e++];
-        segs[i] = make_int4(i, 1, n - 1, i);  // row i, one position, at n - 1: n positions
-        for (int p = 0; p < (n + 15) / 16; ++p) tables[(size_t)i * stride + p] = perm[at++];
+        in.segs[i] = make_int4(i, 1, n - 1, i);  // row i, one position, at n - 1: n positions
+        in.take_pages(i, (n + 15) / 16);
     }
     // W_o [ON, HEADS * HD]: f32 values and int8 codes (the decode stack's O projection)
     constexpr int ON = 192, OK = HEADS * HD;
@@ -67,16 +60,16 @@ int main(int argc, char** argv) {
         const int G = form == 1 ? 3 : 1;
         // The stack's forms (batch-1 decode) take four of the rows; the others' entries
         // are empty, so their CTAs leave at once (and must write nothing).
-        std::vector<int4> sg = segs;
+        std::vector<int4> sg = in.segs;
         if (form >= 2)
             for (auto& e : sg)
                 if (e.y && e.z + 1 != 1 && e.z + 1 != 17 && e.z + 1 != 129 && e.z + 1 != 300)
                     e.y = 0;
-        std::vector<float> out(q.size(), -12345.0f);  // a sentinel: a missed write shows
+        std::vector<float> out(in.q.size(), -12345.0f);  // a sentinel: a missed write shows
         std::vector<float> parts((size_t)HEADS * S * ON, -12345.0f);
         auto launch = [&] {
-            const float *qq = q.data(), *k = kp.data(), *v = vp.data();
-            const int* t = tables.data();
+            const float *qq = in.q.data(), *k = in.k.data(), *v = in.v.data();
+            const int* t = in.tables.data();
             float *o = out.data(), *pp = parts.data();
             switch (form) {
                 case 0: attn_decode<1, 0>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
@@ -103,12 +96,12 @@ int main(int argc, char** argv) {
                     }
                 continue;
             }
-            const int n = segs[i].z + 1;
+            const int n = in.segs[i].z + 1;
             bool ok = true;
             for (int h = 0; h < HEADS; ++h) {
                 float want[HD];
-                reference(&q[((size_t)i * HEADS + h) * HD], kp.data(), vp.data(),
-                          pool_rows(tables.data() + (size_t)i * stride, n, h), n, want);
+                reference(&in.q[((size_t)i * HEADS + h) * HD], in.k.data(), in.v.data(),
+                          pool_rows(in.tables.data() + (size_t)i * stride, n, h), n, want);
                 ok = ok && std::memcmp(want, &out[((size_t)i * HEADS + h) * HD], sizeof(want)) == 0;
                 for (int c = 0; form >= 2 && c < ON; ++c) {  // head h's chunk of O column c
                     const size_t w0 = (size_t)c * OK + h * HD;

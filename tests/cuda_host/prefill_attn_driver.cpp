@@ -36,51 +36,45 @@ int main(int argc, char** argv) {
         max_chunk = std::max(max_chunk, n);
     }
     const int capacity = (max_end + 255) / 256 * 256, stride = (max_end + 15) / 16;
-    ShuffledPool pool = shuffled_pool(n_pages, gen, normal);
-    const std::vector<int>& perm = pool.perm;
-    std::vector<float>& kp = pool.k;
-    std::vector<float>& vp = pool.v;
-    std::vector<float> q((size_t)T * HEADS * HD);
-    for (float& x : q) x = normal(gen);
-    std::vector<int4> segs(S);
-    std::vector<int> tables((size_t)S * stride, 0);
-    for (int i = 0, at = 0, row = 0; i < S; ++i) {
+    AttnInputs in = attn_inputs(n_pages, T, S, stride, gen, normal);
+    for (int i = 0, row = 0; i < S; ++i) {
         const auto [st, n] = slices[i];
-        segs[i] = make_int4(row, n, st, i);
-        for (int p = 0; p < (st + n + 15) / 16; ++p) tables[(size_t)i * stride + p] = perm[at++];
+        in.segs[i] = make_int4(row, n, st, i);
+        in.take_pages(i, (st + n + 15) / 16);
         row += n;
     }
     int runs = 0, fails = 0;
     const char* names[] = {"exact-q4-k64", "exact-q2-k32", "exact-q1-k16", "exact-q4-k64-cache"};
     for (int form = 0; form < 4; ++form) {
         const int Q = form == 1 ? 2 : form == 2 ? 1 : 4;
-        std::vector<float> out(q.size(), -12345.0f);  // a sentinel: a missed write shows
+        std::vector<float> out(in.q.size(), -12345.0f);  // a sentinel: a missed write shows
         auto launch = [&] {
-            const float *qq = q.data(), *k = kp.data(), *v = vp.data();
-            const int* t = tables.data();
+            const float *qq = in.q.data(), *k = in.k.data(), *v = in.v.data();
+            const int* t = in.tables.data();
+            const int4* sg = in.segs.data();
             float* o = out.data();
             switch (form) {
-                case 0: attn_exact<4, 64, false>(qq, k, v, segs.data(), t, stride, o, HEADS, KV,
+                case 0: attn_exact<4, 64, false>(qq, k, v, sg, t, stride, o, HEADS, KV,
                                                  LAYERS, LAYER, capacity); break;
-                case 1: attn_exact<2, 32, false>(qq, k, v, segs.data(), t, stride, o, HEADS, KV,
+                case 1: attn_exact<2, 32, false>(qq, k, v, sg, t, stride, o, HEADS, KV,
                                                  LAYERS, LAYER, capacity); break;
-                case 2: attn_exact<1, 16, false>(qq, k, v, segs.data(), t, stride, o, HEADS, KV,
+                case 2: attn_exact<1, 16, false>(qq, k, v, sg, t, stride, o, HEADS, KV,
                                                  LAYERS, LAYER, capacity); break;
-                default: attn_exact<4, 64, true>(qq, k, v, segs.data(), t, stride, o, HEADS, KV,
+                default: attn_exact<4, 64, true>(qq, k, v, sg, t, stride, o, HEADS, KV,
                                                  LAYERS, LAYER, capacity);
             }
         };
         run_grid(dim3{(unsigned)KV, (unsigned)((max_chunk + Q - 1) / Q), (unsigned)S},
                  dim3{(unsigned)(32 * Q * (HEADS / KV)), 1, 1}, launch);
         for (int i = 0; i < S; ++i) {
-            const int4 sd = segs[i];
+            const int4 sd = in.segs[i];
             bool ok = true;
             for (int r = 0; r < sd.y; ++r) {
                 const int n = sd.z + r + 1, row = sd.x + r;
                 for (int h = 0; h < HEADS; ++h) {
                     float want[HD];
-                    reference(&q[((size_t)row * HEADS + h) * HD], kp.data(), vp.data(),
-                              pool_rows(tables.data() + (size_t)i * stride, n, h), n, want);
+                    reference(&in.q[((size_t)row * HEADS + h) * HD], in.k.data(), in.v.data(),
+                              pool_rows(in.tables.data() + (size_t)i * stride, n, h), n, want);
                     ok = ok && std::memcmp(want, &out[((size_t)row * HEADS + h) * HD],
                                            sizeof(want)) == 0;
                 }
