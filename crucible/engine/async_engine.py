@@ -102,9 +102,9 @@ class AsyncLLMEngine:
             self._adds.clear()
         for rid in list(self.engine.requests):  # the worker is gone: safe on this thread
             self.engine.abort(rid)
-            self._push(rid, RequestDelta(rid, (), "", None, None, True, "abort", 0), True)
+            self._push(rid, RequestDelta.aborted(rid), True)
         for rid in list(self._streams):
-            self._push(rid, RequestDelta(rid, (), "", None, None, True, "abort", 0), True)
+            self._push(rid, RequestDelta.aborted(rid), True)
 
     def stats(self) -> dict[str, int]:
         return self.engine.stats()
@@ -145,10 +145,10 @@ class AsyncLLMEngine:
         for rid, *_ in adds:
             if rid in aborts:
                 aborts.discard(rid)
-                self._push(rid, RequestDelta(rid, (), "", None, None, True, "abort", 0), True)
+                self._push(rid, RequestDelta.aborted(rid), True)
         for rid in aborts:
             if self.engine.abort(rid):
-                self._push(rid, RequestDelta(rid, (), "", None, None, True, "abort", 0), True)
+                self._push(rid, RequestDelta.aborted(rid), True)
 
     def _run(self) -> None:
         while not self._stop:

@@ -83,13 +83,6 @@ class EngineCore:
     def _send_step(self, ended: list[tuple[int, int, RequestDelta]],
                    deltas: list[RequestDelta]) -> None:
         handles, forget = self.handles, self._forget
-        if len(self.conns) == 1:  # one front: its frame, as before links were many
-            out = [(h, d) for _, h, d in ended] + [
-                (forget(d.request_id)[1] if d.finished else handles[d.request_id][1], d)
-                for d in deltas]
-            if not send_frame(self.conns[0], wire.encode_step(out, self.counters(0))):
-                self.stopping = True
-            return
         per: list[list[tuple[int, RequestDelta]]] = [[] for _ in self.conns]
         for link, h, d in ended:
             per[link].append((h, d))
@@ -113,6 +106,9 @@ class EngineCore:
         st = dict(self._stats() if st is None else st)
         st["adds_seen"] = self.adds_seen[link]
         return [int(st[k]) for k in wire.STATS_KEYS]
+
+    def _stats_of(self, link: int) -> dict[str, int]:
+        return dict(zip(wire.STATS_KEYS, self.counters(link)))
 
     def _stats(self) -> dict[str, Any]:
         st: dict[str, Any] = self.engine.stats()
@@ -151,9 +147,8 @@ class EngineCore:
                     changed = True
                 elif kind == wire.STATS:
                     qid = int.from_bytes(data[1:5], "little")
-                    stats = dict(zip(wire.STATS_KEYS, self.counters(link)))
-                    if not send_frame(conn, wire.encode_json(wire.STATS_REPLY,
-                                                        {"qid": qid, "stats": stats})):
+                    if not send_frame(conn, wire.encode_json(
+                            wire.STATS_REPLY, {"qid": qid, "stats": self._stats_of(link)})):
                         raise EOFError
                 elif kind == wire.FRONT_METRICS:
                     self.front_metrics[link] = wire.decode_json(data)["metrics"]
@@ -184,8 +179,7 @@ class EngineCore:
             if (link == 0 or lk == link) and self.engine.abort(rid):
                 self._forget(rid)
                 if self.open[lk]:
-                    ended.append((lk, h, RequestDelta(rid, (), "", None, None, True,
-                                                      "abort", 0)))
+                    ended.append((lk, h, RequestDelta.aborted(rid)))
         if link == 0:
             self.stopping = True
 
@@ -220,7 +214,7 @@ class EngineCore:
         if rid is None or not self.engine.abort(rid):
             return  # it finished meanwhile: its last delta is already on its way
         self._forget(rid)
-        ended.append((link, handle, RequestDelta(rid, (), "", None, None, True, "abort", 0)))
+        ended.append((link, handle, RequestDelta.aborted(rid)))
 
     def _fail_all(self, exc: Exception) -> None:
         per: dict[int, list[int]] = {i: [] for i in range(len(self.conns))}
@@ -237,4 +231,4 @@ class EngineCore:
                     # Nothing runs now, so every page must be free again; if not, the front
                     # stops trusting the pool.
                     "leaked_pages": alloc.num_pages - alloc.num_free,
-                    "stats": dict(zip(wire.STATS_KEYS, self.counters(link)))}))
+                    "stats": self._stats_of(link)}))

@@ -41,6 +41,11 @@ class RequestDelta:
     finish_reason: str | None  # "stop" | "length" | "abort"
     num_cached_tokens: int  # prompt positions its first admission found in the prefix cache
 
+    @classmethod
+    def aborted(cls, request_id: str) -> "RequestDelta":
+        """The last delta of a request ended by an abort: no tokens, finish reason "abort"."""
+        return cls(request_id, (), "", None, None, True, "abort", 0)
+
 
 class OutputText:
     """Generated text with stop-string handling on top of an incremental detokenizer.

@@ -287,7 +287,7 @@ class EngineClient:
         for e in entries:
             if self._stopped:  # shut down on purpose: what still ran ends as aborted
                 rid = e.stream.request_id
-                e.stream.put(RequestDelta(rid, (), "", None, None, True, "abort", 0), now)
+                e.stream.put(RequestDelta.aborted(rid), now)
             else:
                 e.stream.fail(EngineFailure(reason, cause=EngineGone(reason)))
         for fut in self._queries.values():
