@@ -19,7 +19,8 @@
 //                         Bit-identical to the reference: QK replays the warp's xor tree
 //                         sequentially in one thread (tree-ordered K staging), softmax
 //                         replays the reference's 8 virtual warps, PV runs the same
-//                         ascending fused chain. Dynamic smem 4*(KT*68 + Q*G*64 + 96 + Q*G*C).
+//                         ascending fused chain (attention_pv.cuh: four distributions a
+//                         thread at Q = 4). Dynamic smem 4*(KT*68 + Q*G*64 + 96 + Q*G*C).
 //                         CACHE (diagnostic "-cache" names) first copies the tile's page-table
 //                         entries into smem (+C/4 bytes) so both passes translate from there.
 //   attn_online<Q, KT>    same grid/tiles, flash-style running max/denominator/output with
@@ -29,6 +30,7 @@
 // Assumptions: the wrapper checks shapes; C is a multiple of 256 >= every row's causal
 // length; only positions < the tile's longest causal length are read, so pages beyond a
 // request's end are never touched. No standard headers (NVRTC).
+#include "attention_pv.cuh"
 #include "common.cuh"
 
 #ifndef CRU_DYNAMIC_SMEM  // tests/cuda_host/prelude.h maps it onto one host buffer
@@ -137,31 +139,36 @@ attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
         if (lane == 0) inv_s[w] = cru_recip(tot);
     }
 
-    const PvSlots p = cru_pv_slots(t.nw);
-    const int len_a = lens[p.da], len_b = lens[p.db];
-    const float* sa = scores + p.da * capacity;
-    const float* sb = scores + p.db * capacity;
-    float acc_a = 0.0f, acc_b = 0.0f;
-    for (int base = 0; base < t.lmax; base += KT) {  // pass 2: V, ascending fused chains
-        __syncthreads();
-        cru_stage<KT, false>(kv, v_pool, t, base, n_layers, layer, kv_dim);
-        __syncthreads();
-        const int n = min(KT, t.lmax - base);
-        for (int jj = 0; jj < n; jj += 4) {  // scores are 16B aligned: base, jj % 4 == 0
-            const float4 pa = *reinterpret_cast<const float4*>(sa + base + jj);
-            const float4 pb = *reinterpret_cast<const float4*>(sb + base + jj);
-            const float pav[4] = {pa.x, pa.y, pa.z, pa.w}, pbv[4] = {pb.x, pb.y, pb.z, pb.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int pos = base + jj + i;
-                const float* vr = kv + (jj + i) * CRU_KV_STRIDE;
-                if (pos < len_a) acc_a = cru_pv(pav[i], vr[p.dim_a], acc_a);
-                if (pos < len_b) acc_b = cru_pv(pbv[i], vr[p.dim_b], acc_b);
-            }
+    // Pass 2: V, ascending fused chains (attention_pv.cuh); four distributions a thread
+    // where they come in fours, else cru_pv_slots' two.
+    if constexpr (Q % 4 == 0) {
+        const PvQuad p = cru_pv_quad(t.nw, lens);
+        const int lo = t.sd.z + t.r0 + 1;  // row 0's causal length: the tile's shortest
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int base = 0; base < t.lmax; base += KT) {
+            __syncthreads();
+            cru_stage<KT, false>(kv, v_pool, t, base, n_layers, layer, kv_dim);
+            __syncthreads();
+            cru_pv_quad_tile(p, kv, scores, capacity, base, min(KT, t.lmax - base), lo, acc);
         }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (p.len[i] > 0)
+                cru_store_out(out, t, n_heads, p.d0 + i, p.dim, __fmul_rn(acc[i], inv_s[p.d0 + i]));
+    } else {
+        const PvSlots p = cru_pv_slots(t.nw);
+        const int len_a = lens[p.da], len_b = lens[p.db];
+        float acc_a = 0.0f, acc_b = 0.0f;
+        for (int base = 0; base < t.lmax; base += KT) {
+            __syncthreads();
+            cru_stage<KT, false>(kv, v_pool, t, base, n_layers, layer, kv_dim);
+            __syncthreads();
+            cru_pv_pair_tile(p, kv, scores + p.da * capacity, scores + p.db * capacity, base,
+                             min(KT, t.lmax - base), len_a, len_b, acc_a, acc_b);
+        }
+        if (len_a > 0) cru_store_out(out, t, n_heads, p.da, p.dim_a, __fmul_rn(acc_a, inv_s[p.da]));
+        if (len_b > 0) cru_store_out(out, t, n_heads, p.db, p.dim_b, __fmul_rn(acc_b, inv_s[p.db]));
     }
-    if (len_a > 0) cru_store_out(out, t, n_heads, p.da, p.dim_a, __fmul_rn(acc_a, inv_s[p.da]));
-    if (len_b > 0) cru_store_out(out, t, n_heads, p.db, p.dim_b, __fmul_rn(acc_b, inv_s[p.db]));
 }
 
 // ------------------------------------------------------------------------------------

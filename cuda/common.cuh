@@ -149,17 +149,21 @@ template <int KT, bool TREE>
 __device__ __forceinline__ void cru_stage(float* buf, const float* __restrict__ pool,
                                           const TileJob& t, int base, int n_layers, int layer,
                                           int kv_dim) {
-    for (int u = threadIdx.x; u < KT * 16; u += blockDim.x) {
-        const int jj = u >> 4, d = (u & 15) * 4, pos = base + jj;
-        if (pos >= t.lmax) continue;
+    // Blocks are whole warps (a multiple of 16 threads), so a thread always copies the same
+    // four dimensions: their tree slots are worked out once, not per position.
+    const int d = (threadIdx.x & 15) * 4;
+    const int s0 = cru_tree_slot(d), s1 = cru_tree_slot(d + 1), s2 = cru_tree_slot(d + 2),
+              s3 = cru_tree_slot(d + 3);
+    const int end = min(KT, t.lmax - base);
+    for (int jj = threadIdx.x >> 4; jj < end; jj += blockDim.x >> 4) {
         const float4 v = *reinterpret_cast<const float4*>(
-            pool + cru_pool_row(t.table, pos, n_layers, layer, kv_dim, t.kvh) + d);
+            pool + cru_pool_row(t.table, base + jj, n_layers, layer, kv_dim, t.kvh) + d);
         float* row = buf + jj * CRU_KV_STRIDE;
         if (TREE) {
-            row[cru_tree_slot(d)] = v.x;
-            row[cru_tree_slot(d + 1)] = v.y;
-            row[cru_tree_slot(d + 2)] = v.z;
-            row[cru_tree_slot(d + 3)] = v.w;
+            row[s0] = v.x;
+            row[s1] = v.y;
+            row[s2] = v.z;
+            row[s3] = v.w;
         } else {
             *reinterpret_cast<float4*>(row + d) = v;
         }
