@@ -32,30 +32,16 @@
 // mmas run. In a grid of about a CTA a SM nothing else hides a block's load latency (down's
 // K = 1536 is 24 blocks in a row); in larger grids the registers it takes (up to twice)
 // cost more occupancy than it saves. Which registers hold a value never changes its
-// arithmetic, so both give the same bits.
-// KG (K groups, the host's choice for grids of about a wave or less, kernels/linear_mma.py
-// KG_MAX_CTAS): the CTA runs KG copies of its WM x WN warps; copy gk computes blocks gk,
-// gk + KG, ... of the same tile, so a round r covers blocks r KG .. r KG + KG - 1. Copies
-// 1.. put their block values in shared memory and copy 0 adds them to its totals in
-// ascending block order after its own, so total = 0 + b_0 + b_1 + ... as with KG = 1: the
-// split changes no bit. Why: at 256 rows o, down and qkv have 72-120 CTAs of 4 warps, a
-// wave of the H200 at most, and each warp walks every K block in a row; KG gives each SM
-// KG times the warps to hide one block's loads behind another's mmas.
-// No standard headers (NVRTC).
+// arithmetic, so both give the same bits. No standard headers (NVRTC).
 #include "mma_common.cuh"
 #include "pdl.cuh"
 
-template <int MT, int NT, int WM, int WN, bool ONE_ACC, bool PF = false, int KG = 1>
-__global__ void __launch_bounds__(32 * WM * WN * KG)
+template <int MT, int NT, int WM, int WN, bool ONE_ACC, bool PF = false>
+__global__ void __launch_bounds__(32 * WM * WN)
 linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
            const float* __restrict__ scale, const float* __restrict__ residual,
            float* __restrict__ y, int M, int N, int K) {
-    static_assert(KG == 1 || !ONE_ACC, "the control runs without K groups");
-    constexpr int WARPS = WM * WN, VALS = MT * NT * 4;  // a copy's warps, a lane's outputs
-    // Block values of copies 1..KG-1 for one round: [copy - 1][warp][value][lane].
-    __shared__ float kg_vals[KG > 1 ? (KG - 1) * WARPS * VALS * 32 : 1];
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % WARPS;
-    const int gk = (threadIdx.x >> 5) / WARPS;  // K group: blocks gk, gk + KG, ...
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = warp / WN, wn = warp % WN;
     const int m0 = blockIdx.y * (16 * MT * WM) + 16 * MT * wm;
@@ -78,44 +64,38 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
     const float* x0 = x + (size_t)r0 * K + 16 * t;
     const float* x1 = x + (size_t)r1 * K + 16 * t;
     int4 q[NT], qn[NT];
-    const int k0 = 64 * gk;  // this copy's first block
-    if (k0 < K) {
 #pragma unroll
-        for (int c = 0; c < NT; ++c)  // the first block's codes: weights, never written by a step
-            q[c] = __ldg(reinterpret_cast<const int4*>(wq[c] + k0));
-    }
+    for (int c = 0; c < NT; ++c)  // block 0's codes: weights, never written by a step
+        q[c] = __ldg(reinterpret_cast<const int4*>(wq[c]));
     cru_pdl_wait();
     cru_pdl_trigger();
     constexpr bool XPF = PF && MT == 1;  // x a block ahead too
     float4 xa[4][2], xb[4][2];  // XPF: this block's x, the next block's
-    if (XPF && k0 < K) {
+    if (XPF) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            xa[j][0] = r0 < M ? __ldg(reinterpret_cast<const float4*>(x0 + k0 + 4 * j)) : zero4;
-            xa[j][1] = r1 < M ? __ldg(reinterpret_cast<const float4*>(x1 + k0 + 4 * j)) : zero4;
+            xa[j][0] = r0 < M ? __ldg(reinterpret_cast<const float4*>(x0 + 4 * j)) : zero4;
+            xa[j][1] = r1 < M ? __ldg(reinterpret_cast<const float4*>(x1 + 4 * j)) : zero4;
         }
     }
-    const int rounds = (K / 64 + KG - 1) / KG;  // every copy runs every round (barriers)
-    for (int r = 0; r < rounds; ++r) {
-      const int kb = 64 * (r * KG + gk);
-      if (kb < K) {
+    for (int kb = 0; kb < K; kb += 64) {
         const int kt = kb + 16 * t;
-        const bool more = PF && kb + 64 * KG < K;
-        if (!PF && r > 0) {  // this block's codes, now
+        const bool more = PF && kb + 64 < K;
+        if (!PF && kb > 0) {  // this block's codes, now
 #pragma unroll
             for (int c = 0; c < NT; ++c) q[c] = __ldg(reinterpret_cast<const int4*>(wq[c] + kb));
         }
         if (more) {  // the next block's loads, in flight through this block's mmas
 #pragma unroll
             for (int c = 0; c < NT; ++c)
-                qn[c] = __ldg(reinterpret_cast<const int4*>(wq[c] + kb + 64 * KG));
+                qn[c] = __ldg(reinterpret_cast<const int4*>(wq[c] + kb + 64));
             if (XPF) {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     xb[j][0] = r0 < M ? __ldg(reinterpret_cast<const float4*>(
-                                            x0 + kb + 64 * KG + 4 * j)) : zero4;
+                                            x0 + kb + 64 + 4 * j)) : zero4;
                     xb[j][1] = r1 < M ? __ldg(reinterpret_cast<const float4*>(
-                                            x1 + kb + 64 * KG + 4 * j)) : zero4;
+                                            x1 + kb + 64 + 4 * j)) : zero4;
                 }
             }
         }
@@ -143,18 +123,13 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
                 for (int c = 0; c < NT; ++c) cru_mma3<ONE_ACC>(part[i][c], a, b[c]);
             }
         }
-        float* mine = kg_vals + ((gk > 0 ? gk - 1 : 0) * WARPS + warp) * VALS * 32 + lane;
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
             for (int c = 0; c < NT; ++c)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if (gk == 0)
-                        total[i][c][e] = cru_block_add<ONE_ACC>(total[i][c][e], part[i][c], e);
-                    else  // copy 0 adds it after its own block (below)
-                        mine[((i * NT + c) * 4 + e) * 32] = cru_block_value<ONE_ACC>(part[i][c], e);
-                }
+                for (int e = 0; e < 4; ++e)
+                    total[i][c][e] = cru_block_add<ONE_ACC>(total[i][c][e], part[i][c], e);
         if (more) {
 #pragma unroll
             for (int c = 0; c < NT; ++c) q[c] = qn[c];
@@ -166,26 +141,7 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
                 }
             }
         }
-      }
-      if constexpr (KG > 1) {  // the round's other blocks, in ascending order, into copy 0
-        __syncthreads();
-        if (gk == 0) {
-            for (int o = 1; o < KG && 64 * (r * KG + o) < K; ++o) {
-                const float* theirs = kg_vals + ((o - 1) * WARPS + warp) * VALS * 32 + lane;
-#pragma unroll
-                for (int i = 0; i < MT; ++i)
-#pragma unroll
-                    for (int c = 0; c < NT; ++c)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            total[i][c][e] = __fadd_rn(total[i][c][e],
-                                                       theirs[((i * NT + c) * 4 + e) * 32]);
-            }
-        }
-        __syncthreads();  // read before the next round's values overwrite them
-      }
     }
-    if (gk != 0) return;  // copy 0 holds the totals
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -204,10 +160,9 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
 #ifndef __CUDACC_RTC__
 // Offline `nvcc -c` builds instantiate the forms linear_mma.py compiles (FORMS, CONTROL), so
 // `-Xptxas -v` reports their registers and spills (tests/test_attention_nvcc.py).
-#define CRU_MMA_TILE_KG(MT, NT, WM, WN, ONE, PF, KG)                                        \
-    template __global__ void linear_mma<MT, NT, WM, WN, ONE, PF, KG>(                       \
+#define CRU_MMA_TILE(MT, NT, WM, WN, ONE, PF)                                               \
+    template __global__ void linear_mma<MT, NT, WM, WN, ONE, PF>(                           \
         const float*, const signed char*, const float*, const float*, float*, int, int, int);
-#define CRU_MMA_TILE(MT, NT, WM, WN, ONE, PF) CRU_MMA_TILE_KG(MT, NT, WM, WN, ONE, PF, 1)
 #define CRU_MMA_TILE2(MT, NT, WM, WN) \
     CRU_MMA_TILE(MT, NT, WM, WN, false, false) CRU_MMA_TILE(MT, NT, WM, WN, false, true)
 CRU_MMA_TILE2(1, 2, 2, 2)
@@ -219,7 +174,4 @@ CRU_MMA_TILE2(1, 1, 4, 2)
 CRU_MMA_TILE2(4, 2, 1, 4)
 CRU_MMA_TILE2(2, 4, 4, 1)
 CRU_MMA_TILE(1, 2, 2, 2, true, false)
-CRU_MMA_TILE_KG(1, 4, 2, 2, false, true, 2)
-CRU_MMA_TILE_KG(1, 4, 2, 2, false, true, 3)
-CRU_MMA_TILE_KG(1, 4, 2, 2, false, false, 3)
 #endif

@@ -1,7 +1,6 @@
 """cuda/linear_mma.cu and linear_mma_rows.cu on a real GPU (skipped without CuPy or a
 device): every form of both kernels gives the rows of one 1,024-row launch bit for bit at
-every M, with and without the residual (the tile forms with and without their prefetch
-and K groups), on the model's shapes and small edges; rows in
+every M, with and without the residual, on the model's shapes and small edges; rows in
 another order and huge values in other rows change nothing; the error against float64 is
 f32-sized. Negative controls: the one-accumulator form (another order of the same
 products) must differ, as must linear.cu's fma order."""
@@ -50,14 +49,11 @@ def test_every_form_and_m_gives_the_same_rows(n: int, k: int, with_res: bool) ->
             if len(form) == 2 and m > 300 or len(form) == 1 and m != 1:
                 continue
             r = None if res is None else res[:m]
-            # The tile forms with their loads a block ahead and without (PF_MAX_CTAS picks),
-            # and where built with K groups (KG_MAX_CTAS picks; KG 3 has no prefetch).
-            kgs = (1, 2, 3) if form in lm.KG_FORMS else (1,)
-            for pf, kg in ([(p, g) for g in kgs for p in (False, True) if not (p and g == 3)]
-                           if len(form) == 4 else [(None, None)]):
+            # The tile forms with their loads a block ahead and without (PF_MAX_CTAS picks).
+            for pf in (False, True) if len(form) == 4 else (None,):
                 got = lm.linear_mma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r,
-                                    form=form, prefetch=pf, kgroups=kg)
-                assert same(got, ref[:m]), f"form {form} M={m} prefetch={pf} kgroups={kg}"
+                                    form=form, prefetch=pf)
+                assert same(got, ref[:m]), f"form {form} M={m} prefetch={pf}"
 
 
 @pytest.mark.parametrize("n,k", NK[:2])

@@ -56,31 +56,15 @@ FUSE_MAX_ROWS = 2
 # 64-256 rows 1.26-1.6x); in larger grids the registers PF takes cost more occupancy than it
 # saves (gate/up at 256-1,024 rows 0.88-0.94x with it). bench/gemm-mma-prefetch-h200.json.
 PF_MAX_CTAS = 264
-# K groups (linear_mma.cu KG): the tile kernel's CTA runs KG copies of its warps over
-# interleaved K blocks where its grid is at most this many CTAs (about a wave: one CTA an
-# SM leaves most of each SM's issue slots waiting on loads), for the forms in KG_FORMS.
-# KG 3 takes no prefetch (its 384 threads cap registers below what PF needs).
-KG_MAX_CTAS = 132
-KG_FORMS: tuple[tuple[int, int, int, int], ...] = ((1, 4, 2, 2), (1, 2, 1, 4))
-KG_ROUTED = True  # benches switch it off to time the kernel without K groups
 
 
 def _b(v: bool) -> str:  # a template argument
     return "true" if v else "false"
 
 
-def _name(form: tuple[int, int, int, int], one_acc: bool, pf: bool = False, kg: int = 1) -> str:
+def _name(form: tuple[int, int, int, int], one_acc: bool, pf: bool = False) -> str:
     mt, nt, wm, wn = form
-    tail = f", {kg}" if kg > 1 else ""
-    return f"linear_mma<{mt}, {nt}, {wm}, {wn}, {_b(one_acc)}, {_b(pf)}{tail}>"
-
-
-def pick_kgroups(form: tuple[int, ...], grid_ctas: int, k: int) -> int:
-    """K groups for a tile launch: 3 where its grid is at most KG_MAX_CTAS and K has six
-    blocks or more, 2 from two blocks, else 1 (any choice gives the same bits)."""
-    if not KG_ROUTED or form not in KG_FORMS or grid_ctas > KG_MAX_CTAS:
-        return 1
-    return 3 if k // 64 >= 6 else 2 if k // 64 >= 2 else 1
+    return f"linear_mma<{mt}, {nt}, {wm}, {wn}, {_b(one_acc)}, {_b(pf)}>"
 
 
 def _row_name(nt: int, one_acc: bool, norm: bool = False, swiglu: bool = False) -> str:
@@ -88,8 +72,7 @@ def _row_name(nt: int, one_acc: bool, norm: bool = False, swiglu: bool = False) 
 
 
 _NAMES = tuple(_name(f, False, pf) for f in FORMS for pf in (False, True)) + (
-    _name(CONTROL, True),) + tuple(_name(f, False, pf, kg) for f in KG_FORMS
-                                   for kg, pf in ((2, False), (2, True), (3, False)))
+    _name(CONTROL, True),)
 # Plain for every NT; the RMSNorm prologue for every NT; the SwiGLU epilogue, with or without
 # the prologue, for the even ones (it pairs gate and up tiles).
 ROW_FUSED = (tuple((nt, True, sw) for nt in (1, 2, 4) for sw in (False, True) if nt % 2 == 0
@@ -104,14 +87,14 @@ _ROW1_NAMES = tuple(f"linear_mma_row1<{pb}, {_b(nm)}>"
 
 @functools.cache
 def kernel(form: tuple[int, ...], one_acc: bool = False, norm: bool = False,
-           swiglu: bool = False, pf: bool = False, kg: int = 1) -> Any:
+           swiglu: bool = False, pf: bool = False) -> Any:
     if len(form) == 1:
         return cached_module("linear_mma_row1.cu", _ROW1_NAMES).get_function(
             f"linear_mma_row1<{form[0]}, {_b(norm)}>")
     if len(form) == 2:
         return cached_module("linear_mma_rows.cu", _ROW_NAMES).get_function(
             _row_name(form[0], one_acc, norm, swiglu))
-    return cached_module("linear_mma.cu", _NAMES).get_function(_name(form, one_acc, pf, kg))
+    return cached_module("linear_mma.cu", _NAMES).get_function(_name(form, one_acc, pf))
 
 
 def row_smem(k: int, nt: int, norm_rows: int = 0) -> int:
@@ -183,17 +166,14 @@ def fused_form(m: int, n: int, k: int, swiglu: bool = False,
 def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
                form: tuple[int, ...] | None = None, one_acc: bool = False,
                pdl: bool = False, norm: Any = None, eps: float = 0.0,
-               swiglu: bool = False, prefetch: bool | None = None,
-               kgroups: int | None = None) -> Any:
+               swiglu: bool = False, prefetch: bool | None = None) -> Any:
     """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights only. ``pdl``: launch
     with programmatic dependent launch (launch.py); the bits are the same either way.
     ``norm`` (f32 [K]) and ``eps``: RMSNorm x first, as rmsnorm_rows does; ``swiglu``: the
     weight is gate/up [2F, K] and out [M, F] = swiglu(gate, up), as swiglu_rows does. Either
     needs a rows form, and ``norm`` alone may take the one-row form (``fused_form``); they
     give the bits of the separate kernels. ``prefetch``: the tile kernel's loads a block
-    ahead or not (None: by the grid's size, PF_MAX_CTAS); ``kgroups``: the tile kernel's K
-    groups (None: ``pick_kgroups``' rule; 1, or 2 and 3 on KG_FORMS); the bits are the same
-    whatever the two pick."""
+    ahead or not (None: by the grid's size, PF_MAX_CTAS); the bits are the same either way."""
     import cupy as cp
 
     if swiglu:  # out is [M, F]: check_linear's [M, N] does not apply
@@ -241,10 +221,6 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
         return out
     mt, nt, wm, wn = form
     grid = (n // (8 * nt * wn), -(-m // (16 * mt * wm)))
-    kg = 1 if one_acc else pick_kgroups(form, grid[0] * grid[1], k) if kgroups is None else kgroups
-    need(kg == 1 or (form in KG_FORMS and kg in (2, 3)),
-         f"linear_mma: K groups {kg} are not built for form {form}")
     pf = not one_acc and (grid[0] * grid[1] <= PF_MAX_CTAS if prefetch is None else prefetch)
-    pf = pf and kg < 3  # not built: KG 3's registers leave no room for it
-    launch(kernel(form, one_acc, pf=pf, kg=kg), grid, (32 * wm * wn * kg,), args, pdl=pdl)
+    launch(kernel(form, one_acc, pf=pf), grid, (32 * wm * wn,), args, pdl=pdl)
     return out
