@@ -76,18 +76,12 @@ __device__ __forceinline__ void cru_mma3(float (&p)[3][4], const unsigned (&a)[3
     cru_mma(p[ONE_ACC ? 0 : 2], a[2], b);
 }
 
-// The block's value (lo + mid) + hi, element e; the parts are then zeroed.
-template <bool ONE_ACC>
-__device__ __forceinline__ float cru_block_value(float (&p)[3][4], int e) {
-    const float b = ONE_ACC ? p[0][e] : __fadd_rn(__fadd_rn(p[2][e], p[1][e]), p[0][e]);
-    p[0][e] = p[1][e] = p[2][e] = 0.0f;
-    return b;
-}
-
-// total + the block's value, element e (cru_block_value).
+// total + the block's value (lo + mid) + hi, element e; the parts are then zeroed.
 template <bool ONE_ACC>
 __device__ __forceinline__ float cru_block_add(float total, float (&p)[3][4], int e) {
-    return __fadd_rn(total, cru_block_value<ONE_ACC>(p, e));
+    const float b = ONE_ACC ? p[0][e] : __fadd_rn(__fadd_rn(p[2][e], p[1][e]), p[0][e]);
+    p[0][e] = p[1][e] = p[2][e] = 0.0f;
+    return __fadd_rn(total, b);
 }
 
 // Columns col, col + 1 of row: total * scale, then residual + that, last (float2 store).

@@ -1,6 +1,5 @@
 """A few small launches of the tensor-core GEMM (cuda/linear_mma.cu) for compute-sanitizer:
-every form of both kernels (the tile kernel's with its loads a block ahead and without, and
-through linear_mma_pipe.cu's pipeline),
+every form of both kernels (the tile kernel's with its loads a block ahead and without),
 row tails, residual on and off, plain and as a PDL launch on a stream of its own; each must equal the first form's bits and stay within 1e-6 of float64
 (relative to the products' magnitude). Then a chain of PDL launches through model_ops.cu
 (embed, RMSNorm, gate/up, SwiGLU, down + residual, gather) must equal the plain chain, and
@@ -24,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from crucible.kernels import linear_mma as lm
-from crucible.kernels import linear_mma_pipe as lp
 from crucible.kernels.device_weight import upload_weight
 from crucible.kernels.model_ops import flat_launch, rows_launch
 
@@ -54,22 +52,19 @@ def main(argv: list[str] | None = None) -> int:
             first = None
             forms = [f for f in lm.FORMS + lm.ROW_FORMS + (lm.ROW1_FORMS if m == 1 else ())
                      if lm.fits(n, k, f)]
-            runs = [(f, pdl, pf, (0, 0)) for pdl in (False, True) for f in forms
+            runs = [(f, pdl, pf) for pdl in (False, True) for f in forms
                     for pf in ((False, True) if len(f) == 4 else (None,))]
-            runs += [(p[:4], pdl, None, p[4:]) for pdl in (False, True)
-                     for p in lp.PIPE_FORMS if p[:4] in forms]  # linear_mma_pipe.cu
-            for form, pdl, pf, sk in runs:  # pf: the tile kernel's loads a block ahead or not
+            for form, pdl, pf in runs:  # pf: the tile kernel's loads a block ahead or not
                 with stream if pdl else cp.cuda.Stream.null:
                     got = lm.linear_mma(x, wd, cp.full((m, n), cp.nan, cp.float32), res,
-                                        form=form, pdl=pdl, prefetch=pf, pipe=sk)
+                                        form=form, pdl=pdl, prefetch=pf)
                     cp.cuda.get_current_stream().synchronize()
                 first = got if first is None else first
                 same = bool(cp.array_equal(got.view(cp.uint32), first.view(cp.uint32)))
                 err = float((np.abs(got.get() - y64) / mag).max())
                 ok = same and err < 1e-6
                 bad += not ok
-                print(f"M={m} N={n} K={k} residual={with_res} form={form} pdl={pdl} pf={pf} "
-                      f"pipe={sk}: "
+                print(f"M={m} N={n} K={k} residual={with_res} form={form} pdl={pdl} pf={pf}: "
                       f"{'==' if same else '!='} first form, error {err:.1e}"
                       f"{'' if ok else '  FAILED'}")
     for m in () if one_row else (5, 70):

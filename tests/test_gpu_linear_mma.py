@@ -1,7 +1,6 @@
 """cuda/linear_mma.cu and linear_mma_rows.cu on a real GPU (skipped without CuPy or a
 device): every form of both kernels gives the rows of one 1,024-row launch bit for bit at
-every M, with and without the residual (the tile forms also through linear_mma_pipe.cu's
-pipeline), on the model's shapes and small edges; rows in
+every M, with and without the residual, on the model's shapes and small edges; rows in
 another order and huge values in other rows change nothing; the error against float64 is
 f32-sized. Negative controls: the one-accumulator form (another order of the same
 products) must differ, as must linear.cu's fma order."""
@@ -18,7 +17,6 @@ pytestmark = pytest.mark.gpu  # tests/conftest.py skips them without a CUDA devi
 
 from crucible.kernels import linear as ck  # noqa: E402
 from crucible.kernels import linear_mma as lm  # noqa: E402
-from crucible.kernels import linear_mma_pipe as lp  # noqa: E402
 from crucible.kernels.device_weight import upload_weight  # noqa: E402
 
 NK = ((960, 576), (576, 1536), (64, 64), (128, 192))
@@ -51,16 +49,11 @@ def test_every_form_and_m_gives_the_same_rows(n: int, k: int, with_res: bool) ->
             if len(form) == 2 and m > 300 or len(form) == 1 and m != 1:
                 continue
             r = None if res is None else res[:m]
-            # The tile forms with their loads a block ahead and without (PF_MAX_CTAS picks),
-            # then through linear_mma_pipe.cu's pipeline (every built stages/K groups).
+            # The tile forms with their loads a block ahead and without (PF_MAX_CTAS picks).
             for pf in (False, True) if len(form) == 4 else (None,):
                 got = lm.linear_mma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r,
-                                    form=form, prefetch=pf, pipe=(0, 0))
+                                    form=form, prefetch=pf)
                 assert same(got, ref[:m]), f"form {form} M={m} prefetch={pf}"
-            for p in (p for p in lp.PIPE_FORMS if p[:4] == form):
-                got = lm.linear_mma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r,
-                                    form=form, pipe=p[4:])
-                assert same(got, ref[:m]), f"pipelined form {p} M={m}"
 
 
 @pytest.mark.parametrize("n,k", NK[:2])

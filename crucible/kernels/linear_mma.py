@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from crucible.kernels import linear_mma_pipe as lp
 from crucible.kernels.device_weight import DeviceWeight, check_linear, check_out, check_x, need
 from crucible.kernels.launch import launch
 from crucible.kernels.source import cached_module
@@ -167,17 +166,14 @@ def fused_form(m: int, n: int, k: int, swiglu: bool = False,
 def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
                form: tuple[int, ...] | None = None, one_acc: bool = False,
                pdl: bool = False, norm: Any = None, eps: float = 0.0,
-               swiglu: bool = False, prefetch: bool | None = None,
-               pipe: tuple[int, int] | None = None) -> Any:
+               swiglu: bool = False, prefetch: bool | None = None) -> Any:
     """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights only. ``pdl``: launch
     with programmatic dependent launch (launch.py); the bits are the same either way.
     ``norm`` (f32 [K]) and ``eps``: RMSNorm x first, as rmsnorm_rows does; ``swiglu``: the
     weight is gate/up [2F, K] and out [M, F] = swiglu(gate, up), as swiglu_rows does. Either
     needs a rows form, and ``norm`` alone may take the one-row form (``fused_form``); they
     give the bits of the separate kernels. ``prefetch``: the tile kernel's loads a block
-    ahead or not (None: by the grid's size, PF_MAX_CTAS); ``pipe``: (stages, K groups) of
-    linear_mma_pipe.cu for a tile form (None: linear_mma_pipe.pick_pipe's rule, (0, 0) never);
-    the bits are the same whatever these pick."""
+    ahead or not (None: by the grid's size, PF_MAX_CTAS); the bits are the same either way."""
     import cupy as cp
 
     if swiglu:  # out is [M, F]: check_linear's [M, N] does not apply
@@ -222,10 +218,6 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
         launch(kernel(form, one_acc, norm is not None, swiglu), (n // (8 * nt), -(-m // 16)),
                (32 * min(warps, k // 64),), args + (nw, np.float32(eps)),
                row_smem(k, nt, m if norm is not None else 0), pdl=pdl)
-        return out
-    sk = lp.pick_pipe(form, m) if pipe is None else pipe if pipe != (0, 0) else None
-    if sk is not None and not one_acc:
-        lp.launch_pipe(form, sk, args, m, n, pdl)
         return out
     mt, nt, wm, wn = form
     grid = (n // (8 * nt * wn), -(-m // (16 * mt * wm)))
