@@ -1,16 +1,21 @@
 """mma.sync.m16n8k16 bf16 -> f32 throughput on this GPU, by warps an SM (one CTA an SM) and
 independent accumulators a warp: the tensor pipe's rate as the mma GEMMs see it.
 
-    python3 bench/mma_rate.py   (writes $OUT/mma-rate.json, OUT defaulting to .)
+    python3 bench/mma_rate.py [--json bench/mma-rate-h200.json]
 
 Reported: TFLOP/s (2 x 16 x 8 x 16 a mma) and cycles per mma per SM sub-partition at the
 H200's 1.98 GHz boost clock. Configurations that do not launch (registers) are skipped.
 """
-import json
-import os
+from __future__ import annotations
 
-import cupy as cp
+import argparse
+import sys
+from typing import Any
+
 import numpy as np
+
+from common import write_json
+
 SRC = r'''
 template <int A>
 __global__ void rate(float* out, int iters) {
@@ -30,31 +35,50 @@ __global__ void rate(float* out, int iters) {
     out[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
 '''
-A_LIST = (1, 4, 12, 24)
-mod = cp.RawModule(code=SRC, options=("-std=c++17",), name_expressions=[f"rate<{a}>" for a in A_LIST])
-sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
-res = []
-for a in A_LIST:
-    fn = mod.get_function(f"rate<{a}>")
-    for warps in (4, 8, 16, 32):
-        iters = 4096 // a
-        out = cp.empty(sms * warps * 32, cp.float32)
-        try:
-            fn((sms,), (32 * warps,), (out, np.int32(iters)))
-        except cp.cuda.driver.CUDADriverError as err:  # too many registers for the CTA
-            print(f"A={a} warps/SM={warps}: {err}", flush=True)
-            continue
-        cp.cuda.Device().synchronize()
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        fn((sms,), (32 * warps,), (out, np.int32(iters)))
-        e.record()
-        e.synchronize()
-        ms = cp.cuda.get_elapsed_time(s, e)
-        mmas = sms * warps * iters * a
-        tflops = mmas * 2 * 16 * 8 * 16 / (ms * 1e-3) / 1e12
-        cyc_per_mma_sp = (ms * 1e-3 * 1.98e9) / (warps * iters * a / 4)
-        res.append({"acc_per_warp": a, "warps_per_sm": warps, "ms": ms, "tflops_bf16": tflops,
-                    "cycles_per_mma_per_sp_at_1.98GHz": cyc_per_mma_sp})
-        print(f"A={a:<3} warps/SM={warps:<3} {tflops:7.1f} TFLOP/s  {cyc_per_mma_sp:6.1f} cycles/mma/SP", flush=True)
-json.dump(res, open(os.environ.get("OUT", ".") + "/mma-rate.json", "w"), indent=1)
+A_LIST = (1, 4, 12, 24)  # independent accumulators a warp
+WARPS = (4, 8, 16, 32)  # warps an SM (one CTA an SM)
+CLOCK_HZ = 1.98e9  # the H200's boost clock, for cycles per mma
+
+
+def measure(cp: Any, fn: Any, sms: int, warps: int, a: int) -> dict[str, Any] | None:
+    iters = 4096 // a
+    out = cp.empty(sms * warps * 32, cp.float32)
+    args = (out, np.int32(iters))
+    try:
+        fn((sms,), (32 * warps,), args)  # warm-up; fails where the registers do not fit
+    except cp.cuda.driver.CUDADriverError as err:
+        print(f"A={a} warps/SM={warps}: {err}", flush=True)
+        return None
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    fn((sms,), (32 * warps,), args)
+    end.record()
+    end.synchronize()
+    ms = cp.cuda.get_elapsed_time(start, end)
+    tflops = sms * warps * iters * a * 2 * 16 * 8 * 16 / (ms * 1e-3) / 1e12
+    cycles = ms * 1e-3 * CLOCK_HZ / (warps * iters * a / 4)  # an SM's 4 sub-partitions
+    print(f"A={a:<3} warps/SM={warps:<3} {tflops:7.1f} TFLOP/s  {cycles:6.1f} cycles/mma/SP",
+          flush=True)
+    return {"acc_per_warp": a, "warps_per_sm": warps, "ms": ms, "tflops_bf16": tflops,
+            "cycles_per_mma_per_sp_at_1.98GHz": cycles}
+
+
+def main() -> int:
+    import cupy as cp
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    mod = cp.RawModule(code=SRC, options=("-std=c++17",),
+                       name_expressions=[f"rate<{a}>" for a in A_LIST])
+    sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    rows = [r for a in A_LIST for w in WARPS
+            if (r := measure(cp, mod.get_function(f"rate<{a}>"), sms, w, a)) is not None]
+    if args.json:
+        write_json(args.json, {"command": "python3 bench/mma_rate.py " + " ".join(sys.argv[1:]),
+                               "results": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
