@@ -32,11 +32,36 @@
 // mmas run. In a grid of about a CTA a SM nothing else hides a block's load latency (down's
 // K = 1536 is 24 blocks in a row); in larger grids the registers it takes (up to twice)
 // cost more occupancy than it saves. Which registers hold a value never changes its
-// arithmetic, so both give the same bits. No standard headers (NVRTC).
+// arithmetic, so both give the same bits. BW (bf16 weights): w points at the codes as bf16
+// (DeviceWeight.wb, [N, K] uint16, each code's exact bf16), so a block's B registers are
+// loaded, not converted: the same registers, the same bits, fewer instructions a block
+// (Nsight Compute at 256 rows: the int8 conversion's PRMT and FADD are a quarter of a
+// block's instructions). No standard headers (NVRTC).
 #include "mma_common.cuh"
 #include "pdl.cuh"
 
-template <int MT, int NT, int WM, int WN, bool ONE_ACC, bool PF = false>
+// A lane's codes of one column for a block (k = kb + 16 t ..): 16 int8 bytes, or with BW
+// (CB = 2) the same 16 codes as bf16 (kernels/linear_mma.py: DeviceWeight.wb), 32 bytes.
+template <int CB>
+__device__ __forceinline__ void cru_codes_ld(int4 (&q)[CB], const signed char* p) {
+#pragma unroll
+    for (int h = 0; h < CB; ++h) q[h] = __ldg(reinterpret_cast<const int4*>(p) + h);
+}
+
+// B registers of step j from a lane's block codes: int8 codes converted (cru_codes_b), or
+// with BW the bf16 pairs as they lie (the same values: an int8 code is a bf16 exactly).
+template <bool BW>
+__device__ __forceinline__ void cru_step_b(const int4 (&q)[BW ? 2 : 1], int j, unsigned (&b)[2]) {
+    if constexpr (BW) {
+        const int4 h = q[j >> 1];
+        b[0] = (unsigned)((j & 1) ? h.z : h.x);
+        b[1] = (unsigned)((j & 1) ? h.w : h.y);
+    } else {
+        cru_codes_b(cru_word(q[0], j), b);
+    }
+}
+
+template <int MT, int NT, int WM, int WN, bool ONE_ACC, bool PF = false, bool BW = false>
 __global__ void __launch_bounds__(32 * WM * WN)
 linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
            const float* __restrict__ scale, const float* __restrict__ residual,
@@ -44,6 +69,7 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = warp / WN, wn = warp % WN;
+    constexpr int CB = BW ? 2 : 1;  // bytes a code takes in w (BW: bf16 codes)
     const int m0 = blockIdx.y * (16 * MT * WM) + 16 * MT * wm;
     const int n0 = blockIdx.x * (8 * NT * WN) + 8 * NT * wn;
     float part[MT][NT][3][4], total[MT][NT][4];
@@ -58,15 +84,15 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
     // Codes of column g of each tile at k = kb + 16 t (a lane's 16 bytes of block kb / 64).
     const signed char* wq[NT];
 #pragma unroll
-    for (int c = 0; c < NT; ++c) wq[c] = w + (size_t)(n0 + 8 * c + g) * K + 16 * t;
+    for (int c = 0; c < NT; ++c) wq[c] = w + ((size_t)(n0 + 8 * c + g) * K + 16 * t) * CB;
     // Rows g and g + 8 of the warp's 16-row tiles, from k = 16 t (MT = 1's x prefetch).
     const int r0 = m0 + g, r1 = r0 + 8;
     const float* x0 = x + (size_t)r0 * K + 16 * t;
     const float* x1 = x + (size_t)r1 * K + 16 * t;
-    int4 q[NT], qn[NT];
+    int4 q[NT][CB], qn[NT][CB];
 #pragma unroll
     for (int c = 0; c < NT; ++c)  // block 0's codes: weights, never written by a step
-        q[c] = __ldg(reinterpret_cast<const int4*>(wq[c]));
+        cru_codes_ld<CB>(q[c], wq[c]);
     cru_pdl_wait();
     cru_pdl_trigger();
     constexpr bool XPF = PF && MT == 1;  // x a block ahead too
@@ -83,12 +109,12 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
         const bool more = PF && kb + 64 < K;
         if (!PF && kb > 0) {  // this block's codes, now
 #pragma unroll
-            for (int c = 0; c < NT; ++c) q[c] = __ldg(reinterpret_cast<const int4*>(wq[c] + kb));
+            for (int c = 0; c < NT; ++c) cru_codes_ld<CB>(q[c], wq[c] + kb * CB);
         }
         if (more) {  // the next block's loads, in flight through this block's mmas
 #pragma unroll
             for (int c = 0; c < NT; ++c)
-                qn[c] = __ldg(reinterpret_cast<const int4*>(wq[c] + kb + 64));
+                cru_codes_ld<CB>(qn[c], wq[c] + (kb + 64) * CB);
             if (XPF) {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
@@ -103,7 +129,7 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
         for (int j = 0; j < 4; ++j) {
             unsigned b[NT][2];
 #pragma unroll
-            for (int c = 0; c < NT; ++c) cru_codes_b(cru_word(q[c], j), b[c]);
+            for (int c = 0; c < NT; ++c) cru_step_b<BW>(q[c], j, b[c]);
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
                 const int s0 = m0 + 16 * i + g, s1 = s0 + 8;
@@ -132,7 +158,9 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
                     total[i][c][e] = cru_block_add<ONE_ACC>(total[i][c][e], part[i][c], e);
         if (more) {
 #pragma unroll
-            for (int c = 0; c < NT; ++c) q[c] = qn[c];
+            for (int c = 0; c < NT; ++c)
+#pragma unroll
+                for (int h = 0; h < CB; ++h) q[c][h] = qn[c][h];
             if (XPF) {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
@@ -174,4 +202,11 @@ CRU_MMA_TILE2(1, 1, 4, 2)
 CRU_MMA_TILE2(4, 2, 1, 4)
 CRU_MMA_TILE2(2, 4, 4, 1)
 CRU_MMA_TILE(1, 2, 2, 2, true, false)
+#define CRU_MMA_TILE_BW(MT, NT, WM, WN, PF)                                                 \
+    template __global__ void linear_mma<MT, NT, WM, WN, false, PF, true>(                   \
+        const float*, const signed char*, const float*, const float*, float*, int, int, int);
+CRU_MMA_TILE_BW(1, 4, 2, 2, false)
+CRU_MMA_TILE_BW(1, 4, 2, 2, true)
+CRU_MMA_TILE_BW(2, 4, 4, 1, false)
+CRU_MMA_TILE_BW(2, 4, 2, 2, false)
 #endif

@@ -1,10 +1,11 @@
 """A few small launches of the tensor-core GEMM (cuda/linear_mma.cu) for compute-sanitizer:
-every form of both kernels (the tile kernel's with its loads a block ahead and without),
-row tails, residual on and off, plain and as a PDL launch on a stream of its own; each must equal the first form's bits and stay within 1e-6 of float64
-(relative to the products' magnitude). Then a chain of PDL launches through model_ops.cu
-(embed, RMSNorm, gate/up, SwiGLU, down + residual, gather) must equal the plain chain, and
-every fused rows form (RMSNorm prologue, SwiGLU epilogue, or the epilogue alone) the
-separate kernels.
+every form of both kernels (the tile kernel's with its loads a block ahead and without, and
+with the codes as bf16: DeviceWeight.wb), row tails, residual on and off, plain and as a
+PDL launch on a stream of its own; each must equal the first form's bits and stay within
+1e-6 of float64 (relative to the products' magnitude). Then a chain of PDL launches
+through model_ops.cu (embed, RMSNorm, gate/up, SwiGLU, down + residual, gather) must equal
+the plain chain, and every fused rows form (RMSNorm prologue, SwiGLU epilogue, or the
+epilogue alone) the separate kernels.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_mma.py
     compute-sanitizer --tool racecheck python3 scripts/sanitize_mma.py [--one-row]
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         codes = rng.integers(-127, 128, (n, k)).astype(np.int8)
         scale = (0.01 + 0.01 * rng.random(n)).astype(np.float32)
         wd = upload_weight(codes, scale)
+        wdb = upload_weight(codes, scale, bf16=True)  # the tile kernel's BW forms
         x = cp.asarray(xh)
         for with_res in (False, True):
             resh = rng.standard_normal((m, n)).astype(np.float32) if with_res else None
@@ -52,19 +54,22 @@ def main(argv: list[str] | None = None) -> int:
             first = None
             forms = [f for f in lm.FORMS + lm.ROW_FORMS + (lm.ROW1_FORMS if m == 1 else ())
                      if lm.fits(n, k, f)]
-            runs = [(f, pdl, pf) for pdl in (False, True) for f in forms
-                    for pf in ((False, True) if len(f) == 4 else (None,))]
-            for form, pdl, pf in runs:  # pf: the tile kernel's loads a block ahead or not
+            runs = [(f, pdl, pf, w) for pdl in (False, True) for f in forms
+                    for pf in ((False, True) if len(f) == 4 else (None,))
+                    for w in ((wd, wdb) if len(f) == 4 else (wd,))]
+            for form, pdl, pf, w in runs:  # pf: the tile kernel's loads a block ahead or not
                 with stream if pdl else cp.cuda.Stream.null:
-                    got = lm.linear_mma(x, wd, cp.full((m, n), cp.nan, cp.float32), res,
-                                        form=form, pdl=pdl, prefetch=pf)
+                    got = lm.linear_mma(x, w, cp.full((m, n), cp.nan, cp.float32), res,
+                                        form=form, pdl=pdl, prefetch=pf,
+                                        bf16=w is wdb)
                     cp.cuda.get_current_stream().synchronize()
                 first = got if first is None else first
                 same = bool(cp.array_equal(got.view(cp.uint32), first.view(cp.uint32)))
                 err = float((np.abs(got.get() - y64) / mag).max())
                 ok = same and err < 1e-6
                 bad += not ok
-                print(f"M={m} N={n} K={k} residual={with_res} form={form} pdl={pdl} pf={pf}: "
+                print(f"M={m} N={n} K={k} residual={with_res} form={form} pdl={pdl} pf={pf} "
+                      f"bf16={w is wdb}: "
                       f"{'==' if same else '!='} first form, error {err:.1e}"
                       f"{'' if ok else '  FAILED'}")
     for m in () if one_row else (5, 70):

@@ -40,6 +40,7 @@ def case(n: int, k: int, seed: int) -> tuple[np.ndarray, Any, Any, Any]:
 @pytest.mark.parametrize("with_res", (False, True))
 def test_every_form_and_m_gives_the_same_rows(n: int, k: int, with_res: bool) -> None:
     _, x, wd, res = case(n, k, n + k)
+    wdb = upload_weight(wd.w.get(), wd.scale.get(), bf16=True)  # the same codes, + bf16
     res = res if with_res else None
     ref = lm.linear_mma(x, wd, cp.empty((1024, n), cp.float32), res, form=lm.CONTROL)
     forms = [f for f in lm.FORMS + lm.ROW_FORMS + lm.ROW1_FORMS if lm.fits(n, k, f)]
@@ -49,11 +50,13 @@ def test_every_form_and_m_gives_the_same_rows(n: int, k: int, with_res: bool) ->
             if len(form) == 2 and m > 300 or len(form) == 1 and m != 1:
                 continue
             r = None if res is None else res[:m]
-            # The tile forms with their loads a block ahead and without (PF_MAX_CTAS picks).
-            for pf in (False, True) if len(form) == 4 else (None,):
-                got = lm.linear_mma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r,
-                                    form=form, prefetch=pf)
-                assert same(got, ref[:m]), f"form {form} M={m} prefetch={pf}"
+            # The tile forms with their loads a block ahead and without (PF_MAX_CTAS picks),
+            # and with the codes as bf16 (BW: DeviceWeight.wb).
+            for pf, w in ([(p, v) for p in (False, True) for v in (wd, wdb)]
+                          if len(form) == 4 else [(None, wd)]):
+                got = lm.linear_mma(x[:m], w, cp.full((m, n), cp.nan, cp.float32), r,
+                                    form=form, prefetch=pf, bf16=w is wdb or None)
+                assert same(got, ref[:m]), f"form {form} M={m} prefetch={pf} bf16={w is wdb}"
 
 
 @pytest.mark.parametrize("n,k", NK[:2])
@@ -114,3 +117,26 @@ def test_one_row_form_on_the_lm_head(monkeypatch: pytest.MonkeyPatch) -> None:
     control = lm.linear_mma(x[:16], wd, cp.empty((16, n), cp.float32), form=lm.CONTROL,
                             one_acc=True)
     assert not same(control[:1], tile[None][:1])  # the same products in another order
+
+
+def test_bf16_codes_are_routed_and_checked() -> None:
+    """A weight uploaded with bf16=True holds its codes exactly as bf16 (each code's f32 top
+    half); linear_mma takes them where bw_wanted says (the same rows as the int8 codes),
+    and asking for them on a weight without them, or with the control, is a clear error."""
+    n, k = 2048, 192
+    _, x, wd, _ = case(n, k, 5)
+    wdb = upload_weight(wd.w.get(), wd.scale.get(), bf16=True)
+    codes = wd.w.get().astype(np.float32)
+    top = (wdb.wb.get().astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(top, codes)
+    assert not lm.bw_wanted(lm.BW_WIDE_FROM_M - 1, n) and lm.bw_wanted(lm.BW_WIDE_FROM_M, n)
+    assert not lm.bw_wanted(lm.BW_FROM_M - 1, 960) and lm.bw_wanted(lm.BW_FROM_M, 960)
+    for m in (lm.BW_WIDE_FROM_M - 1, lm.BW_WIDE_FROM_M, 600):
+        a = lm.linear_mma(x[:m], wd, cp.empty((m, n), cp.float32))
+        b = lm.linear_mma(x[:m], wdb, cp.full((m, n), cp.nan, cp.float32))
+        assert same(a, b), f"M={m}"
+    with pytest.raises(ValueError, match="bf16=True"):
+        lm.linear_mma(x[:256], wd, cp.empty((256, n), cp.float32), bf16=True)
+    with pytest.raises(ValueError, match="bf16=True"):
+        lm.linear_mma(x[:256], wdb, cp.empty((256, n), cp.float32), form=lm.CONTROL,
+                      one_acc=True, bf16=True)

@@ -67,8 +67,8 @@ class CupyBackend:
         self.embedding = cp.asarray(weights.embedding)
         cos, sin = rope_table(cfg.max_context, cfg.head_dim, cfg.rope_theta)
         self._cos, self._sin = cp.asarray(cos), cp.asarray(sin)
-        for name, lw in weights.linears.items():
-            self._linear[name] = upload_weight(lw.w, lw.scale)
+        for name, lw in weights.linears.items():  # mma: the codes as bf16 too (its tile GEMM)
+            self._linear[name] = upload_weight(lw.w, lw.scale, bf16=self.mma)
         self._norms = {name: cp.asarray(v) for name, v in weights.norms.items()}
 
     def weight(self, name: str) -> DeviceWeight:

@@ -42,6 +42,7 @@ class DeviceWeight:
     wt: Any
     w: Any
     scale: Any | None
+    wb: Any | None = None  # int8 only, on request: the codes as bf16 [N, K] (uint16)
 
     @property
     def shape(self) -> tuple[int, int]:  # (N, K), as the weight is written
@@ -54,13 +55,19 @@ class DeviceWeight:
         return str(self.w.dtype)
 
 
-def upload_weight(w: np.ndarray, scale: np.ndarray | None = None) -> DeviceWeight:
-    """``w``: [N, K] f32 values, or int8 codes with ``scale`` [N]."""
+def upload_weight(w: np.ndarray, scale: np.ndarray | None = None,
+                  bf16: bool = False) -> DeviceWeight:
+    """``w``: [N, K] f32 values, or int8 codes with ``scale`` [N]. ``bf16`` (int8 only): also
+    the codes as bf16 [N, K] (each exact), for linear_mma.cu's BW forms: twice the codes'
+    bytes, which the tensor-core tile GEMM loads instead of converting codes."""
     cp = cupy()
     dt = np.int8 if scale is not None else np.float32
     w = np.ascontiguousarray(w, dtype=dt)
+    wb = None
+    if bf16 and scale is not None:  # an int8 code's bf16 is its f32's top half, exactly
+        wb = cp.asarray((w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
     return DeviceWeight(cp.asarray(np.ascontiguousarray(w.T)), cp.asarray(w),
-                        None if scale is None else cp.asarray(scale.astype(np.float32)))
+                        None if scale is None else cp.asarray(scale.astype(np.float32)), wb)
 
 
 def check_x(x: Any, k: int) -> None:

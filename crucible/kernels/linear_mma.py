@@ -56,23 +56,34 @@ FUSE_MAX_ROWS = 2
 # 64-256 rows 1.26-1.6x); in larger grids the registers PF takes cost more occupancy than it
 # saves (gate/up at 256-1,024 rows 0.88-0.94x with it). bench/gemm-mma-prefetch-h200.json.
 PF_MAX_CTAS = 264
+# The codes as bf16 (DeviceWeight.wb, the BW forms) where loading them beats converting
+# int8: from 512 rows (qkv, o, down at 1,024 rows 1.11-1.16x), and from 128 on the wide
+# shapes (gate/up 1.04-1.10x, the LM head 1.02-1.03x); below, twice the bytes cost more than
+# the conversion saves (qkv, o, down at 256 rows 0.94-0.97x). bench/gemm-mma-bw-h200.json.
+BW_FROM_M, BW_WIDE_FROM_M = 512, 128
+
+
+def bw_wanted(m: int, n: int) -> bool:
+    return m >= (BW_WIDE_FROM_M if n >= 2048 else BW_FROM_M)
 
 
 def _b(v: bool) -> str:  # a template argument
     return "true" if v else "false"
 
 
-def _name(form: tuple[int, int, int, int], one_acc: bool, pf: bool = False) -> str:
+def _name(form: tuple[int, int, int, int], one_acc: bool, pf: bool = False,
+          bw: bool = False) -> str:
     mt, nt, wm, wn = form
-    return f"linear_mma<{mt}, {nt}, {wm}, {wn}, {_b(one_acc)}, {_b(pf)}>"
+    tail = ", true" if bw else ""
+    return f"linear_mma<{mt}, {nt}, {wm}, {wn}, {_b(one_acc)}, {_b(pf)}{tail}>"
 
 
 def _row_name(nt: int, one_acc: bool, norm: bool = False, swiglu: bool = False) -> str:
     return f"linear_mma_rows<{nt}, {_b(one_acc)}, {_b(norm)}, {_b(swiglu)}>"
 
 
-_NAMES = tuple(_name(f, False, pf) for f in FORMS for pf in (False, True)) + (
-    _name(CONTROL, True),)
+_NAMES = tuple(_name(f, False, pf, bw) for f in FORMS for pf in (False, True)
+               for bw in (False, True)) + (_name(CONTROL, True),)
 # Plain for every NT; the RMSNorm prologue for every NT; the SwiGLU epilogue, with or without
 # the prologue, for the even ones (it pairs gate and up tiles).
 ROW_FUSED = (tuple((nt, True, sw) for nt in (1, 2, 4) for sw in (False, True) if nt % 2 == 0
@@ -87,14 +98,14 @@ _ROW1_NAMES = tuple(f"linear_mma_row1<{pb}, {_b(nm)}>"
 
 @functools.cache
 def kernel(form: tuple[int, ...], one_acc: bool = False, norm: bool = False,
-           swiglu: bool = False, pf: bool = False) -> Any:
+           swiglu: bool = False, pf: bool = False, bw: bool = False) -> Any:
     if len(form) == 1:
         return cached_module("linear_mma_row1.cu", _ROW1_NAMES).get_function(
             f"linear_mma_row1<{form[0]}, {_b(norm)}>")
     if len(form) == 2:
         return cached_module("linear_mma_rows.cu", _ROW_NAMES).get_function(
             _row_name(form[0], one_acc, norm, swiglu))
-    return cached_module("linear_mma.cu", _NAMES).get_function(_name(form, one_acc, pf))
+    return cached_module("linear_mma.cu", _NAMES).get_function(_name(form, one_acc, pf, bw))
 
 
 def row_smem(k: int, nt: int, norm_rows: int = 0) -> int:
@@ -166,14 +177,16 @@ def fused_form(m: int, n: int, k: int, swiglu: bool = False,
 def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
                form: tuple[int, ...] | None = None, one_acc: bool = False,
                pdl: bool = False, norm: Any = None, eps: float = 0.0,
-               swiglu: bool = False, prefetch: bool | None = None) -> Any:
+               swiglu: bool = False, prefetch: bool | None = None,
+               bf16: bool | None = None) -> Any:
     """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights only. ``pdl``: launch
     with programmatic dependent launch (launch.py); the bits are the same either way.
     ``norm`` (f32 [K]) and ``eps``: RMSNorm x first, as rmsnorm_rows does; ``swiglu``: the
     weight is gate/up [2F, K] and out [M, F] = swiglu(gate, up), as swiglu_rows does. Either
     needs a rows form, and ``norm`` alone may take the one-row form (``fused_form``); they
     give the bits of the separate kernels. ``prefetch``: the tile kernel's loads a block
-    ahead or not (None: by the grid's size, PF_MAX_CTAS); the bits are the same either way."""
+    ahead or not (None: by the grid's size, PF_MAX_CTAS); ``bf16``: the tile kernel reads
+    ``wd.wb``, the codes as bf16 (None: where it pays, bw_wanted); the same bits either way."""
     import cupy as cp
 
     if swiglu:  # out is [M, F]: check_linear's [M, N] does not apply
@@ -222,5 +235,13 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     mt, nt, wm, wn = form
     grid = (n // (8 * nt * wn), -(-m // (16 * mt * wm)))
     pf = not one_acc and (grid[0] * grid[1] <= PF_MAX_CTAS if prefetch is None else prefetch)
-    launch(kernel(form, one_acc, pf=pf), grid, (32 * wm * wn,), args, pdl=pdl)
+    # bf16: the codes as bf16 (loaded, not converted; the same bits); None: where it pays
+    if bf16 is None:
+        bf16 = wd.wb is not None and not one_acc and bw_wanted(m, n)
+    need(not bf16 or (wd.wb is not None and not one_acc),
+         "linear_mma: bf16=True needs a weight uploaded with bf16=True and no control")
+    bw = bool(bf16)
+    if bw:
+        args = (x, wd.wb, *args[2:])
+    launch(kernel(form, one_acc, pf=pf, bw=bw), grid, (32 * wm * wn,), args, pdl=pdl)
     return out

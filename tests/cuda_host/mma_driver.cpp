@@ -1,20 +1,20 @@
 // mma_driver.cpp: cuda/linear_mma.cu, linear_mma_rows.cu and linear_mma_row1.cu run on the
-// host (prelude.h, its mma a stand-in sum) against a plain spelling of the tensor-core order, bit for bit
-// (tests/test_kernels_on_host.py builds it).
+// host (prelude.h, its mma a stand-in sum) against a plain spelling of the tensor-core
+// order, bit for bit (tests/test_kernels_on_host.py builds it).
 //
 // The reference spells linear_mma.cu's order per output: mma_ref.h's block values (three
 // part accumulators over the block's four mma steps, each step prelude.h's
 // cru_host_mma_elem, the function the kernels' host mma calls); total = 0 + b_0 + b_1 +
 // ...; times scale; residual last.
-// Sweep: every tile form and rows form the wrapper builds (crucible/kernels/linear_mma.py)
-// at M = 1..40 (row tails inside and past a 16-row tile), two and three K blocks, with and
-// without the residual. y starts as a
+// Sweep: every tile form and rows form the wrapper builds (crucible/kernels/linear_mma.py),
+// two tile forms also with the codes as bf16 (BW), at M = 1..40 (row tails inside and past
+// a 16-row tile), two and three K blocks, with and without the residual. y starts as a
 // sentinel, so an output the kernel fails to write shows. Then the fused rows forms
 // (RMSNorm prologue against rowops_ref.h's tree, with and without the SwiGLU epilogue) on
 // the three-block cases, and the one-row form (plain, with the residual and with the
-// RMSNorm prologue; PB 9 holds every block, PB 2 streams the third). `descending` makes the reference add the block values in
-// descending order: the negative control, which must fail exactly the runs of three blocks
-// (two add the same either way).
+// RMSNorm prologue; PB 9 holds every block, PB 2 streams the third). `descending` makes
+// the reference add the block values in descending order: the negative control, which
+// must fail exactly the runs of three blocks (two add the same either way).
 #include "prelude.h"
 #include "linear_mma.cu"
 #include "linear_mma_rows.cu"
@@ -73,17 +73,27 @@ static int compare(const Case& c, const std::vector<float>& y, bool with_res, co
     return bad != 0;
 }
 
-template <int MT, int NT, int WM, int WN, bool PF = false>
+template <int MT, int NT, int WM, int WN, bool PF = false, bool BW = false>
 int tile(const Case& c, bool with_res) {
     std::vector<float> y((size_t)c.M * c.N, -777.0f);
     const float* res = with_res ? c.res.data() : nullptr;
+    // BW: the codes as bf16 (each code's f32 top half), as DeviceWeight.wb holds them
+    std::vector<unsigned short> wb(c.w.size());
+    for (size_t i = 0; i < wb.size(); ++i) {
+        const float f = (float)c.w[i];
+        unsigned u;
+        std::memcpy(&u, &f, 4);
+        wb[i] = (unsigned short)(u >> 16);
+    }
+    const signed char* w = BW ? reinterpret_cast<const signed char*>(wb.data()) : c.w.data();
     dim3 grid{(unsigned)(c.N / (8 * NT * WN)), (unsigned)((c.M + 16 * MT * WM - 1) / (16 * MT * WM)), 1};
     run_grid(grid, {(unsigned)(32 * WM * WN), 1, 1}, [&] {
-        linear_mma<MT, NT, WM, WN, false, PF>(c.x.data(), c.w.data(), c.sc.data(), res,
-                                              y.data(), c.M, c.N, c.K);
+        linear_mma<MT, NT, WM, WN, false, PF, BW>(c.x.data(), w, c.sc.data(), res, y.data(),
+                                                  c.M, c.N, c.K);
     });
     char what[64];
-    snprintf(what, sizeof what, "tile %dx%dx%dx%d%s", MT, NT, WM, WN, PF ? " prefetch" : "");
+    snprintf(what, sizeof what, "tile %dx%dx%dx%d%s%s", MT, NT, WM, WN, PF ? " prefetch" : "",
+             BW ? " bf16 codes" : "");
     return compare(c, y, with_res, what);
 }
 
@@ -174,7 +184,8 @@ template <bool PF>
 static int all_tiles(const Case& c, bool r) {
     return tile<1, 2, 2, 2, PF>(c, r) + tile<1, 2, 1, 4, PF>(c, r) + tile<1, 4, 2, 2, PF>(c, r) +
            tile<2, 2, 2, 2, PF>(c, r) + tile<2, 4, 2, 2, PF>(c, r) + tile<1, 1, 4, 2, PF>(c, r) +
-           tile<4, 2, 1, 4, PF>(c, r) + tile<2, 4, 4, 1, PF>(c, r);
+           tile<4, 2, 1, 4, PF>(c, r) + tile<2, 4, 4, 1, PF>(c, r) +
+           tile<1, 4, 2, 2, PF, true>(c, r) + tile<2, 4, 4, 1, PF, true>(c, r);
 }
 
 static int all_rows(const Case& c, bool r) {
@@ -193,7 +204,7 @@ int main(int argc, char** argv) {
     for (auto& t : tile_cases) {
         const Case c = make(t[0], 64, t[1], g);
         fails += all_tiles<false>(c, t[2] != 0) + all_tiles<true>(c, t[2] != 0);
-        runs += 16;
+        runs += 20;
     }
     for (auto& t : rows_cases) {
         fails += all_rows(make(t[0], 64, t[1], g), t[2] != 0);
