@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from crucible.arg_types import int_in, non_negative_int, positive_int  # noqa: F401 (re-exported)
-from crucible.backend.options import GEMMS
+from crucible.backend.options import GEMMS, MIXED_GRAPH_ROWS
 from crucible.engine.sizes import UNITS_HELP, parse_bytes
 from crucible.errors import ConfigError
 from crucible.model.fetch import DEFAULT_MODEL
@@ -125,10 +125,19 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_gemm_option(g: argparse._ActionsContainer) -> None:
+    """The CUDA knobs that trade one workload's speed for another's (never the bits of a
+    given order: a graph replays its eager step bit for bit)."""
     g.add_argument("--gemm", choices=GEMMS, default=None,
                    help="CUDA int8 GEMMs: fma (CUDA cores, the default) or mma (tensor "
                         "cores: faster under load, batch-1 decode slower, other bits); "
                         "default: CRUCIBLE_GEMM or fma")
+    g.add_argument("--mixed-graph-rows", type=int, choices=MIXED_GRAPH_ROWS, default=None,
+                   metavar="ROWS",
+                   help="CUDA: the largest packed mixed step replayed from a CUDA graph, one "
+                        f"of {', '.join(map(str, MIXED_GRAPH_ROWS))} (1024 serves 256 "
+                        "streaming clients 1.16x faster under --gemm mma, but costs an "
+                        "offline batch 0.88x: docs/throughput.md); default: "
+                        "CRUCIBLE_MIXED_GRAPH_ROWS or 512")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:

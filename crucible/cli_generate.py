@@ -19,6 +19,7 @@ from crucible.kernels.variants import parse_variant, startup_report
 def build_engine(args: argparse.Namespace) -> LLMEngine:
     """The flags over the environment's settings, through the one engine factory."""
     settings = Settings.from_env(device=args.device, weights=args.weights, gemm=args.gemm,
+                                 mixed_graph_rows=args.mixed_graph_rows,
                                  num_pages=args.num_pages, kv_cache_memory=args.kv_cache_memory,
                                  gpu_memory_fraction=args.gpu_memory_fraction,
                                  token_budget=args.token_budget, chunk_cap=args.chunk_cap,

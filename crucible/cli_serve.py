@@ -84,6 +84,7 @@ def _built(model: str, settings: Settings):
 
 async def _serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env(device=args.device, weights=args.weights, gemm=args.gemm,
+                                 mixed_graph_rows=args.mixed_graph_rows,
                                  num_pages=args.num_pages, kv_cache_memory=args.kv_cache_memory,
                                  gpu_memory_fraction=args.gpu_memory_fraction,
                                  token_budget=args.token_budget,

@@ -16,8 +16,9 @@ from crucible.chat.term import NEWLINE_KEYS, open_terminal
 from crucible.cli_args import Parser, add_model_options, add_sampling_options
 
 # Options that pick or size a model here: a server has its own, so --url refuses them.
-_LOCAL_ONLY = ("model", "device", "weights", "num_pages", "kv_cache_memory",
-               "gpu_memory_fraction", "token_budget", "chunk_cap", "max_running")
+_LOCAL_ONLY = ("model", "device", "weights", "gemm", "mixed_graph_rows", "num_pages",
+               "kv_cache_memory", "gpu_memory_fraction", "token_budget", "chunk_cap",
+               "max_running")
 
 
 def chat_parser() -> argparse.ArgumentParser:

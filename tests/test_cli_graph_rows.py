@@ -1,0 +1,55 @@
+"""``--mixed-graph-rows`` (generate, serve, chat): the largest packed mixed step a CUDA graph
+replays, over CRUCIBLE_MIXED_GRAPH_ROWS, through the one settings object; a value outside
+the row buckets is refused by name; chat refuses it with --url (the server has its own)."""
+
+from __future__ import annotations
+
+import pytest
+
+from crucible.engine.settings import Settings
+
+
+def test_generate_flag_over_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture) -> None:
+    from crucible import cli_generate
+    from crucible.engine import factory
+
+    got: list[Settings] = []
+
+    def build(model: str, settings: Settings) -> None:
+        got.append(settings)
+        raise RuntimeError("stop after the settings")
+
+    monkeypatch.setattr(factory, "build_engine", build)
+    p = cli_generate.generate_parser()
+    cases = ((["--mixed-graph-rows", "1024"], None, 1024), ([], None, 512),
+             ([], "768", 768), (["--mixed-graph-rows", "256"], "1024", 256))
+    for argv, env, want in cases:
+        monkeypatch.delenv("CRUCIBLE_MIXED_GRAPH_ROWS", raising=False)
+        if env is not None:
+            monkeypatch.setenv("CRUCIBLE_MIXED_GRAPH_ROWS", env)
+        with pytest.raises(RuntimeError, match="stop after the settings"):
+            cli_generate.build_engine(p.parse_args(["--prompt", "x", *argv]))
+        assert got[-1].mixed_graph_rows == want, (argv, env)
+        assert got[-1].backend_options().mixed_graph_rows == want
+    for bad in ("1000", "two"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--prompt", "x", "--mixed-graph-rows", bad])
+        assert "--mixed-graph-rows" in capsys.readouterr().err
+
+
+def test_serve_and_chat_take_it() -> None:
+    from crucible.chat.main import chat_parser
+    from crucible.cli_serve import parser as serve_parser
+
+    assert serve_parser().parse_args(["--mixed-graph-rows", "1024"]).mixed_graph_rows == 1024
+    assert serve_parser().parse_args([]).mixed_graph_rows is None  # the environment or 512
+    assert chat_parser().parse_args(["--mixed-graph-rows", "640"]).mixed_graph_rows == 640
+
+
+def test_chat_refuses_it_with_a_server(capsys: pytest.CaptureFixture) -> None:
+    from crucible.chat.main import chat_main
+
+    with pytest.raises(SystemExit):
+        chat_main(["--url", "http://127.0.0.1:9", "--mixed-graph-rows", "1024"])
+    assert "--mixed-graph-rows does not apply with --url" in capsys.readouterr().err
