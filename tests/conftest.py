@@ -53,3 +53,27 @@ def tiny_model():
     from crucible.model.tiny import tiny_random_model
 
     return tiny_random_model(seed=0)
+
+
+@pytest.fixture
+def generate_settings(monkeypatch: pytest.MonkeyPatch):
+    """``llm-engine generate``'s flags -> the Settings its engine would be built with (the
+    factory stubbed out, so no model loads): a function of the argv after ``--prompt x``."""
+    from crucible import cli_generate
+    from crucible.engine import factory
+
+    got: list = []
+
+    def build(model: str, settings) -> None:
+        got.append(settings)
+        raise RuntimeError("stop after the settings")
+
+    monkeypatch.setattr(factory, "build_engine", build)
+    parser = cli_generate.generate_parser()
+
+    def settings_of(argv: list[str]):
+        with pytest.raises(RuntimeError, match="stop after the settings"):
+            cli_generate.build_engine(parser.parse_args(["--prompt", "x", *argv]))
+        return got[-1]
+
+    return settings_of

@@ -6,32 +6,22 @@ from __future__ import annotations
 
 import pytest
 
-from crucible.engine.settings import Settings
-
 
 def test_generate_flag_over_the_environment(monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture) -> None:
+                                            capsys: pytest.CaptureFixture,
+                                            generate_settings) -> None:
     from crucible import cli_generate
-    from crucible.engine import factory
 
-    got: list[Settings] = []
-
-    def build(model: str, settings: Settings) -> None:
-        got.append(settings)
-        raise RuntimeError("stop after the settings")
-
-    monkeypatch.setattr(factory, "build_engine", build)
-    p = cli_generate.generate_parser()
     cases = ((["--mixed-graph-rows", "1024"], None, 1024), ([], None, 512),
              ([], "768", 768), (["--mixed-graph-rows", "256"], "1024", 256))
     for argv, env, want in cases:
         monkeypatch.delenv("CRUCIBLE_MIXED_GRAPH_ROWS", raising=False)
         if env is not None:
             monkeypatch.setenv("CRUCIBLE_MIXED_GRAPH_ROWS", env)
-        with pytest.raises(RuntimeError, match="stop after the settings"):
-            cli_generate.build_engine(p.parse_args(["--prompt", "x", *argv]))
-        assert got[-1].mixed_graph_rows == want, (argv, env)
-        assert got[-1].backend_options().mixed_graph_rows == want
+        got = generate_settings(argv)
+        assert got.mixed_graph_rows == want, (argv, env)
+        assert got.backend_options().mixed_graph_rows == want
+    p = cli_generate.generate_parser()
     for bad in ("1000", "two"):
         with pytest.raises(SystemExit):
             p.parse_args(["--prompt", "x", "--mixed-graph-rows", bad])

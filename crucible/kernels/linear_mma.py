@@ -235,12 +235,10 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     mt, nt, wm, wn = form
     grid = (n // (8 * nt * wn), -(-m // (16 * mt * wm)))
     pf = not one_acc and (grid[0] * grid[1] <= PF_MAX_CTAS if prefetch is None else prefetch)
-    # bf16: the codes as bf16 (loaded, not converted; the same bits); None: where it pays
-    if bf16 is None:
-        bf16 = wd.wb is not None and not one_acc and bw_wanted(m, n)
-    need(not bf16 or (wd.wb is not None and not one_acc),
+    has_wb = wd.wb is not None and not one_acc  # the codes as bf16: loaded, not converted
+    need(has_wb or not bf16,
          "linear_mma: bf16=True needs a weight uploaded with bf16=True and no control")
-    bw = bool(bf16)
+    bw = has_wb and (bw_wanted(m, n) if bf16 is None else bf16)
     if bw:
         args = (x, wd.wb, *args[2:])
     launch(kernel(form, one_acc, pf=pf, bw=bw), grid, (32 * wm * wn,), args, pdl=pdl)

@@ -78,7 +78,7 @@ int tile(const Case& c, bool with_res) {
     std::vector<float> y((size_t)c.M * c.N, -777.0f);
     const float* res = with_res ? c.res.data() : nullptr;
     // BW: the codes as bf16 (each code's f32 top half), as DeviceWeight.wb holds them
-    std::vector<unsigned short> wb(c.w.size());
+    std::vector<unsigned short> wb(BW ? c.w.size() : 0);
     for (size_t i = 0; i < wb.size(); ++i) {
         const float f = (float)c.w[i];
         unsigned u;
