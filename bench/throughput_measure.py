@@ -29,8 +29,9 @@ from typing import Any, Callable
 from crucible import LLM, SamplingParams
 
 
-def graph_counters(llm: LLM) -> dict[str, int]:
-    """The CuPy backend's graph counters (empty elsewhere, or with graphs off)."""
+def graph_counters(llm: LLM) -> dict[str, float]:
+    """The CuPy backend's graph counters (empty elsewhere, or with graphs off), and the
+    host seconds the mixed graphs' captures took (``mixed_capture_s``)."""
     be = llm.engine.runner.backend
     out: dict[str, int] = {}
     for prefix, attr, fields in (("decode", "graphs", ("num_replays", "num_captures")),
@@ -42,6 +43,8 @@ def graph_counters(llm: LLM) -> dict[str, int]:
         if g is not None:
             for f in fields:
                 out[f"{prefix}_{f[4:]}"] = int(getattr(g, f))
+    if getattr(be, "mixed_graphs", None) is not None:
+        out["mixed_capture_s"] = round(float(be.mixed_graphs.capture_s), 4)
     return out
 
 

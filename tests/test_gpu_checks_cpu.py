@@ -95,7 +95,8 @@ def test_graph_check_passes_eager_only(capsys) -> None:
     for how in ("graphs", "eager"):
         assert (f"pipelined engine, mixed steps fed ({how}), vs plain engine: 24 requests "
                 "identical, 0 failures") in out
-    assert "model tiny-random: 611 passed, 0 failed" in out  # 421 of them mixed steps
+    # 421 of them mixed steps, 48 of those with histories past 1,024 (mixed_long_check)
+    assert "model tiny-random: 659 passed, 0 failed" in out
 
 
 class _Graphs:
@@ -124,6 +125,35 @@ def test_graph_check_catches(bug, monkeypatch, capsys) -> None:
     else:
         fails = [ln for ln in out.splitlines() if ln.startswith("FAIL")]
         assert fails and all(ln.startswith("FAIL size 3 ") for ln in fails)
+
+
+def test_long_mixed_check_catches(monkeypatch, capsys) -> None:
+    """A candidate whose mixed steps round differently only where a history passes 1,024
+    positions (the split score capacities' case) fails the long check, and only there."""
+    from crucible.checks.mixed_long_check import check_mixed_long
+    from crucible.engine.settings import Settings
+    from crucible.model.tiny import tiny_random_model
+
+    make_pair = graph_check.make_pair
+
+    def pair(model, device, num_pages, settings=None):
+        cand, ref = make_pair(model, device, num_pages, settings)
+        forward = cand.forward
+        long_mixed = lambda b: ((b.segments[:, 1] > 1).any() and (b.segments[:, 1] == 1).any()
+                                and int(b.segments[:, 2].max()) > 1024)  # noqa: E731
+        cand.forward = lambda b: bump(forward(b)) if long_mixed(b) else forward(b)
+        return cand, ref
+
+    model = tiny_random_model(seed=1, weights="int8", n_heads=9, n_kv_heads=3, head_dim=64,
+                              hidden_size=192, ffn_size=256, tie_embeddings=False)
+    clean = check_mixed_long(model, "cpu", Settings(), 2, 5)
+    assert clean[0] > 0 and clean[1] == 0
+    monkeypatch.setattr(graph_check, "make_pair", pair)
+    capsys.readouterr()
+    passed, failed = check_mixed_long(model, "cpu", Settings(), 2, 5)
+    assert (passed, failed) == (0, clean[0])  # every step of the check is a long mixed one
+    fails = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("FAIL")]
+    assert fails and all(ln.startswith("FAIL long mixed step") for ln in fails)
 
 
 def test_decode_prefill_passes(capsys) -> None:

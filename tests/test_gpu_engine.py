@@ -58,6 +58,21 @@ def test_mixed_graphs_equal_eager() -> None:
     assert failed == 0 and passed > 0 and cand.backend.mixed_graphs.num_replays > 0
 
 
+@pytest.mark.parametrize("gemm,rows", [("fma", 512), ("mma", 512), ("mma", 1024)])
+def test_long_mixed_graphs_equal_eager(gemm: str, rows: int) -> None:
+    """Mixed steps with decode histories past 1,024 beside short slices: replays (the
+    slices' score capacity below the decode rows') == eager, bitwise, every step a replay."""
+    from crucible.checks.mixed_long_check import check_mixed_long
+    from crucible.engine.settings import Settings
+    from crucible.model.tiny import tiny_random_model
+
+    model = tiny_random_model(seed=3, weights="int8", n_heads=9, n_kv_heads=3, head_dim=64,
+                              hidden_size=576)
+    passed, failed = check_mixed_long(model, "cuda", Settings(gemm=gemm,
+                                      mixed_graph_rows=rows), 6, seed=2)
+    assert failed == 0 and passed > 0
+
+
 @pytest.mark.parametrize("weights,gemm", [("f32", "fma"), ("int8", "fma"), ("int8", "mma")])
 def test_decode_stack_equals_layers(weights: str, gemm: str) -> None:
     """The batch-1 decode stack == the five-kernel layers, per kernel (with the descending

@@ -12,6 +12,7 @@ import pytest
 from crucible.backend.cupy_mixed_graphs import (
     MAX_SLICES,
     MAX_TOKENS,
+    SLICE_CAPACITY_FLOOR,
     MixedGraphs,
     is_mixed_graph_step,
 )
@@ -119,6 +120,23 @@ def test_capture_stand_in_is_all_empty_on_the_scratch_page() -> None:
     assert (m["single"][:, 1] == 0).all() and (m["multi"][:, 1] == 0).all()
     assert (m["page"] == SCRATCH).all() and (m["tables"] == SCRATCH).all()
     assert (m["feed"] == -1).all()  # no row reads fed_in's stale ids
+
+
+def test_each_launch_gets_its_capacity() -> None:
+    """The key's decode capacity is the step's longest history; the slices' capacity their
+    own longest end, at least SLICE_CAPACITY_FLOOR, at most the decode one: a long decode
+    history no longer sizes the slices' tiled launch (one CTA an SM past 1,024)."""
+    def step(decode_start: int, slice_start: int, n: int = 100) -> PackedBatch:
+        dec = [SegmentSpec(f"d{i}", [1], decode_start, list(range(200)), [0]) for i in range(8)]
+        return build_packed_batch(dec + [SegmentSpec("p", [1] * n, slice_start,
+                                                     list(range(200)), [n - 1])])
+
+    key = MixedGraphs.key(graphs(), step(1500, 0))
+    assert key[4:] == (2048, SLICE_CAPACITY_FLOOR)  # the slice ends at 100
+    assert MixedGraphs.key(graphs(), step(1500, 1200))[4:] == (2048, 2048)
+    assert MixedGraphs.key(graphs(), step(3000, 1200))[4:] == (4096, 2048)
+    assert MixedGraphs.key(graphs(), step(100, 0))[4:] == (256, 256)  # never above decode's
+    assert MixedGraphs.key(graphs(), step(600, 0))[4:] == (1024, 1024)
 
 
 def test_steps_outside_the_graphs_run_eagerly() -> None:

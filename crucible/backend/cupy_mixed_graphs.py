@@ -8,12 +8,19 @@ time when it is small. A graph replays it with one launch.
 A step qualifies when it has at most ``max_tokens`` rows (``MAX_TOKENS`` unless
 ``CRUCIBLE_MIXED_GRAPH_ROWS`` says otherwise: one of options.MIXED_GRAPH_ROWS) and at most
 ``MAX_SLICES`` segments of more than one row. It is padded to a graph's shape, the key
-``(tokens, finals, slices, chunk, capacity, capacity)``, each rounded up to a bucket. The
-buckets are coarse on purpose: chat traffic makes steps of every size, and each key costs a
-capture (a warm-up forward and the capture itself). So final rows round to a power of two,
-the slices' row grid covers at least a quarter of the rows (tiles past a slice's end exit),
-and one capacity, a power of two, sizes both attention launches (a larger score buffer
-changes no bits, only shared memory):
+``(tokens, finals, slices, chunk, decode capacity, slice capacity)``, each rounded up to a
+bucket. The buckets are coarse on purpose: chat traffic makes steps of every size, and each
+key costs a capture (a warm-up forward and the capture itself). So final rows round to a
+power of two, the slices' row grid covers at least a quarter of the rows (tiles past a
+slice's end exit), and the score capacity to a power of two (a larger score buffer changes
+no bits, only shared memory). One capacity, the step's longest history, sizes the decode
+rows' launch (the decode kernel keeps its two CTAs an SM up to 4,096); the slices' launch
+gets its own, their longest end but at least SLICE_CAPACITY_FLOOR, as an eager step sizes
+each launch by its own rows (cupy_meta.MixedSegments). Sized by the decode rows' longest
+history, the exact tiled kernel's score buffer left one CTA an SM instead of three past
+1,024 positions (kernels/variants.py plan_launch: 119 KB at 2,048, 70 KB at 1,024), which
+cost 1,024-row mixed graphs 12% of the random workload (bench/mixed-graph-rows-mma-h200.json);
+bench/mixed_graph_keys.py counts the keys each rule makes:
 - rows: real rows first as packed, then padding rows (token 0 at position 0 on the scratch
   page past the pool, like the decode graphs' padding requests);
 - one-row segments: a list of ``tokens`` entries: the step's decode rows, then one per
@@ -44,6 +51,7 @@ would thrash); those steps run eagerly and are counted (``num_eager``).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -64,6 +72,9 @@ FINAL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 assert set(MIXED_GRAPH_ROWS) <= set(TOKEN_BUCKETS)  # what max_tokens may be: buckets
 SLICE_BUCKETS = (1, 2, 4)
 CAPACITY_BUCKETS = tuple(256 << i for i in range(8))  # 256 .. 32,768
+# The slices' launch: every capacity up to 1,024 gives the exact tiled kernel its three CTAs
+# an SM (registers bind first), so below that one bucket does (fewer keys).
+SLICE_CAPACITY_FLOOR = 1024
 FED_ROWS = BUCKETS[-1]  # ids a fed step can read: the decode graphs' largest bucket
 
 Key = tuple[int, int, int, int, int, int]
@@ -107,6 +118,7 @@ class MixedGraphs:
         self.num_replays = 0
         self.num_out_of_memory = 0  # captures abandoned for want of device memory
         self.num_eager = 0  # qualifying steps run eagerly (a key not seen enough, or full)
+        self.capture_s = 0.0  # host time in captures (warm-up forward, capture, instantiate)
         self.seen: dict[Key, int] = {}  # sightings of keys without a graph
         # A pipelined step's rows read the previous step's ids from here: every graph reads
         # this one buffer, refilled before a fed replay from where those ids are.
@@ -127,7 +139,8 @@ class MixedGraphs:
         f = min(t, _up(int(batch.final_rows.shape[0]), FINAL_BUCKETS))
         chunk = min(t, max(t // 4, 1 << max(4, int(multi[:, 1].max() - 1).bit_length())))
         cap = _capacity(segs)
-        return (t, f, _up(multi.shape[0], SLICE_BUCKETS), chunk, cap, cap)
+        return (t, f, _up(multi.shape[0], SLICE_BUCKETS), chunk, cap,
+                min(cap, max(SLICE_CAPACITY_FLOOR, _capacity(multi))))
 
     def _sizes(self, key: Key) -> tuple[int, int, list[int]]:
         """(table width, table rows, the buffer's part sizes: 4 row columns, one-row
@@ -205,6 +218,7 @@ class MixedGraphs:
             if seen < self.capture_after or len(self.graphs) >= self.max_graphs:
                 self.num_eager += 1
                 return None
+            t0 = time.perf_counter()
             try:
                 meta_dev = cp.asarray(self.host_meta(None, key))
                 cap = capture_forward(forward, self.stream, meta_dev,
@@ -213,6 +227,8 @@ class MixedGraphs:
                 self.clear()
                 self.num_out_of_memory += 1
                 return None
+            finally:
+                self.capture_s += time.perf_counter() - t0
             self.graphs[key] = cap
             self.num_captures += 1
         fill = None

@@ -12,7 +12,9 @@ gpu-graph-check   decode steps replayed from CUDA graphs (padded up to a bucket)
                   there are no graphs (the numpy backend, CRUCIBLE_DECODE_GRAPHS=0) it says so
                   and compares eager against eager: the harness and pool reuse still run.
                   Then mixed steps (running decodes and joiners' prompt chunks in one
-                  forward: mixed graphs) against the same steps run eagerly.
+                  forward: mixed graphs) against the same steps run eagerly: short
+                  histories, steps past 512 rows (checks/mixed_large_check.py), and
+                  histories past 1,024 positions (checks/mixed_long_check.py).
                   Then the pipelined engine against the plain one (checks/pipeline_check.py),
                   and an all-greedy pipelined engine (its ids from the decode graphs'
                   argmax) against an engine without graphs (ids from the sampler's kernel).
@@ -34,6 +36,7 @@ import numpy as np
 from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.checks.batch_check import Counts, Req, add_common, load, pages_for, report, run_step
 from crucible.checks.mixed_large_check import check_mixed_large
+from crucible.checks.mixed_long_check import check_mixed_long
 from crucible.checks.pipeline_check import check_pipeline
 from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
@@ -223,6 +226,8 @@ def graph_main(argv: list[str]) -> int:
     more = check_mixed(cand, ref, 12 * args.steps, max_prompt, args.seed)
     passed, failed = passed + more[0], failed + more[1]
     more = check_mixed_large(cand, ref, 2 * args.steps, args.seed, rows)
+    passed, failed = passed + more[0], failed + more[1]
+    more = check_mixed_long(model, args.device, settings, 2 * args.steps, args.seed)
     passed, failed = passed + more[0], failed + more[1]
     if graphs is not None:
         print(f"graphs: {graphs.num_captures} captures, {graphs.num_replays} replays")
