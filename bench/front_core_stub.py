@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Sequence
 
+from crucible.backend.protocol import GRAPH_STATS
 from crucible.engine.engine import RequestDelta
 from crucible.engine.factory import EngineInfo, load
 from crucible.engine.sampling import SamplingParams
@@ -111,6 +112,7 @@ class FakeEngine:
         st.update(pages_total=self.allocator.num_pages, pages_free=self.allocator.num_free,
                   running=len(self.live), waiting=0, steps=self.num_steps,
                   tokens_generated=self.num_generated)
+        st.update(dict.fromkeys(GRAPH_STATS, 0))  # no forward, no graphs
         return st
 
 

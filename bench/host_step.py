@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 from common import stat, write_json
 
+from crucible.backend.protocol import GRAPH_STATS
 from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import SchedulerConfig
@@ -92,6 +93,9 @@ class InstantRunner:
         self.backend = SimpleNamespace(arithmetic="instant")
         self._vocab = vocab
         self._text = np.asarray(text_ids, np.int64)
+
+    def graph_stats(self) -> dict[str, int]:
+        return dict.fromkeys(GRAPH_STATS, 0)
 
     def launch_sample(self, batch: Any, rows: Any, host_rows: Any = (), feed: Any = None
                       ) -> _Done:

@@ -28,7 +28,14 @@ COUNTERS = {"crucible_engine_steps_total": "steps",
             "crucible_prefix_cache_hit_tokens_total": "cached_prompt_tokens",
             "crucible_engine_failures_total": "engine_failures",
             "crucible_engine_rows_total": "rows",
-            "crucible_engine_generated_tokens_total": "sampled_tokens"}
+            "crucible_engine_generated_tokens_total": "sampled_tokens",
+            'crucible_graph_replays_total{kind="decode"}': "decode_replays",
+            'crucible_graph_replays_total{kind="prefill"}': "prefill_replays",
+            'crucible_graph_replays_total{kind="mixed"}': "mixed_replays",
+            "crucible_graph_captures_total": "graph_captures",
+            "crucible_graph_capture_seconds_total": "capture_s"}
+GRAPH_KEYS = ("decode_replays", "prefill_replays", "mixed_replays", "graph_captures",
+              "capture_s")
 GAUGES = {"crucible_requests_running": "running", "crucible_requests_waiting": "waiting",
           "crucible_pages_used": "pages_used", "crucible_pages_total": "pages_total",
           "crucible_queue_bound": "queue_bound"}
@@ -37,14 +44,14 @@ METRICS_EVERY_S = 0.25
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """The unlabelled samples of Prometheus text we use, by our key. Labelled series
-    (finish reasons, histogram buckets) are not needed here."""
+    """The samples of Prometheus text we use, by our key (of the labelled series only the
+    graph replays per kind; finish reasons and histogram buckets are not needed here)."""
     names = {**COUNTERS, **GAUGES}
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if not line or line[0] == "#" or "{" in line:
+        if not line or line[0] == "#" or ("{" in line and not line.startswith("crucible_graph")):
             continue
-        name, _, value = line.partition(" ")
+        name, _, value = line.rpartition(" ")
         if name in names:
             out[names[name]] = float(value)
     return out
@@ -121,7 +128,10 @@ def engine_figures(before: dict[str, float], after: dict[str, float], span_s: fl
             "max_running": max((m.get("running", 0) for m in live), default=None),
             "mean_waiting": mean("waiting"),
             "max_pages_used": max((m.get("pages_used", 0) for m in live), default=None),
-            "gauge_samples": len(live), "window": window_figures(inside)}
+            "gauge_samples": len(live), "window": window_figures(inside),
+            # How the span's steps ran (servers that report it): the rest ran eagerly.
+            "graphs": {k: round(d[k], 3) if k == "capture_s" else int(d[k])
+                       for k in GRAPH_KEYS} if any(k in after for k in GRAPH_KEYS) else None}
 
 
 def window_figures(live: list[tuple[float, dict[str, float]]]) -> dict[str, Any] | None:

@@ -124,9 +124,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     add_pool_options(g)
 
 
-def add_gemm_option(g: argparse._ActionsContainer) -> None:
+def add_gemm_option(g: argparse._ActionsContainer, rows_default: int = 512) -> None:
     """The CUDA knobs that trade one workload's speed for another's (never the bits of a
-    given order: a graph replays its eager step bit for bit)."""
+    given order: a graph replays its eager step bit for bit). ``rows_default``: what
+    --mixed-graph-rows falls back to (serve's is its own)."""
     g.add_argument("--gemm", choices=GEMMS, default=None,
                    help="CUDA int8 GEMMs: fma (CUDA cores, the default) or mma (tensor "
                         "cores: faster under load, batch-1 decode slower, other bits); "
@@ -135,9 +136,9 @@ def add_gemm_option(g: argparse._ActionsContainer) -> None:
                    metavar="ROWS",
                    help="CUDA: the largest packed mixed step replayed from a CUDA graph, one "
                         f"of {', '.join(map(str, MIXED_GRAPH_ROWS))} (1024 serves 256 "
-                        "streaming clients 1.16x faster under --gemm mma, but costs an "
-                        "offline batch 0.88x: docs/throughput.md); default: "
-                        "CRUCIBLE_MIXED_GRAPH_ROWS or 512")
+                        "streaming clients 1.1-1.4x faster than 512; an offline batch pays "
+                        "~1 s of captures for it: docs/throughput.md); default: "
+                        f"CRUCIBLE_MIXED_GRAPH_ROWS or {rows_default}")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from crucible.backend.protocol import GRAPH_STATS
 from crucible.step.batch import PAGE_SIZE, PackedBatch
 
 
@@ -31,6 +32,9 @@ class FakeRunner:
         self.pool = np.full(num_pages * PAGE_SIZE, -1, dtype=np.int64)
         self.on_batch = on_batch  # called with every batch before it runs (invariant checks)
         self.num_forwards = 0
+
+    def graph_stats(self) -> dict[str, int]:
+        return dict.fromkeys(GRAPH_STATS, 0)  # every step eager: there are no graphs
 
     def forward(self, batch: PackedBatch) -> np.ndarray:
         if self.on_batch is not None:

@@ -77,6 +77,16 @@ def test_metrics_deltas_give_the_engine_figures() -> None:
                            "rows_per_s": 2500.0, "sampled_tok_per_s": 1000.0,
                            "rows_per_step": 25.0, "sampled_per_step": 10.0}
     assert engine_figures(before, after, 2.0, samples[1:2], (0.0, 2.0))["window"] is None
+    assert e["graphs"] is None  # a server without the graph series
+    graphs = ('crucible_graph_replays_total{kind="mixed"} 40\n'
+              'crucible_graph_replays_total{kind="decode"} 90\n'
+              "crucible_graph_captures_total 3\ncrucible_graph_capture_seconds_total 0.25\n")
+    g0 = parse_metrics(text + graphs)
+    g1 = {**after, "mixed_replays": 65, "decode_replays": 190, "prefill_replays": 0,
+          "graph_captures": 5, "capture_s": 0.375}
+    assert engine_figures(g0, g1, 2.0, samples, (0.0, 2.0))["graphs"] == {
+        "decode_replays": 100, "prefill_replays": 0, "mixed_replays": 25,
+        "graph_captures": 2, "capture_s": 0.125}
 
 
 def _level(clients: int, tok: float, gap: float = 5.0, health: float = 20.0) -> dict:

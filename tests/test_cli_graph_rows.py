@@ -33,7 +33,7 @@ def test_serve_and_chat_take_it() -> None:
     from crucible.cli_serve import parser as serve_parser
 
     assert serve_parser().parse_args(["--mixed-graph-rows", "1024"]).mixed_graph_rows == 1024
-    assert serve_parser().parse_args([]).mixed_graph_rows is None  # the environment or 512
+    assert serve_parser().parse_args([]).mixed_graph_rows is None  # the environment or 1024
     assert chat_parser().parse_args(["--mixed-graph-rows", "640"]).mixed_graph_rows == 640
 
 
@@ -43,3 +43,19 @@ def test_chat_refuses_it_with_a_server(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
         chat_main(["--url", "http://127.0.0.1:9", "--mixed-graph-rows", "1024"])
     assert "--mixed-graph-rows does not apply with --url" in capsys.readouterr().err
+
+
+def test_serve_defaults_to_1024_rows() -> None:
+    """A server's own default (SERVE_MIXED_GRAPH_ROWS) under the environment and the flag;
+    generate and LLM keep Settings' 512."""
+    from crucible.cli_serve import SERVE_MIXED_GRAPH_ROWS, parser, serve_settings
+    from crucible.engine.settings import Settings
+
+    assert SERVE_MIXED_GRAPH_ROWS == 1024 != Settings().mixed_graph_rows
+    cases = (([], {}, 1024), ([], {"CRUCIBLE_MIXED_GRAPH_ROWS": "512"}, 512),
+             (["--mixed-graph-rows", "256"], {"CRUCIBLE_MIXED_GRAPH_ROWS": "768"}, 256),
+             (["--mixed-graph-rows", "640"], {}, 640))
+    for argv, env, want in cases:
+        got = serve_settings(parser().parse_args(argv), env)
+        assert got.mixed_graph_rows == want, (argv, env)
+    assert "CRUCIBLE_MIXED_GRAPH_ROWS or 1024" in " ".join(parser().format_help().split())

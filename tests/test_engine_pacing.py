@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from crucible.backend.protocol import GRAPH_STATS
 from crucible.engine.engine import LLMEngine
 from crucible.engine.pacing import Pacer
 from crucible.engine.sampling import SamplingParams
@@ -66,6 +67,9 @@ class SimRunner:
         self.busy_until = 0.0
         self.idle = [0.0]  # device idle time before each launch (after the first)
         self.length = lambda: STEP_S
+
+    def graph_stats(self) -> dict[str, int]:
+        return dict.fromkeys(GRAPH_STATS, 0)
 
     def launch_sample(self, batch: Any, rows: Any, host_rows: Any = (), feed: Any = None
                       ) -> SimPending:

@@ -127,7 +127,7 @@ def test_graph_check_catches(bug, monkeypatch, capsys) -> None:
         assert fails and all(ln.startswith("FAIL size 3 ") for ln in fails)
 
 
-def test_long_mixed_check_catches(monkeypatch, capsys) -> None:
+def test_long_mixed_check_catches(capsys) -> None:
     """A candidate whose mixed steps round differently only where a history passes 1,024
     positions (the split score capacities' case) fails the long check, and only there."""
     from crucible.checks.mixed_long_check import check_mixed_long
@@ -146,11 +146,10 @@ def test_long_mixed_check_catches(monkeypatch, capsys) -> None:
 
     model = tiny_random_model(seed=1, weights="int8", n_heads=9, n_kv_heads=3, head_dim=64,
                               hidden_size=192, ffn_size=256, tie_embeddings=False)
-    clean = check_mixed_long(model, "cpu", Settings(), 2, 5)
+    clean = check_mixed_long(model, "cpu", Settings(), 2, 5, make_pair)
     assert clean[0] > 0 and clean[1] == 0
-    monkeypatch.setattr(graph_check, "make_pair", pair)
     capsys.readouterr()
-    passed, failed = check_mixed_long(model, "cpu", Settings(), 2, 5)
+    passed, failed = check_mixed_long(model, "cpu", Settings(), 2, 5, pair)
     assert (passed, failed) == (0, clean[0])  # every step of the check is a long mixed one
     fails = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("FAIL")]
     assert fails and all(ln.startswith("FAIL long mixed step") for ln in fails)

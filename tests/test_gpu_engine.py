@@ -62,14 +62,15 @@ def test_mixed_graphs_equal_eager() -> None:
 def test_long_mixed_graphs_equal_eager(gemm: str, rows: int) -> None:
     """Mixed steps with decode histories past 1,024 beside short slices: replays (the
     slices' score capacity below the decode rows') == eager, bitwise, every step a replay."""
+    from crucible.checks.graph_check import make_pair
     from crucible.checks.mixed_long_check import check_mixed_long
     from crucible.engine.settings import Settings
     from crucible.model.tiny import tiny_random_model
 
     model = tiny_random_model(seed=3, weights="int8", n_heads=9, n_kv_heads=3, head_dim=64,
                               hidden_size=576)
-    passed, failed = check_mixed_long(model, "cuda", Settings(gemm=gemm,
-                                      mixed_graph_rows=rows), 6, seed=2)
+    passed, failed = check_mixed_long(model, "cuda", Settings(gemm=gemm, mixed_graph_rows=rows),
+                                      6, 2, make_pair)
     assert failed == 0 and passed > 0
 
 

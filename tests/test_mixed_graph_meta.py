@@ -169,6 +169,8 @@ def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     captured: list[tuple] = []
 
     class Cap:
+        seconds = 0.05  # the host time a capture took
+
         def replay(self, stream: object, meta: np.ndarray, ring: object,
                    fill: object = None) -> np.ndarray:
             return np.zeros((512, 4), np.float32)
@@ -182,6 +184,7 @@ def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     g = graphs()
     g.graphs, g.seen, g.num_captures, g.num_replays, g.num_eager = {}, {}, 0, 0, 0
     g.stream = g.ring = g.fed_in = None
+    g.capture_s = 0.0
     g.capture_after, g.max_graphs = cmg.CAPTURE_AFTER, cmg.MAX_GRAPHS
 
     def step(n_prefill: int) -> PackedBatch:  # one slice of n rows and two decodes
@@ -196,5 +199,6 @@ def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     # 20: eager, capture, replay; 100: eager, capture; 200: eager, capture; 300: full.
     assert eager == [True, False, False, True, False, True, False, True, True, True]
     assert len(g.graphs) == 3 == g.num_captures == len(captured)
+    assert g.capture_s == pytest.approx(0.15)  # each capture's host time, summed
     assert g.num_replays == 4 and g.num_eager == 6
     assert all(out.shape == (3, 4) for out in got if out is not None)  # the final rows only

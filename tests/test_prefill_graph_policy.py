@@ -22,6 +22,8 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, captured: list[int]) -> cpg.Prefill
     monkeypatch.setitem(sys.modules, "cupy", fake)
 
     class Cap:
+        seconds = 0.05  # the host time a capture took
+
         def replay(self, stream: object, meta: np.ndarray, ring: object) -> str:
             return "logits"
 
@@ -33,7 +35,7 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, captured: list[int]) -> cpg.Prefill
     g = cpg.PrefillGraphs.__new__(cpg.PrefillGraphs)  # no stream, no page-locked ring
     g.width, g.scratch, g.stream, g.ring = 8, 99, None, None
     g.graphs, g.seen, g.num_captures, g.num_replays, g.num_eager = OrderedDict(), {}, 0, 0, 0
-    g.num_out_of_memory = 0
+    g.num_out_of_memory, g.capture_s = 0, 0.0
     g.capture_after = cpg.CAPTURE_AFTER
     return g
 
@@ -49,6 +51,7 @@ def test_a_length_is_captured_on_its_second_sighting(monkeypatch: pytest.MonkeyP
     # 40: eager, capture, replay; 41: eager, capture; 42: eager.
     assert got == [None, None, "logits", "logits", None, "logits"]
     assert captured == [40, 41] and g.num_captures == 2 and g.num_replays == 3
+    assert g.capture_s == pytest.approx(0.1)  # each capture's host time, summed
     assert g.num_eager == 3 and list(g.seen) == [(42, True, 256)]  # captured keys leave
 
 

@@ -153,6 +153,11 @@ def test_metrics_count_what_ran(server):
     assert after['crucible_requests_finished_total{reason="length"}'] == before[
         'crucible_requests_finished_total{reason="length"}'] + 1
     assert after["crucible_pages_total"] == 256 and after["crucible_healthy"] == 1
+    # The numpy backend has no graphs: every series there, every step eager.
+    for kind in ("decode", "prefill", "mixed"):
+        assert after[f'crucible_graph_replays_total{{kind="{kind}"}}'] == 0
+    assert after["crucible_graph_captures_total"] == 0
+    assert after["crucible_graph_capture_seconds_total"] == 0
 
 
 def test_solo_and_concurrent_requests_give_identical_tokens(server):

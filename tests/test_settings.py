@@ -26,6 +26,20 @@ def test_defaults_without_environment() -> None:
     assert s.kv_cache_memory is None and s.gpu_memory_fraction is None
 
 
+def test_an_entry_points_defaults_sit_under_the_environment_and_arguments() -> None:
+    """``defaults`` (serve's 1,024 graph rows) replace the fields' defaults only: the
+    environment and the arguments still win; an unknown or invalid one is refused."""
+    d = {"mixed_graph_rows": 1024}
+    assert Settings.from_env({}, defaults=d).mixed_graph_rows == 1024
+    assert Settings.from_env({"CRUCIBLE_MIXED_GRAPH_ROWS": "256"}, defaults=d
+                             ).mixed_graph_rows == 256
+    assert Settings.from_env({}, defaults=d, mixed_graph_rows=640).mixed_graph_rows == 640
+    with pytest.raises(TypeError, match="no field 'rows'"):
+        Settings.from_env({}, defaults={"rows": 1024})
+    with pytest.raises(ConfigError, match="mixed_graph_rows"):
+        Settings.from_env({}, defaults={"mixed_graph_rows": 1000})
+
+
 def test_attention_variable_and_alias() -> None:
     assert Settings.from_env({"CRUCIBLE_PREFILL_ATTN": "  "}).attention == "exact-q4-k64"
     assert Settings.from_env({"CRUCIBLE_PREFILL_ATTN": "exact"}).attention == "exact-q4-k64"

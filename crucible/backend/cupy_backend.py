@@ -17,6 +17,7 @@ import numpy as np
 
 from crucible.backend import cupy_mma, cupy_stack, stages
 from crucible.backend.cupy_meta import CupyMeta, device_meta
+from crucible.backend.cupy_route import graph_stats, mixed_feed_rows, run_step
 from crucible.backend.options import BackendOptions
 from crucible.backend.protocol import BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
@@ -85,8 +86,7 @@ class CupyBackend:
         from crucible.backend.cupy_prefill_graphs import PrefillGraphs
 
         cp, cfg = _cp(), self.cfg
-        # One scratch page past the engine's pages: graph padding and capture stand-ins
-        # write there.
+        # One scratch page past the engine's pages: graph padding, capture stand-ins write it.
         shape = (num_pages + 1, cfg.n_layers, 16, cfg.kv_dim)
         self.k_pool = cp.zeros(shape, dtype=cp.float32)
         self.v_pool = cp.zeros(shape, dtype=cp.float32)
@@ -110,6 +110,9 @@ class CupyBackend:
 
     def capture_graphs(self, forward: Forward, max_rows: int) -> int:
         return 0 if self.graphs is None else self.graphs.capture_all(forward, max_rows)
+
+    def graph_stats(self) -> dict[str, int]:
+        return graph_stats(self)
 
     def device_sampler(self) -> Any:
         from crucible.backend.cupy_sampling import CupySampler
@@ -142,8 +145,6 @@ class CupyBackend:
         return self.graphs.fed_ids(rows) if self.graphs is not None else None
 
     def mixed_feed_rows(self) -> int | None:
-        from crucible.backend.cupy_route import mixed_feed_rows
-
         return mixed_feed_rows(self)
 
     def sampled_ids(self, rows: int) -> Any:
@@ -165,7 +166,6 @@ class CupyBackend:
                  feed: np.ndarray | None = None) -> Any:
         """Logits [R, vocab] of the final rows as a device array (the backend's: valid until
         the next step), from a graph or eagerly: backend/cupy_route.py."""
-        from crucible.backend.cupy_route import run_step
         return run_step(self, batch, forward, feed)
 
     def new(self, shape: tuple[int, ...]) -> Any:

@@ -9,6 +9,7 @@ and its logits buffer for as long as it lives, so a replay only refills the meta
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ class Captured:
     logits: Any  # [R, vocab] device buffer written by the graph
     pool: Any  # the graph's private memory pool: every intermediate it touches lives here
     done: Any = None  # event: this graph's last replay finished (its metadata may change)
+    seconds: float = 0.0  # host time the capture took (warm-up, capture, instantiation)
 
     def replay(self, stream: Any, host_meta: np.ndarray, ring: Any,
                fill: Callable[[], None] | None = None) -> Any:
@@ -82,6 +84,7 @@ def capture_forward(forward: Callable[[Any], Any], stream: Any, meta_dev: Any, m
     waits for the warm-up before capturing, so no replay can overtake it."""
     import cupy as cp
 
+    t0 = time.perf_counter()
     pool = cp.cuda.MemoryPool()
     stream.wait_event(cp.cuda.Stream.null.record())
     with cp.cuda.using_allocator(pool.malloc), stream:
@@ -96,4 +99,4 @@ def capture_forward(forward: Callable[[Any], Any], stream: Any, meta_dev: Any, m
                 tail(logits, False)
         finally:
             graph = stream.end_capture()
-    return Captured(graph, meta_dev, logits, pool)
+    return Captured(graph, meta_dev, logits, pool, seconds=time.perf_counter() - t0)

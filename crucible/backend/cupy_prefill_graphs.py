@@ -54,6 +54,7 @@ class PrefillGraphs:
         self.num_replays = 0
         self.num_eager = 0  # qualifying steps run eagerly (a key not seen enough, or full)
         self.num_out_of_memory = 0  # captures abandoned for want of device memory
+        self.capture_s = 0.0  # host time in captures (warm-up forward, capture, instantiate)
         self.seen: dict[tuple[int, bool, int], int] = {}  # sightings of keys without a graph
         # Per instance: the checks capture on first sight (when changes no bits).
         self.capture_after = CAPTURE_AFTER
@@ -114,6 +115,7 @@ class PrefillGraphs:
                 return None
             self.graphs[key] = cap
             self.num_captures += 1
+            self.capture_s += cap.seconds
         logits = cap.replay(self.stream, self.host_meta(batch, length, want), self.ring)
         self.num_replays += 1
         return logits

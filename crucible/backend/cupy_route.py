@@ -29,7 +29,7 @@ from crucible.backend.cupy_graphs import is_decode_step
 from crucible.backend.cupy_meta import device_meta
 from crucible.backend.cupy_mixed_graphs import is_mixed_graph_step
 from crucible.backend.cupy_prefill_graphs import is_singleton_prefill
-from crucible.backend.protocol import Forward
+from crucible.backend.protocol import GRAPH_STATS, Forward
 from crucible.kernels.variants import score_capacity
 from crucible.step.batch import PackedBatch
 
@@ -65,3 +65,14 @@ def mixed_graphs_on(be: Any) -> bool:
 def mixed_feed_rows(be: Any) -> int | None:
     """The fewest rows of a fed step with prefill slices (None: no fed step at all)."""
     return None if be.graphs is None else 1
+
+
+def graph_stats(be: Any) -> dict[str, int]:
+    """Steps replayed per graph kind, captures of every kind, and the host milliseconds the
+    on-demand captures took (prefill and mixed graphs; the decode graphs' come at start-up
+    and are reported there): backend/protocol.py GRAPH_STATS."""
+    kinds = (be.graphs, be.prefill_graphs, be.mixed_graphs)
+    replays = [0 if g is None else int(g.num_replays) for g in kinds]
+    seconds = sum(g.capture_s for g in kinds[1:] if g is not None)
+    return dict(zip(GRAPH_STATS, (*replays, sum(int(g.num_captures) for g in kinds
+                                                if g is not None), round(seconds * 1000))))

@@ -26,7 +26,7 @@ from crucible.backend import cpu_ext, cpu_ops, stages
 from crucible.backend.cpu_gemm import PackedWeight, gemm, pack_weight
 from crucible.backend.numpy_attention import paged_attention
 from crucible.backend.numpy_gemm import gemm_rows
-from crucible.backend.protocol import BackendWeights, Forward, Geometry
+from crucible.backend.protocol import GRAPH_STATS, BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
 from crucible.step.batch import PackedBatch
 
@@ -108,6 +108,9 @@ class NumpyBackend:
 
     def capture_graphs(self, forward: Forward, max_rows: int) -> int:
         return 0  # every step runs as it comes: there is nothing to capture
+
+    def graph_stats(self) -> dict[str, int]:
+        return dict.fromkeys(GRAPH_STATS, 0)
 
     def run_step(self, batch: PackedBatch, forward: Forward,
                  feed: np.ndarray | None = None) -> np.ndarray:

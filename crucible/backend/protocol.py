@@ -25,6 +25,10 @@ from crucible.step.rows import RowSampler
 Array = Any
 StepMeta = Any
 Forward = Callable[[StepMeta], Array]  # step metadata -> logits of the final rows
+# Backend.graph_stats' counters (the engine's stats, the server's /metrics): steps replayed
+# from decode, prefill and mixed graphs, graphs captured, host ms in on-demand captures.
+GRAPH_STATS = ("graph_decode_replays", "graph_prefill_replays", "graph_mixed_replays",
+               "graph_captures", "graph_capture_ms")
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,9 @@ class Backend(Protocol):
     def capture_graphs(self, forward: Forward, max_rows: int) -> int:
         """Capture, before any request, the graphs that steps of up to ``max_rows`` rows will
         replay most (the decode steps'); how many were captured (0: none here)."""
+
+    def graph_stats(self) -> dict[str, int]:
+        """GRAPH_STATS: how the steps so far ran (all zero where there are no graphs)."""
 
     def device_sampler(self) -> RowSampler | None:
         """A sampler that works on this backend's logits where they are, or None (the

@@ -227,7 +227,7 @@ def graph_main(argv: list[str]) -> int:
     passed, failed = passed + more[0], failed + more[1]
     more = check_mixed_large(cand, ref, 2 * args.steps, args.seed, rows)
     passed, failed = passed + more[0], failed + more[1]
-    more = check_mixed_long(model, args.device, settings, 2 * args.steps, args.seed)
+    more = check_mixed_long(model, args.device, settings, 2 * args.steps, args.seed, make_pair)
     passed, failed = passed + more[0], failed + more[1]
     if graphs is not None:
         print(f"graphs: {graphs.num_captures} captures, {graphs.num_replays} replays")

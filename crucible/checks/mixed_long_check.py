@@ -11,12 +11,16 @@ replayed step had a slice capacity below its decode capacity."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from crucible.checks.batch_check import Counts, Req, pages_for, run_step
+from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
+
+# (model, device, pages, settings) -> (candidate, eager reference): graph_check.make_pair
+MakePair = Callable[[Any, str, int, Settings], tuple[ModelRunner, ModelRunner]]
 
 LONG_PROMPTS = (1100, 1500, 2047, 2049, 3000)  # decode histories past the slice floor
 LONG_CONTEXT = 4096
@@ -34,14 +38,13 @@ def long_model(model: Any) -> Any:
                              tie_embeddings=False, max_context=LONG_CONTEXT)
 
 
-def check_mixed_long(model: Any, device: str, settings: Settings, steps: int,
-                     seed: int) -> tuple[int, int]:
+def check_mixed_long(model: Any, device: str, settings: Settings, steps: int, seed: int,
+                     make_pair: MakePair) -> tuple[int, int]:
     """``steps`` mixed steps: the long decodes plus 1..MAX_SLICES short joiners' prompts,
     every other step also a chunk of a 1,200-token prompt continuing at position 1,200.
     On the GPU each step must replay, and at least one with its slices' capacity below
     its decode rows' (the split under test)."""
     from crucible.backend.cupy_mixed_graphs import MAX_SLICES
-    from crucible.checks.graph_check import make_pair
 
     model = long_model(model)
     rng = np.random.default_rng(seed + 13)

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
+from crucible.backend.protocol import GRAPH_STATS
 from crucible.engine.engine import Logprobs, RequestDelta
 from crucible.engine.sampling import SamplingParams
 from crucible.model.tokenizer import Tokenizer
@@ -38,7 +39,7 @@ READY, LOAD_FAILED, STEP, REFUSED, FAILED, STATS_REPLY, FRONTS = 16, 17, 18, 19,
 STATS_KEYS = ("pages_total", "pages_free", "running", "waiting", "steps", "preemptions",
               "rows_computed", "tokens_generated", "cache_queries", "cache_hits",
               "cache_hit_tokens", "cache_admissions", "cache_evictions", "cache_pages",
-              "cache_resident_bytes", "waiting_preempted", "adds_seen")
+              "cache_resident_bytes", "waiting_preempted", "adds_seen", *GRAPH_STATS)
 
 REASONS = ("stop", "length", "abort")  # finish codes 0, 1, 2; -1: not finished
 _CODE = {r: i for i, r in enumerate(REASONS)}

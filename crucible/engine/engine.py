@@ -206,6 +206,7 @@ class LLMEngine(StepUpdates):
             "rows_computed": self.num_rows,
             "tokens_generated": self.num_generated,
             **self.cache_stats(),
+            **self.runner.graph_stats(),
         }
 
     def cache_stats(self) -> dict[str, int]:

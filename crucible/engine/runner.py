@@ -81,6 +81,10 @@ class ModelRunner:
         order of ``rows``; f32 logits of the final rows listed in ``host_rows``)."""
         return self.launch_sample(batch, rows, host_rows).result()
 
+    def graph_stats(self) -> dict[str, int]:
+        """How the steps so far ran: backend/protocol.py GRAPH_STATS."""
+        return self.backend.graph_stats()
+
     @property
     def chain_rows(self) -> int:
         """The most rows a pipelined decode step may have (0: this runner cannot pipeline).

@@ -195,11 +195,13 @@ class Settings:
                               f"{' or None' if optional else ''}, got {v!r}")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **given: Any) -> "Settings":
-        """The environment's CRUCIBLE_* values, then ``given`` (flags or API arguments; a
-        None value means "not given") over them."""
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 defaults: Mapping[str, Any] | None = None, **given: Any) -> "Settings":
+        """``defaults`` (an entry point's own, over the fields' defaults), then the
+        environment's CRUCIBLE_* values over them, then ``given`` (flags or API arguments;
+        a None value means "not given") over those."""
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = dict(defaults or {})
         for var, (field, parse) in ENV.items():
             raw = env.get(var)
             if raw is not None:
@@ -207,7 +209,7 @@ class Settings:
                 if parsed is not None:
                     values[field] = parsed
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(given) - names)
+        unknown = sorted((set(given) | set(values)) - names)
         if unknown:
             raise TypeError(f"Settings has no field {unknown[0]!r}")
         values.update({k: v for k, v in given.items() if v is not None})

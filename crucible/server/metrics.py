@@ -161,6 +161,16 @@ class Metrics:
                queue_bound)
         for name, kind, text, key in ENGINE_SERIES:
             metric(name, kind, text, stats.get(key, 0))
+        for how in ("decode", "prefill", "mixed"):  # the rest of the steps ran eagerly
+            metric("crucible_graph_replays_total", "counter",
+                   "Engine steps replayed from a CUDA graph, by graph kind.",
+                   stats.get(f"graph_{how}_replays", 0), {"kind": how})
+        metric("crucible_graph_captures_total", "counter", "CUDA graphs captured (decode "
+               "graphs at start-up, prefill and mixed graphs when a shape recurs).",
+               stats.get("graph_captures", 0))
+        metric("crucible_graph_capture_seconds_total", "counter",
+               "Engine host time in the prefill and mixed graphs' captures.",
+               stats.get("graph_capture_ms", 0) / 1000)
         metric("crucible_prompt_tokens_total", "counter", "Prompt tokens of ended requests.",
                prompt)
         metric("crucible_generation_tokens_total", "counter",
