@@ -30,6 +30,14 @@ from crucible.server.state import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_RESPONSE
 
 log = logging.getLogger("crucible.server")
 
+# A server's own default for the largest mixed step a CUDA graph replays (LLM and generate
+# keep Settings' 512; the bits are the same either way). A server is host-bound under load
+# and lives long enough to amortise the captures: at 256 streaming clients 1,024 rows gave
+# 1.11x (fma) and 1.40x (mma) the output tok/s of 512, where a 15-second offline batch
+# pays ~1 s of captures for them (bench/mixed-graph-slice-capacity-h200.json). vLLM also
+# picks its batching defaults by entry point.
+SERVE_MIXED_GRAPH_ROWS = 1024
+
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="llm-engine serve",
@@ -81,15 +89,6 @@ def _built(model: str, settings: Settings):
     built = build_engine(model, settings)
     freeze_startup()  # this process serves one engine for its whole life
     return built
-
-
-# A server's own default for the largest mixed step a CUDA graph replays (LLM and generate
-# keep Settings' 512; the bits are the same either way). A server is host-bound under load
-# and lives long enough to amortise the captures: at 256 streaming clients 1,024 rows gave
-# 1.11x (fma) and 1.40x (mma) the output tok/s of 512, where a 15-second offline batch
-# pays ~1 s of captures for them (bench/mixed-graph-slice-capacity-h200.json). vLLM also
-# picks its batching defaults by entry point.
-SERVE_MIXED_GRAPH_ROWS = 1024
 
 
 def serve_settings(args: argparse.Namespace,

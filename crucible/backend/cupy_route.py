@@ -73,6 +73,6 @@ def graph_stats(be: Any) -> dict[str, int]:
     and are reported there): backend/protocol.py GRAPH_STATS."""
     kinds = (be.graphs, be.prefill_graphs, be.mixed_graphs)
     replays = [0 if g is None else int(g.num_replays) for g in kinds]
+    captures = sum(int(g.num_captures) for g in kinds if g is not None)
     seconds = sum(g.capture_s for g in kinds[1:] if g is not None)
-    return dict(zip(GRAPH_STATS, (*replays, sum(int(g.num_captures) for g in kinds
-                                                if g is not None), round(seconds * 1000))))
+    return dict(zip(GRAPH_STATS, (*replays, captures, round(seconds * 1000))))
