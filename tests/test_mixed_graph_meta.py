@@ -153,10 +153,16 @@ def test_steps_outside_the_graphs_run_eagerly() -> None:
     assert not is_mixed_graph_step(step([1] * 1000 + [50]), 1024)
 
 
-def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A shape seen once runs eagerly; the second sighting captures it, later ones replay;
-    once MAX_GRAPHS are held no more are made (nothing evicted), and those steps run
-    eagerly, counted. (A fake cupy: the policy is host code.)"""
+class _Cap:
+    seconds = 0.05  # the host time a capture took
+
+    def replay(self, stream: object, meta: np.ndarray, ring: object,
+               fill: object = None) -> np.ndarray:
+        return np.zeros((512, 4), np.float32)
+
+
+def _policy_graphs(monkeypatch: pytest.MonkeyPatch, capture) -> MixedGraphs:
+    """MixedGraphs over a fake cupy whose captures are ``capture`` (the policy is host code)."""
     import sys
     import types
 
@@ -166,35 +172,39 @@ def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     fake.asarray = np.asarray
     fake.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=MemoryError))
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    captured: list[tuple] = []
-
-    class Cap:
-        seconds = 0.05  # the host time a capture took
-
-        def replay(self, stream: object, meta: np.ndarray, ring: object,
-                   fill: object = None) -> np.ndarray:
-            return np.zeros((512, 4), np.float32)
-
-    def capture(forward: object, stream: object, meta_dev: object, meta: object) -> Cap:
-        captured.append(meta.num_rows)
-        return Cap()
-
     monkeypatch.setattr(cmg, "capture_forward", capture)
-    monkeypatch.setattr(cmg, "MAX_GRAPHS", 3)
     g = graphs()
     g.graphs, g.seen, g.num_captures, g.num_replays, g.num_eager = {}, {}, 0, 0, 0
-    g.stream = g.ring = g.fed_in = None
-    g.capture_s = 0.0
+    g.ring = g.fed_in = None
+    g.stream = types.SimpleNamespace(synchronize=lambda: None)
+    g.capture_s, g.num_out_of_memory = 0.0, 0
     g.capture_after, g.max_graphs = cmg.CAPTURE_AFTER, cmg.MAX_GRAPHS
+    return g
 
-    def step(n_prefill: int) -> PackedBatch:  # one slice of n rows and two decodes
-        return build_packed_batch([SegmentSpec("d0", [1], 40, [1, 2, 3], [0]),
-                                   SegmentSpec("d1", [1], 50, [4, 5, 6], [0]),
-                                   SegmentSpec("p", [2] * n_prefill, 0, list(range(7, 47)),
-                                               [n_prefill - 1])])
 
+def _step(n_prefill: int) -> PackedBatch:  # one slice of n rows and two decodes
+    return build_packed_batch([SegmentSpec("d0", [1], 40, [1, 2, 3], [0]),
+                               SegmentSpec("d1", [1], 50, [4, 5, 6], [0]),
+                               SegmentSpec("p", [2] * n_prefill, 0, list(range(7, 47)),
+                                           [n_prefill - 1])])
+
+
+def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape seen once runs eagerly; the second sighting captures it, later ones replay;
+    once MAX_GRAPHS are held no more are made (nothing evicted), and those steps run
+    eagerly, counted."""
+    from crucible.backend import cupy_mixed_graphs as cmg
+
+    captured: list[int] = []
+
+    def capture(forward: object, stream: object, meta_dev: object, meta: object) -> _Cap:
+        captured.append(meta.num_rows)
+        return _Cap()
+
+    monkeypatch.setattr(cmg, "MAX_GRAPHS", 3)
+    g = _policy_graphs(monkeypatch, capture)
     sizes = [20, 20, 20, 100, 100, 200, 200, 300, 300, 300]  # four shapes, twice or more
-    got = [g.run(step(n), None) for n in sizes]
+    got = [g.run(_step(n), None) for n in sizes]
     eager = [out is None for out in got]
     # 20: eager, capture, replay; 100: eager, capture; 200: eager, capture; 300: full.
     assert eager == [True, False, False, True, False, True, False, True, True, True]
@@ -202,3 +212,26 @@ def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert g.capture_s == pytest.approx(0.15)  # each capture's host time, summed
     assert g.num_replays == 4 and g.num_eager == 6
     assert all(out.shape == (3, 4) for out in got if out is not None)  # the final rows only
+
+
+def test_out_of_memory_halves_what_is_captured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture that finds no device memory drops every graph and runs its step eagerly;
+    from then on at most half as many graphs as were held are captured, so a device that
+    fits two does not fill up, run out and drop them again forever."""
+    held: list[MixedGraphs] = []
+
+    def capture(forward: object, stream: object, meta_dev: object, meta: object) -> _Cap:
+        if len(held[0].graphs) >= 2:  # this device holds two graphs
+            raise MemoryError("out of memory")
+        return _Cap()
+
+    g = _policy_graphs(monkeypatch, capture)
+    held.append(g)
+    g.capture_after = 1
+    got = [g.run(_step(n), None) for n in (20, 100, 200, 20, 100, 200, 20, 300)]
+    eager = [out is None for out in got]
+    # 20, 100 captured; 200 runs out: all dropped, the step eager, at most 1 graph from now
+    # on; 20 captured again and replayed; 100, 200 and 300 eager (full), no second failure.
+    assert eager == [False, False, True, False, True, True, False, True]
+    assert g.num_out_of_memory == 1 and g.max_graphs == 1 and len(g.graphs) == 1
+    assert g.num_captures == 3 and g.num_replays == 4 and g.num_eager == 3

@@ -206,7 +206,7 @@ class MixedGraphs:
         """The step's logits [final rows, vocab] on the device (valid until the next step),
         or None when the step must run eagerly: a capture that ran out of device memory
         drops every mixed graph (their private pools go back to the device) and the step
-        runs eagerly; later steps capture again as memory allows. ``feed`` (a pipelined
+        runs eagerly; later steps capture again, up to half as many graphs as were held. ``feed`` (a pipelined
         step) indexes ``fed``, the previous step's ids on the device."""
         import cupy as cp
 
@@ -222,6 +222,9 @@ class MixedGraphs:
                 cap = capture_forward(forward, self.stream, meta_dev,
                                       self._views(meta_dev, key))
             except cp.cuda.memory.OutOfMemoryError:
+                # Half of what fit from now on: refilling the same set would run out again,
+                # each capture ~50 ms of the step loop, then drop them all once more.
+                self.max_graphs = min(self.max_graphs, len(self.graphs) // 2)
                 self.clear()
                 self.num_out_of_memory += 1
                 return None
