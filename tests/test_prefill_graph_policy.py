@@ -36,7 +36,7 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, captured: list[int]) -> cpg.Prefill
     g.width, g.scratch, g.stream, g.ring = 8, 99, None, None
     g.graphs, g.seen, g.num_captures, g.num_replays, g.num_eager = OrderedDict(), {}, 0, 0, 0
     g.num_out_of_memory, g.capture_s = 0, 0.0
-    g.capture_after = cpg.CAPTURE_AFTER
+    g.capture_after, g.max_graphs = cpg.CAPTURE_AFTER, cpg.MAX_GRAPHS
     return g
 
 
@@ -58,7 +58,7 @@ def test_a_length_is_captured_on_its_second_sighting(monkeypatch: pytest.MonkeyP
 def test_full_cache_and_bounded_sightings(monkeypatch: pytest.MonkeyPatch) -> None:
     captured: list[int] = []
     g = _graphs(monkeypatch, captured)
-    monkeypatch.setattr(cpg, "MAX_GRAPHS", 2)
+    g.max_graphs = 2
     monkeypatch.setattr(cpg, "MAX_SEEN", 3)
     for n in (10, 10, 11, 11, 12, 12):  # the third key finds the cache full: eager
         g.run(_prompt(n), 256, None)
@@ -66,19 +66,21 @@ def test_full_cache_and_bounded_sightings(monkeypatch: pytest.MonkeyPatch) -> No
     for n in (13, 14, 15, 16):  # sightings past MAX_SEEN start over instead of growing
         g.run(_prompt(n), 256, None)
     assert len(g.seen) <= 3
-    g.capture_after = 1  # the checks' policy: every key on sight
-    monkeypatch.setattr(cpg, "MAX_GRAPHS", 10)
+    g.capture_after, g.max_graphs = 1, 10  # the checks' policy: every key on sight
     assert g.run(_prompt(20), 256, None) == "logits" and captured[-1] == 20
 
 
 def test_out_of_memory_runs_the_step_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
     """A capture that finds no device memory drops every prefill graph (their pools go back
-    to the device) and the step runs eagerly; later keys capture again."""
+    to the device) and the step runs eagerly; later keys capture again, up to half as many
+    graphs as were held."""
     captured: list[int] = []
     g = _graphs(monkeypatch, captured)
     g.stream = types.SimpleNamespace(synchronize=lambda: None)
     g.capture_after = 1
-    assert g.run(_prompt(30), 256, None) == "logits" and len(g.graphs) == 1
+    for n in (30, 32):
+        assert g.run(_prompt(n), 256, None) == "logits"
+    assert len(g.graphs) == 2
     real = cpg.capture_forward
 
     def no_room(*a: object, **k: object) -> object:
@@ -87,5 +89,7 @@ def test_out_of_memory_runs_the_step_eagerly(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(cpg, "capture_forward", no_room)
     assert g.run(_prompt(31), 256, None) is None
     assert g.graphs == {} and g.num_out_of_memory == 1 and g.num_eager == 1
+    assert g.max_graphs == 1  # two fitted: one from now on
     monkeypatch.setattr(cpg, "capture_forward", real)
-    assert g.run(_prompt(31), 256, None) == "logits" and captured == [30, 31]
+    assert g.run(_prompt(31), 256, None) == "logits" and captured == [30, 32, 31]
+    assert g.run(_prompt(33), 256, None) is None and captured == [30, 32, 31]  # full: eager

@@ -12,7 +12,8 @@ copy before each replay. A key is captured the second time it is seen: a capture
 eager forwards, and a server's prompts mostly have lengths never seen again (captured on
 first sight, each new length made its request's first token wait for a capture). At most
 ``MAX_GRAPHS`` are kept and none is evicted: once full, a new key runs eagerly (a workload
-with many distinct lengths would otherwise recapture all the time). Prompts longer than ``MAX_LENGTH`` always run eagerly. Padding is never needed,
+with many distinct lengths would otherwise recapture all the time); after a capture runs
+out of device memory, at most half as many as were held. Prompts longer than ``MAX_LENGTH`` always run eagerly. Padding is never needed,
 so replay == eager bit for bit by construction (``gpu-graph-check`` checks it).
 """
 
@@ -56,8 +57,9 @@ class PrefillGraphs:
         self.num_out_of_memory = 0  # captures abandoned for want of device memory
         self.capture_s = 0.0  # host time in captures (warm-up forward, capture, instantiate)
         self.seen: dict[tuple[int, bool, int], int] = {}  # sightings of keys without a graph
-        # Per instance: the checks capture on first sight (when changes no bits).
-        self.capture_after = CAPTURE_AFTER
+        # Per instance: the checks capture on first sight (when changes no bits); an
+        # out-of-memory capture lowers the bound.
+        self.capture_after, self.max_graphs = CAPTURE_AFTER, MAX_GRAPHS
 
     def clear(self) -> None:
         self.stream.synchronize()
@@ -99,7 +101,7 @@ class PrefillGraphs:
             if len(self.seen) >= MAX_SEEN:
                 self.seen.clear()
             seen = self.seen[key] = self.seen.get(key, 0) + 1
-            if seen < self.capture_after or len(self.graphs) >= MAX_GRAPHS:
+            if seen < self.capture_after or len(self.graphs) >= self.max_graphs:
                 self.num_eager += 1
                 return None
             del self.seen[key]
@@ -108,7 +110,10 @@ class PrefillGraphs:
                 cap = capture_forward(forward, self.stream, meta_dev,
                                       self._views(meta_dev, length, want, capacity))
             except cp.cuda.memory.OutOfMemoryError:
-                # Every prefill graph's pool goes back to the device; this step runs eagerly.
+                # Every prefill graph's pool goes back to the device; this step runs eagerly,
+                # and at most half as many as fitted are captured again (no refill to run
+                # out once more).
+                self.max_graphs = min(self.max_graphs, len(self.graphs) // 2)
                 self.clear()
                 self.num_out_of_memory += 1
                 self.num_eager += 1
