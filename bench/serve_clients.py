@@ -21,8 +21,10 @@ compiles, graph captures on first sightings) stay out of the 1-client figure. It
 ``--warmup-clients`` clients for ``--warmup-seconds``, drains, then runs one client for a
 quarter of that. The drain passes through every batch size below the client count.
 
-In each level the clients start spread over ``--ramp-seconds``. Then the ``--seconds``
-window runs, then the drain (requests in flight run to their end).
+In each level the clients start spread over ``--ramp-seconds``, run ``--settle-seconds``
+more (the level's own warm-up: its queue fills to its steady length and its step shapes get
+their CUDA graphs), then the ``--seconds`` window runs, then the drain (requests in flight
+run to their end).
 
 Per level, the figures come from serve_report.py (client side) and serve_metrics.py
 (/metrics deltas, /health, the processes' CPU). After the levels the servers stop, and
@@ -77,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0, help="timed window per level")
     p.add_argument("--ramp-seconds", type=float, default=2.0,
                    help="client starts are spread over this, before the window opens")
+    p.add_argument("--settle-seconds", type=float, default=0.0,
+                   help="after the ramp, every client runs this long before the window "
+                        "opens (the level's own warm-up)")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure every level this many times and report medians")
     p.add_argument("--warmup-seconds", type=float, default=5.0, help="0: no warm-up")
@@ -198,7 +203,8 @@ def run_levels(args: argparse.Namespace, modes: list[str], servers: dict, served
                         keys = [level_key(mix, c, i) for i in range(c)]
                         raw = asyncio.run(measure(pool, servers[m][0], args.model, mix, served,
                                                   keys, args.seconds, args.ramp_seconds,
-                                                  args.client_procs, servers[m][1].pid))
+                                                  args.client_procs, servers[m][1].pid,
+                                                  args.settle_seconds))
                         runs.append({"mix": mix, "engine_mode": m, "round": r,
                                      **serve_report.level(raw)})
                     k += 1
@@ -259,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"model": args.model, "device": args.device, "weights": args.weights,
                    "mixes": {m: describe(m, served) for m in args.mixes},
                    "clients": args.levels, "seconds": args.seconds,
-                   "ramp_seconds": args.ramp_seconds, "rounds": args.rounds,
+                   "ramp_seconds": args.ramp_seconds,
+                   "settle_seconds": args.settle_seconds, "rounds": args.rounds,
                    "warmup": {"clients": args.warmup_clients, "seconds": args.warmup_seconds},
                    "client_procs": args.client_procs, "health_stall_ms": args.health_stall_ms,
                    "server_commands": {m: "python3 " + shlex.join(

@@ -8,9 +8,10 @@ reports its CPU time, so the JSON says whether the clients were near saturation.
 
 A client streams ``/v1/completions`` requests back to back (``stream_options.include_usage``)
 until ``stop_at``. Client i of n starts at ``start + ramp * i / n``. The timed window runs from
-``start + ramp`` to ``stop_at``. Staggered starts and a window that opens only after them keep
-the start burst (every client's prefill at once, a cost that grows with the client count)
-out of the figures. A request in flight at ``stop_at`` runs to its end (the drain), so
+``start + ramp + settle`` to ``stop_at``. Staggered starts and a window that opens only after
+them keep the start burst (every client's prefill at once, a cost that grows with the client
+count) out of the figures; ``settle`` keeps the level's own warm-up out too (its queue
+reaching its steady length, the graph captures of its step shapes). A request in flight at ``stop_at`` runs to its end (the drain), so
 every request sent is counted whole by the server's counters. Per request it records:
 
 * TTFT: send to the first content chunk, for requests sent inside the window.
@@ -59,10 +60,11 @@ class Task:
     start: float  # time.monotonic(), shared by every process on the host
     ramp: float  # client i starts at start + ramp * i / total; the window opens after it
     stop_at: float
+    settle: float = 0.0  # seconds between the last client's start and the window
 
     @property
     def window_start(self) -> float:
-        return self.start + self.ramp
+        return self.start + self.ramp + self.settle
 
 
 def spread(keys: list[str], procs: int) -> list[tuple[tuple[int, str], ...]]:
@@ -186,17 +188,20 @@ def ready(_: int) -> bool:
 
 
 async def measure(pool: Any, url: str, model: str, mix: str, served: Served, keys: list[str],
-                  seconds: float, ramp: float, procs: int, front_pid: int) -> dict[str, Any]:
-    """One level: len(keys) clients starting over ``ramp``, then the ``seconds`` window,
+                  seconds: float, ramp: float, procs: int, front_pid: int,
+                  settle: float = 0.0) -> dict[str, Any]:
+    """One level: len(keys) clients starting over ``ramp``, ``settle`` seconds more, then the
+    ``seconds`` window,
     then the drain, with the probe and the /metrics and CPU figures around it. Returns the
     raw material for serve_report.level."""
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
         before = await scrape(s, url)
         start = time.monotonic() + START_DELAY_S
-        stop_at = start + ramp + seconds
+        stop_at = start + ramp + settle + seconds
         futs = [loop.run_in_executor(pool, worker, Task(url, model, mix, served, group,
-                                                        len(keys), start, ramp, stop_at))
+                                                        len(keys), start, ramp, stop_at,
+                                                        settle))
                 for group in spread(keys, procs)]
         probe, done = Probe(), asyncio.Event()
         cpu = CpuMeter(front_pid)
@@ -218,6 +223,6 @@ async def measure(pool: Any, url: str, model: str, mix: str, served: Served, key
             await asyncio.sleep(0.05)
             after = await scrape(s, url)
     return {"clients": len(keys), "seconds": seconds, "start": start, "ramp": ramp,
-            "stop_at": stop_at,
+            "settle": settle, "stop_at": stop_at,
             "parts": parts, "probe": probe, "before": before, "after": after,
             "cpu": cpu_fig, "procs": len(parts)}

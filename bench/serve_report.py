@@ -58,7 +58,8 @@ def level(raw: dict[str, Any]) -> dict[str, Any]:
            "tokens_per_chunk": round(tokens / chunks, 3) if chunks else None,
            "coalesced_chunks": sum(r[9] for r in reqs),
            "engine": {**engine_figures(raw["before"], raw["after"], span, probe.samples,
-                                       (start + raw["ramp"], raw["stop_at"])), **raw["cpu"]},
+                                       (start + raw["ramp"] + raw.get("settle", 0.0),
+                                        raw["stop_at"])), **raw["cpu"]},
            "client": {"procs": raw["procs"], "cpu_cores": round(sum(cpu_s) / span, 2),
                       "busiest_proc_cpu_share": round(max(cpu_s) / span, 2)}}
     if raw["clients"] == 1:  # for the batch-1 comparison: what client 0 sent, in order

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -137,12 +138,22 @@ def _run(tmp_path: Path, *args: str) -> dict:
 
 
 @pytest.mark.slow
+def test_the_window_opens_after_the_ramp_and_the_settle() -> None:
+    from serve_load import Task
+
+    t = Task("u", "m", "issue", None, (), 4, start=100.0, ramp=2.0, stop_at=110.0)
+    assert t.window_start == 102.0
+    assert dataclasses.replace(t, settle=3.0).window_start == 105.0
+
+
 def test_cpu_smoke_run_end_to_end(tmp_path: Path) -> None:
     r = _run(tmp_path, "--clients", "1,4", "--seconds", "1.5", "--ramp-seconds", "0.5",
-             "--warmup-seconds", "1", "--warmup-clients", "4", "--mix", "issue,chat")
+             "--settle-seconds", "0.25", "--warmup-seconds", "1", "--warmup-clients", "4",
+             "--mix", "issue,chat")
     assert "serve_clients.py" in r["command"] and "--mix issue,chat" in r["command"]
     cfg = r["config"]
     assert cfg["model"] == "tiny-random" and cfg["device"] == "cpu"
+    assert (cfg["ramp_seconds"], cfg["settle_seconds"]) == (0.5, 0.25)
     assert set(cfg["mixes"]) == {"issue", "chat"} and "--num-pages 4096" in \
         cfg["server_commands"]["process"]
     assert [(w["mix"], [p["clients"] for p in w["phases"]]) for w in r["warmup"]] == \
@@ -161,6 +172,8 @@ def test_cpu_smoke_run_end_to_end(tmp_path: Path) -> None:
         # Every token the clients counted is one the engine's counters counted.
         assert e["generated_tokens"] == lv["tokens"] and e["prompt_tokens"] == lv["prompt_tokens"]
         assert e["generated_tok_per_s"] == lv["span_tok_per_s"]
+        assert e["graphs"] == {"decode_replays": 0, "prefill_replays": 0, "mixed_replays": 0,
+                               "graph_captures": 0, "capture_s": 0.0}  # the CPU: all eager
     assert [b["mix"] for b in r["engine_batch1"]] == ["issue", "chat"]
     assert all(b["tok_per_s"] > 0 and b["requests"] > 0 for b in r["engine_batch1"])
     for ratio in r["http_1_client_over_engine"]:
