@@ -130,15 +130,15 @@ def add_gemm_option(g: argparse._ActionsContainer, rows_default: int = 512) -> N
     --mixed-graph-rows falls back to (serve's is its own)."""
     g.add_argument("--gemm", choices=GEMMS, default=None,
                    help="CUDA int8 GEMMs: fma (CUDA cores, the default) or mma (tensor "
-                        "cores: faster under load, batch-1 decode slower, other bits); "
-                        "default: CRUCIBLE_GEMM or fma")
+                        "cores: faster under load, batch-1 decode slower, other bits) "
+                        "(default: CRUCIBLE_GEMM or fma)")
     g.add_argument("--mixed-graph-rows", type=int, choices=MIXED_GRAPH_ROWS, default=None,
                    metavar="ROWS",
                    help="CUDA: the largest packed mixed step replayed from a CUDA graph, one "
                         f"of {', '.join(map(str, MIXED_GRAPH_ROWS))} (1024 serves 256 "
                         "streaming clients 1.1-1.4x faster than 512; an offline batch pays "
-                        "~1 s of captures for it: docs/throughput.md); default: "
-                        f"CRUCIBLE_MIXED_GRAPH_ROWS or {rows_default}")
+                        "~1 s of captures for it: docs/throughput.md) (default: "
+                        f"CRUCIBLE_MIXED_GRAPH_ROWS or {rows_default})")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
