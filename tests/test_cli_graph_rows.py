@@ -58,4 +58,5 @@ def test_serve_defaults_to_1024_rows() -> None:
     for argv, env, want in cases:
         got = serve_settings(parser().parse_args(argv), env)
         assert got.mixed_graph_rows == want, (argv, env)
-    assert "(default: CRUCIBLE_MIXED_GRAPH_ROWS or 1024)" in " ".join(parser().format_help().split())
+    shown = " ".join(parser().format_help().split())
+    assert "(default: CRUCIBLE_MIXED_GRAPH_ROWS or 1024)" in shown
