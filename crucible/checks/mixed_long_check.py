@@ -40,10 +40,10 @@ def long_model(model: Any) -> Any:
 
 def check_mixed_long(model: Any, device: str, settings: Settings, steps: int, seed: int,
                      make_pair: MakePair) -> tuple[int, int]:
-    """``steps`` mixed steps: the long decodes plus 1..MAX_SLICES short joiners' prompts,
-    every other step also a chunk of a 1,200-token prompt continuing at position 1,200.
-    On the GPU each step must replay, and at least one with its slices' capacity below
-    its decode rows' (the split under test)."""
+    """``steps`` mixed steps: the long decodes plus 1..MAX_SLICES - 1 short joiners'
+    prompts, every other step also the last 100 tokens of a 1,300-token prompt (its first
+    1,200 in a step of their own before). On the GPU each step must replay, and at least
+    one with its slices' capacity below its decode rows' (the split under test)."""
     from crucible.backend.cupy_mixed_graphs import MAX_SLICES
 
     model = long_model(model)
