@@ -10,7 +10,8 @@ sampled ids on the host (greedy, sampled on the device, each step fed the previo
 ids; pipelined: steps per second over the whole run); then the same
 through LLMEngine (scheduler, validation, sampling on the device, detokenizing, pipelining;
 the second of two identical runs, so graph captures are excluded), which is what the
-engine's users get. Prefill: one prompt of 64, 256 and 1,024 tokens (time to logits of its last row),
+engine's users get (``--parts sampled``: also with temperature sampling, and the share of
+steps queued before the previous step's ids came back). Prefill: one prompt of 64, 256 and 1,024 tokens (time to logits of its last row),
 singleton prefill graphs on and off alternating, and 16 x 64 packed (eager).
 Warm-up steps (compilation, graph capture) are excluded. Figures: median and min-max over
 rounds. Ratios are paired within a round.
@@ -92,17 +93,21 @@ def decode_rate(runner: ModelRunner, batch_size: int, steps: int, rng: np.random
     return batch_size * steps / (time.perf_counter() - t)
 
 def engine_rate(runner: ModelRunner, tokenizer: object, batch_size: int, new: int,
-                rng: np.random.Generator) -> float:
+                rng: np.random.Generator, sampling: dict | None = None,
+                chained: list[float] | None = None) -> float:
     """Decode tok/s through LLMEngine (scheduler, validation, device sampling, detokenizing,
-    pipelining): what a user of the engine gets. Greedy, 128-token prompts. The workload runs
+    pipelining): what a user of the engine gets. Greedy unless ``sampling`` (SamplingParams
+    fields) says otherwise, 128-token prompts. The workload runs
     twice and the second run is timed, so every graph it needs (each batch size as requests
     finish, each score capacity) was captured by the first: a server's steady state. Timing
     starts once every request has two output tokens (64 prompts take several prefill steps
-    under the token budget); tokens counted are those generated after that."""
+    under the token budget); tokens counted are those generated after that. ``chained``
+    gets the timed steps' share that was queued before the previous step's ids came back."""
     from crucible.engine.engine import LLMEngine
     from crucible.engine.sampling import SamplingParams
 
-    params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=new, ignore_eos=True,
+                            **({"temperature": 0.0} | (sampling or {})))
     prompts = [rng.integers(0, runner.config.vocab_size, 128).tolist() for _ in range(batch_size)]
     for _ in range(2):
         eng = LLMEngine(runner, tokenizer)
@@ -111,9 +116,12 @@ def engine_rate(runner: ModelRunner, tokenizer: object, batch_size: int, new: in
         while min(r.num_output_tokens for r in eng.requests.values()) < 2:
             eng.step()
         done, t = eng.num_generated, time.perf_counter()
+        steps, links = eng.num_steps, eng.num_chained
         while eng.has_unfinished():
             eng.step()
         rate = (eng.num_generated - done) / (time.perf_counter() - t)
+    if chained is not None:
+        chained.append((eng.num_chained - links) / max(1, eng.num_steps - steps))
     return rate
 
 
@@ -162,6 +170,11 @@ def profile(runner: ModelRunner, batch_size: int, prompt: int, rng: np.random.Ge
     return best
 
 
+# --parts sampled: the engine's decode with these SamplingParams fields, in turn each round.
+SAMPLED = (("greedy", {}), ("t07", {"temperature": 0.7}),
+           ("chat", {"temperature": 0.8, "top_p": 0.95}))  # the CLI's sampling defaults
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
@@ -172,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gemm", default="fma", choices=("fma", "mma"),
                    help="the int8 GEMMs' order (CRUCIBLE_GEMM)")
     p.add_argument("--parts", default="decode,engine,prefill,profile",
-                   help="comma-separated subset of decode,engine,prefill,profile")
+                   help="comma-separated subset of decode,engine,sampled,prefill,profile "
+                        "(sampled: the engine's decode greedy, at temperature 0.7, and at "
+                        "the CLI's 0.8 with top_p 0.95, in turn; not in the default)")
     p.add_argument("--row1-head", type=int, default=None, metavar="PB",
                    help="under --gemm mma, route one-row LM heads to linear_mma_row1.cu's "
                         "form PB (0: not at all; kernels/linear_mma.py ROW1_ROUTED, ROW1_FORMS)")
@@ -212,6 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         for b in (1, 64) if "engine" in args.parts else ():
             res.setdefault(f"engine_decode_b{b}_tok_s", []).append(
                 engine_rate(runner, model.tokenizer, b, args.steps, rng))
+        for b in (1, 64) if "sampled" in args.parts else ():  # beside greedy, in turn
+            order = SAMPLED if r % 2 == 0 else SAMPLED[::-1]
+            for name, fields in order:
+                share: list[float] = []
+                res.setdefault(f"engine_decode_b{b}_{name}_tok_s", []).append(
+                    engine_rate(runner, model.tokenizer, b, args.steps, rng, fields, share))
+                res.setdefault(f"engine_decode_b{b}_{name}_chained", []).append(share[0])
         if "prefill" not in args.parts:
             print(f"round {r}: " + ", ".join(f"{k}={v[-1]:.4g}" for k, v in res.items()),
                   file=sys.stderr, flush=True)
