@@ -130,9 +130,9 @@ def test_graph_check_catches(bug, monkeypatch, capsys) -> None:
 def test_long_mixed_check_catches(capsys) -> None:
     """A candidate whose mixed steps round differently only where a history passes 1,024
     positions (the split score capacities' case) fails the long check, and only there."""
+    from crucible.checks.batch_check import check_model
     from crucible.checks.mixed_long_check import check_mixed_long
     from crucible.engine.settings import Settings
-    from crucible.model.tiny import tiny_random_model
 
     make_pair = graph_check.make_pair
 
@@ -144,8 +144,7 @@ def test_long_mixed_check_catches(capsys) -> None:
         cand.forward = lambda b: bump(forward(b)) if long_mixed(b) else forward(b)
         return cand, ref
 
-    model = tiny_random_model(seed=1, weights="int8", n_heads=9, n_kv_heads=3, head_dim=64,
-                              hidden_size=192, ffn_size=256, tie_embeddings=False)
+    model = check_model("int8")
     clean = check_mixed_long(model, "cpu", Settings(), 2, 5, make_pair)
     assert clean[0] > 0 and clean[1] == 0
     capsys.readouterr()

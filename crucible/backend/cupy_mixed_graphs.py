@@ -206,8 +206,8 @@ class MixedGraphs:
         """The step's logits [final rows, vocab] on the device (valid until the next step),
         or None when the step must run eagerly: a capture that ran out of device memory
         drops every mixed graph (their private pools go back to the device) and the step
-        runs eagerly; later steps capture again, up to half as many graphs as were held. ``feed`` (a pipelined
-        step) indexes ``fed``, the previous step's ids on the device."""
+        runs eagerly; later steps capture again, up to half as many graphs as were held.
+        ``feed`` (a pipelined step) indexes ``fed``, the previous step's ids on the device."""
         import cupy as cp
 
         key = self.key(batch)

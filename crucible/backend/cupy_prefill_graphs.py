@@ -13,8 +13,9 @@ eager forwards, and a server's prompts mostly have lengths never seen again (cap
 first sight, each new length made its request's first token wait for a capture). At most
 ``MAX_GRAPHS`` are kept and none is evicted: once full, a new key runs eagerly (a workload
 with many distinct lengths would otherwise recapture all the time); after a capture runs
-out of device memory, at most half as many as were held. Prompts longer than ``MAX_LENGTH`` always run eagerly. Padding is never needed,
-so replay == eager bit for bit by construction (``gpu-graph-check`` checks it).
+out of device memory, at most half as many as were held. Prompts longer than ``MAX_LENGTH``
+always run eagerly. Padding is never needed, so replay == eager bit for bit by
+construction (``gpu-graph-check`` checks it).
 """
 
 from __future__ import annotations

@@ -130,11 +130,16 @@ def load(args: argparse.Namespace) -> Any:
         from crucible.model.loader import load_model
 
         return load_model(args.model, args.weights)
+    return check_model(args.weights)
+
+
+def check_model(weights: str, max_context: int = 512) -> Any:
+    """The checks' tiny random model: the default model's 9/3/64 attention geometry."""
     from crucible.model.tiny import tiny_random_model
 
-    return tiny_random_model(seed=1, weights=args.weights, n_heads=9, n_kv_heads=3,
-                             head_dim=64, hidden_size=192, ffn_size=256,
-                             tie_embeddings=False, max_context=512)
+    return tiny_random_model(seed=1, weights=weights, n_heads=9, n_kv_heads=3, head_dim=64,
+                             hidden_size=192, ffn_size=256, tie_embeddings=False,
+                             max_context=max_context)
 
 
 def report(name: str, runner: ModelRunner, args: argparse.Namespace, passed: int, failed: int,

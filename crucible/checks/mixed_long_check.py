@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from crucible.checks.batch_check import Counts, Req, pages_for, run_step
+from crucible.checks.batch_check import Counts, Req, check_model, pages_for, run_step
 from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
 
@@ -27,15 +27,11 @@ LONG_CONTEXT = 4096
 
 
 def long_model(model: Any) -> Any:
-    """The model under check when its context reaches LONG_CONTEXT, else the tiny random
-    model of batch_check.load with a 4,096-position context."""
+    """The model under check when its context reaches LONG_CONTEXT, else the checks' tiny
+    model with a 4,096-position context."""
     if model.config.max_context >= LONG_CONTEXT:
         return model
-    from crucible.model.tiny import tiny_random_model
-
-    return tiny_random_model(seed=1, weights=model.weights_mode, n_heads=9, n_kv_heads=3,
-                             head_dim=64, hidden_size=192, ffn_size=256,
-                             tie_embeddings=False, max_context=LONG_CONTEXT)
+    return check_model(model.weights_mode, LONG_CONTEXT)
 
 
 def check_mixed_long(model: Any, device: str, settings: Settings, steps: int, seed: int,
