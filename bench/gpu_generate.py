@@ -11,8 +11,9 @@ ids; pipelined: steps per second over the whole run); then the same
 through LLMEngine (scheduler, validation, sampling on the device, detokenizing, pipelining;
 the second of two identical runs, so graph captures are excluded), which is what the
 engine's users get (``--parts sampled``: also with temperature sampling, and the share of
-steps queued before the previous step's ids came back). Prefill: one prompt of 64, 256 and 1,024 tokens (time to logits of its last row),
-singleton prefill graphs on and off alternating, and 16 x 64 packed (eager).
+steps queued before the previous step's ids came back). Prefill: one prompt of 64, 256 and
+1,024 tokens (time to logits of its last row), singleton prefill graphs on and off
+alternating, and 16 x 64 packed (eager).
 Warm-up steps (compilation, graph capture) are excluded. Figures: median and min-max over
 rounds. Ratios are paired within a round.
 """
@@ -97,8 +98,8 @@ def engine_rate(runner: ModelRunner, tokenizer: object, batch_size: int, new: in
                 chained: list[float] | None = None) -> float:
     """Decode tok/s through LLMEngine (scheduler, validation, device sampling, detokenizing,
     pipelining): what a user of the engine gets. Greedy unless ``sampling`` (SamplingParams
-    fields) says otherwise, 128-token prompts. The workload runs
-    twice and the second run is timed, so every graph it needs (each batch size as requests
+    fields) says otherwise, 128-token prompts. The workload runs twice and the second run
+    is timed, so every graph it needs (each batch size as requests
     finish, each score capacity) was captured by the first: a server's steady state. Timing
     starts once every request has two output tokens (64 prompts take several prefill steps
     under the token budget); tokens counted are those generated after that. ``chained``

@@ -11,8 +11,9 @@ until ``stop_at``. Client i of n starts at ``start + ramp * i / n``. The timed w
 ``start + ramp + settle`` to ``stop_at``. Staggered starts and a window that opens only after
 them keep the start burst (every client's prefill at once, a cost that grows with the client
 count) out of the figures; ``settle`` keeps the level's own warm-up out too (its queue
-reaching its steady length, the graph captures of its step shapes). A request in flight at ``stop_at`` runs to its end (the drain), so
-every request sent is counted whole by the server's counters. Per request it records:
+reaching its steady length, the graph captures of its step shapes). A request in flight at
+``stop_at`` runs to its end (the drain), so every request sent is counted whole by the
+server's counters. Per request it records:
 
 * TTFT: send to the first content chunk, for requests sent inside the window.
 * The gaps between content chunks, kept when the later chunk lands inside the window.
@@ -191,9 +192,8 @@ async def measure(pool: Any, url: str, model: str, mix: str, served: Served, key
                   seconds: float, ramp: float, procs: int, front_pid: int,
                   settle: float = 0.0) -> dict[str, Any]:
     """One level: len(keys) clients starting over ``ramp``, ``settle`` seconds more, then the
-    ``seconds`` window,
-    then the drain, with the probe and the /metrics and CPU figures around it. Returns the
-    raw material for serve_report.level."""
+    ``seconds`` window, then the drain, with the probe and the /metrics and CPU figures
+    around it. Returns the raw material for serve_report.level."""
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
         before = await scrape(s, url)

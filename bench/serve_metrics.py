@@ -34,8 +34,7 @@ COUNTERS = {"crucible_engine_steps_total": "steps",
             'crucible_graph_replays_total{kind="mixed"}': "mixed_replays",
             "crucible_graph_captures_total": "graph_captures",
             "crucible_graph_capture_seconds_total": "capture_s"}
-GRAPH_KEYS = ("decode_replays", "prefill_replays", "mixed_replays", "graph_captures",
-              "capture_s")
+GRAPH_KEYS = tuple(v for k, v in COUNTERS.items() if k.startswith("crucible_graph"))
 GAUGES = {"crucible_requests_running": "running", "crucible_requests_waiting": "waiting",
           "crucible_pages_used": "pages_used", "crucible_pages_total": "pages_total",
           "crucible_queue_bound": "queue_bound"}
@@ -44,12 +43,12 @@ METRICS_EVERY_S = 0.25
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """The samples of Prometheus text we use, by our key (of the labelled series only the
-    graph replays per kind; finish reasons and histogram buckets are not needed here)."""
+    """The samples of Prometheus text we use, by our key (a labelled series by its full
+    name: the graph replays per kind; finish reasons and histogram buckets are not used)."""
     names = {**COUNTERS, **GAUGES}
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if not line or line[0] == "#" or ("{" in line and not line.startswith("crucible_graph")):
+        if not line or line[0] == "#":
             continue
         name, _, value = line.rpartition(" ")
         if name in names:
