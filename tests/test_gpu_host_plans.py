@@ -128,6 +128,13 @@ def test_capture_waits_for_the_default_stream_first(monkeypatch: pytest.MonkeyPa
     assert cap.graph == "graph" and cap.logits == "logits"
     assert log == [("graphs", "waits", "event(default)"), ("forward",), ("graphs", "sync"),
                    ("graphs", "begin"), ("forward",), ("graphs", "end")]
+    # wait=False (prefill and mixed graphs, which replay on this stream): the capture
+    # follows the warm-up on the stream without the host waiting for it.
+    log.clear()
+    cupy_graphs.capture_forward(lambda meta: log.append(("forward",)) or "logits",
+                                Stream("graphs"), "meta_dev", "meta", wait=False)
+    assert log == [("graphs", "waits", "event(default)"), ("forward",), ("graphs", "begin"),
+                   ("forward",), ("graphs", "end")]
 
 
 def test_dynamic_smem_opt_in_counts_static_memory() -> None:

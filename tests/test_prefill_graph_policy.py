@@ -27,7 +27,9 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, captured: list[int]) -> cpg.Prefill
         def replay(self, stream: object, meta: np.ndarray, ring: object) -> str:
             return "logits"
 
-    def capture(forward: object, stream: object, meta_dev: object, meta: object) -> Cap:
+    def capture(forward: object, stream: object, meta_dev: object, meta: object,
+                wait: bool = True) -> Cap:
+        assert wait is False  # replayed on the capture stream, behind the warm-up
         captured.append(meta.num_rows)
         return Cap()
 

@@ -67,7 +67,8 @@ class Captured:
 
 
 def capture_forward(forward: Callable[[Any], Any], stream: Any, meta_dev: Any, meta: Any,
-                    tail: Callable[[Any, bool], None] | None = None) -> Captured:
+                    tail: Callable[[Any, bool], None] | None = None,
+                    wait: bool = True) -> Captured:
     """Capture ``forward(meta)`` (``meta``: views into ``meta_dev``) as a CUDA graph, then
     ``tail(logits, warm_up)`` (the decode graphs' argmax) when given.
 
@@ -80,8 +81,14 @@ def capture_forward(forward: Callable[[Any], Any], stream: Any, meta_dev: Any, m
     where ``meta_dev`` was filled, and, with pipelined decode, where the previous step may
     still be running. (Without this wait the warm-up once read a metadata buffer whose copy
     had not landed yet and faulted on its garbage page indices.) Its ``tail`` must write
-    nowhere a step in flight reads: the decode graphs give it a scratch target. The host
-    waits for the warm-up before capturing, so no replay can overtake it."""
+    nowhere a step in flight reads: the decode graphs give it a scratch target.
+
+    ``wait``: the host waits for the warm-up (and so for the step queued before it) before
+    capturing, so that a replay on another stream cannot overtake it: the decode graphs
+    replay on the default stream. The prefill and mixed graphs replay on ``stream`` itself,
+    behind the warm-up, and pass False: the capture records and launches nothing, so it may
+    start while the warm-up runs, and the host saves that wait (part of a capture's
+    ~50 ms)."""
     import cupy as cp
 
     t0 = time.perf_counter()
@@ -91,7 +98,8 @@ def capture_forward(forward: Callable[[Any], Any], stream: Any, meta_dev: Any, m
         logits = forward(meta)  # warm-up: compiles, and sizes the pool
         if tail is not None:
             tail(logits, True)
-        stream.synchronize()
+        if wait:
+            stream.synchronize()
         stream.begin_capture()
         try:
             logits = forward(meta)

@@ -220,7 +220,7 @@ class MixedGraphs:
             try:
                 meta_dev = cp.asarray(self.host_meta(None, key))
                 cap = capture_forward(forward, self.stream, meta_dev,
-                                      self._views(meta_dev, key))
+                                      self._views(meta_dev, key), wait=False)
             except cp.cuda.memory.OutOfMemoryError:
                 # Half of what fit from now on: refilling the same set would run out again,
                 # each capture ~50 ms of the step loop, then drop them all once more.

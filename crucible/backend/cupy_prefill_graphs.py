@@ -109,7 +109,8 @@ class PrefillGraphs:
             try:
                 meta_dev = cp.asarray(self.host_meta(None, length, want))
                 cap = capture_forward(forward, self.stream, meta_dev,
-                                      self._views(meta_dev, length, want, capacity))
+                                      self._views(meta_dev, length, want, capacity),
+                                      wait=False)
             except cp.cuda.memory.OutOfMemoryError:
                 # Every prefill graph's pool goes back to the device; this step runs eagerly,
                 # and at most half as many as fitted are captured again (no refill to run
