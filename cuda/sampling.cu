@@ -32,8 +32,11 @@
 //     an error bound that also covers the host's sequential rounding; when the bound decides
 //     the answer it is the host's answer, otherwise one thread redoes the sums sequentially
 //     in the host's order. Either way the result equals the host pipeline run on these
-//     weights. If the answer lies beyond the sorted prefix, the row falls back to a stable
-//     block LSD radix sort of all V (key, id) pairs in scratch and repeats the same steps.
+//     weights. If only the draw is left and it lies past the first FIRST_TIER (nothing
+//     truncated), narrowing the key range by weight finds it (sampling_narrow.cuh). Any
+//     other answer beyond the sorted prefix, and whatever narrowing cannot decide, falls
+//     back to a stable block LSD radix sort of all V (key, id) pairs in scratch and repeats
+//     the same steps.
 //   u = uniform(seed, n) is computed here with SplitMix64 (crucible/engine/rng.py).
 //   logprobs: log-softmax of the raw logits ((x - max) - log(sum exp(x - max))), top-N by
 //     (logprob desc, id asc) via the same radix select, plus the sampled token.
@@ -72,9 +75,11 @@ template <class View> struct Shares {  // the host's w / w.sum()
 // First j < n whose sequential prefix sum of a(0..j) is >= theta (ge) or > theta, n if none,
 // AMBIGUOUS if rounding could decide it. With u_total >= 0, theta = u_total * (the sum of all
 // n terms). theta is known within +-tband.
+// off0 (known within its own band) is added before every prefix and base to every index:
+// the terms are ranks base .. base + n - 1 of the whole order (cuda/sampling_narrow.cuh).
 template <class A>
 __device__ int cross(const A& a, int n, double theta, double tband, bool ge, double u_total,
-                     int slack, Shared& sh) {
+                     int slack, Shared& sh, double off0 = 0.0, int base = 0) {
     const int per = (n + THREADS - 1) / THREADS;
     const int lo = min(n, (int)threadIdx.x * per), hi = min(n, lo + per);
     double local = 0.0;
@@ -90,7 +95,8 @@ __device__ int cross(const A& a, int n, double theta, double tband, bool ge, dou
     double part = 0.0;
     for (int j = lo; j < hi; ++j) {
         part = __dadd_rn(part, a(j));
-        const double p = __dadd_rn(off, part), b = band(j, p, slack);
+        // off0 = 0 adds nothing (0 + off == off), so the plain calls keep their bits.
+        const double p = __dadd_rn(__dadd_rn(off0, off), part), b = band(base + j, p, slack);
         const bool below = ge ? (p + b < tlo) : (p + b <= tlo);
         if (!below) {
             first = j;
@@ -167,6 +173,8 @@ __device__ int finish(const View& v, int n_avail, int K, double wsum, int count_
     return v.token(r);
 }
 
+#include "sampling_narrow.cuh"
+
 // ---- one row --------------------------------------------------------------------------------
 // keys[i] = okey(x_i [/ T]) with penalties and masking applied to the entries' ids.
 __device__ void write_keys(const float* raw, int V, const Row& p, const int* ent, u64* keys,
@@ -224,7 +232,16 @@ __device__ int sample_random(const float* raw, int V, const Row& p, u64* keys, u
     const double u = uniform01(p.seed, p.counter);
     const SmemView fast = {sh.big.f.key, sh.big.f.id, sh.big.f.w};
     int token = finish(fast, n_sel, K, wsum, count_all, p, u, slack, sh);
-    if (token == NEED_SORT && n_sel < CAP) {
+    // Nothing truncated past the first 256 (keep == K): only the draw's crossing is left to
+    // find, and narrowing finds it without sorting (sampling_narrow.cuh). finish()'s last
+    // branch bounds theta the same way.
+    const bool whole = p.top_p >= 1.0 && (p.min_p <= 0.0 || max(1, count_all) >= K);
+    if (token == NEED_SORT && n_sel < CAP && whole) {
+        if (threadIdx.x == 0) sh.path |= PATH_NARROW;
+        const double theta = __dmul_rn(u, wsum);
+        const double tband = u * band(K, wsum, slack) + theta * 4.440892098500626e-16;
+        token = draw_narrowed(keys, V, y0, theta, tband, slack, sh);
+    } else if (token == NEED_SORT && n_sel < CAP) {
         if (threadIdx.x == 0) sh.path |= PATH_WIDE;
         n_sel = CAP;
         select_top(kf, V, n_sel, sh);

@@ -30,6 +30,7 @@ typedef unsigned int u32;
 #define PATH_TOP_K 4       // top_k beyond the shared-memory prefix (restrict_to_top)
 #define PATH_GREEDY 8      // greedy straight on the f32 logits
 #define PATH_WIDE 16       // past top_k 2048 / no top_k, the first 256 did not decide it
+#define PATH_NARROW 32     // the draw past the first 256, located by narrowing (no sort)
 #define FIRST_TIER 256     // sorted first when K > CAP: most rows of a chat model stop here
 
 struct Row {
@@ -49,10 +50,18 @@ struct SortArrays {  // the full-row radix sort's counters
     int hist[8][256];
 };
 
+struct NarrowArrays {  // one narrowing pass: per digit, fixed-point weight sums and counts
+    u64 fx[256];
+    int n[256];
+    u64 above_fx;  // the chosen bucket's: everything above it, then its own count
+    int above_n, bucket, inside;
+};
+
 struct Shared {
     union {
         FastArrays f;
         SortArrays s;
+        NarrowArrays n;
     } big;
     int hist[256];
     double red_d[WARPS];

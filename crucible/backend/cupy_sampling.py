@@ -190,7 +190,8 @@ class CupySampler:
     def last_paths(self) -> np.ndarray:
         """Route flags of the last call's rows: 1 full-row sort, 2 a decision redone in the
         host's sequential order, 4 top_k past the shared-memory prefix, 8 greedy on f32,
-        16 the first 256 candidates did not decide (the 2048-candidate prefix ran)."""
+        16 the first 256 candidates did not decide (the 2048-candidate prefix ran), 32 the
+        draw past the first 256 located by narrowing the key range (no sort)."""
         if self._paths is None:
             return np.full(self._last_r, 8, np.int32)
         return _cupy().asnumpy(self._paths)

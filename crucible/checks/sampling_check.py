@@ -10,6 +10,8 @@ Sections (each prints its counts; any failure exits 1):
              in ids and within 1e-9; the whole matrix run twice is identical bitwise;
   paths      top_k beyond the shared-memory prefix (2047..V-1), top_p/min_p-only rows whose
              answer needs the full-row sort, and vocabularies 1000 / 2049 / 262144;
+  narrow     flat rows with nothing truncated whose draw lies past the first 256: the
+             crossing located by narrowing the key range (and tied ones' fallback);
   batch      a needle row alone == inside batches of 1..64 (and 140, 300: blocks that
              sample several rows) at random positions, ids and logprob bits;
   chi2       draws over 20,000+ seeds vs a known small distribution (fails below p = 1e-4),
@@ -55,8 +57,8 @@ class Harness:
 
     def take_routes(self) -> str:
         """Rows per route since the last call, e.g. 'routes: 40 sorted, 3 sequential'."""
-        names = ((1, "full-row sort"), (16, "2048-prefix"), (2, "sequential decision"),
-                 (4, "top_k > 2048"), (8, "greedy on f32"))
+        names = ((1, "full-row sort"), (16, "2048-prefix"), (32, "narrowed"),
+                 (2, "sequential decision"), (4, "top_k > 2048"), (8, "greedy on f32"))
         total = sum(self.routes.values())
         parts = [f"{sum(n for f, n in self.routes.items() if f & bit)} {name}"
                  for bit, name in names]
@@ -188,6 +190,28 @@ def check_paths(h: Harness, c: Counts, rng: np.random.Generator, vocab: int,
           f"{h.take_routes()}")
 
 
+def check_narrow(h: Harness, c: Counts, rng: np.random.Generator, vocab: int,
+                 quick: bool) -> None:
+    """Rows with nothing truncated whose draw lands past the first 256 candidates (flat
+    logits, T 0.7-1.7, top_k above 2048 or off, min_p that keeps all): the device narrows
+    to the crossing (route 32) instead of sorting the row; tied logits make ranges of more
+    than 2048 equal keys, which fall back to the sort. On the GPU the narrowing must have
+    decided some rows itself, so the route is tested, not skipped."""
+    before = c.result()
+    grid = [(t, k, m) for t in (0.7, 1.0, 1.7) for k in (None, 3000) for m in (0.0, 1e-200)]
+    for kind in ("random", "tied"):
+        logits = make_logits(kind, 4, vocab, rng)
+        cases = [case(f"narrow {kind} T={t} top_k={k} min_p={m} #{i}", i % 4, logits, rng,
+                      temperature=t, top_k=k, min_p=m)
+                 for t, k, m in grid for i in range(4 if quick else 60)]
+        compare(h, c, cases, logits, run_cases(h, cases, logits, 64))
+    decided = sum(n for f, n in h.routes.items() if f & 32 and not f & 1)
+    if h.on_gpu:
+        c.check(decided > 0, "narrow: no row was decided by narrowing")
+    print(f"narrow: {c.passed - before[0]} passed, {c.failed - before[1]} failed, {decided} "
+          f"decided by narrowing{h.take_routes()}")
+
+
 def check_batch(h: Harness, c: Counts, rng: np.random.Generator, vocab: int,
                 sizes: Sequence[int]) -> None:
     pool = np.concatenate([make_logits(k, 2, vocab, rng) for k in KINDS])
@@ -232,6 +256,7 @@ def run(h: Harness, args: argparse.Namespace, make_runner: Callable[[bool], Any]
     check_greedy(h, c, rng, args.vocab)
     check_matrix(h, c, rng, args.vocab, args.rows, q)
     check_paths(h, c, rng, args.vocab, q)
+    check_narrow(h, c, rng, args.vocab, q)
     sizes = [1, 2, 17, 64] if q else [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 48, 63,
                                       64, 140, 300]
     check_batch(h, c, rng, args.vocab, sizes)

@@ -125,6 +125,7 @@ def time_sampler(h: Any, rng: np.random.Generator, vocab: int) -> None:
                ("T=1 defaults", chat, dict(temperature=1.0)),
                ("T=1 defaults + logprobs=5", chat, dict(temperature=1.0, logprobs=5)),
                ("T=1, flat logits", flat, dict(temperature=1.0)),
+               ("T=0.7, flat logits", flat, dict(temperature=0.7)),
                ("top_p=0.9, flat logits", flat, dict(temperature=1.0, top_p=0.9))]
     print(f"timing (vocab {vocab}; chat-like logits unless flat; wall: one sample() call, i.e. "
           f"packing, upload, kernel, ids back; kernel: back-to-back launches; microseconds, "
@@ -149,7 +150,8 @@ def time_sampler(h: Any, rng: np.random.Generator, vocab: int) -> None:
             end.record()
             end.synchronize()
             gpu_us = cp.cuda.get_elapsed_time(start, end) / 20 * 1e3
-            routes = np.bincount(h.sampler.last_paths() & 1, minlength=2)[1]
+            paths = h.sampler.last_paths()
+            routes, narrowed = int(np.sum(paths & 1 > 0)), int(np.sum(paths & 32 > 0))
             t0 = time.perf_counter()
             host = cp.asnumpy(dev[:rows])
             for cs in cases:
@@ -157,4 +159,4 @@ def time_sampler(h: Any, rng: np.random.Generator, vocab: int) -> None:
                            output=list(cs.output), seed=cs.seed, stop_ids=cs.stop_ids)
             host_us = (time.perf_counter() - t0) * 1e6
             print(f"  {name:<26} rows {rows:>2}: wall {wall_us:8.1f}, kernel {gpu_us:8.1f} "
-                  f"({routes} rows full-sorted); host path {host_us:9.1f}")
+                  f"({routes} rows full-sorted, {narrowed} narrowed); host path {host_us:9.1f}")

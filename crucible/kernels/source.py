@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,17 @@ def read_cuda_source(name: str) -> str:
     return (cuda_source_dir() / name).read_text()
 
 
+def module_source(name: str) -> str:
+    """``name``'s text as NVRTC gets it: with a digest of every header in the source
+    directory appended as a comment. CuPy's on-disk kernel cache keys a module by its own
+    text, not by what it includes, so without this a changed ``.cuh`` under an unchanged
+    ``.cu`` (an upgrade, a checkout of another commit) would load the stale binary."""
+    h = hashlib.sha256()
+    for f in sorted(cuda_source_dir().glob("*.cuh")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return read_cuda_source(name) + f"\n// headers: {h.hexdigest()}\n"
+
+
 def compile_module(name: str, names: tuple[str, ...] = ()) -> Any:
     """``name`` (a file in the source directory) as a CuPy RawModule, with the project's one
     set of options: C++17 and the source directory on the include path. No fast-math: the
@@ -31,7 +43,7 @@ def compile_module(name: str, names: tuple[str, ...] = ()) -> Any:
     import cupy
 
     extra = {"name_expressions": names} if names else {}
-    return cupy.RawModule(code=read_cuda_source(name),
+    return cupy.RawModule(code=module_source(name),
                           options=("-std=c++17", f"-I{cuda_source_dir()}"), **extra)
 
 
