@@ -13,13 +13,17 @@
 // on the H200). Instead, 8-bit digits of the keys from the top narrow the key range holding
 // the crossing, as the radix select narrows to the K-th key, but by weight:
 //   * a pass bins every in-range key by its next digit: a count and the weights' sum in
-//     fixed point (w in (0, 1] times 2^26, truncated; lanes of one digit add theirs with one
-//     warp reduction, then one integer atomic). Integer sums, so the bins do not depend on
-//     the order of the atomics. A bin's true sum W lies in [FX, FX + count) / 2^26;
+//     fixed point (w in (0, 1] times 2^39, truncated; lanes of one digit add theirs with two
+//     warp reductions, of the 20-bit low and 19-bit high halves, so 32 lanes fit a u32, then
+//     one integer atomic; V <= 2^24 keeps a bin within 2^63). Integer sums, so the bins do
+//     not depend on the order of the atomics. A bin's true sum W lies in
+//     [FX, FX + count) / 2^39;
 //   * the bucket is taken only when that bound, widened by 1e-10 relative for the host's
 //     own rounding and exp, and theta's band say for certain that the cumulative weight is
 //     at most theta before the bucket and above it at its end; otherwise NEED_SORT (the
-//     caller's full sort), which happens only for theta within ~1e-7 of a bucket's edge;
+//     caller's full sort), which happens only for theta within V * 2^-39 (9e-8 at 49,152)
+//     of a bucket's edge. (At 2^26, with one reduction, 1.3% of a flat T = 1 workload's
+//     rows fell back: a long tail's buckets weigh little, and 7e-4 is not little.);
 //   * once the range holds <= CAP keys, they are gathered and bitonic-sorted in shared
 //     memory, the weight above the range is summed in f64 by the block's fixed tree, and
 //     cross() decides within the window with that offset and the window's ranks, under the
@@ -29,7 +33,8 @@
 // route differs (PATH_NARROW).
 #pragma once
 
-#define FX_ONE 67108864.0  // 2^26: 32 weights of at most 2^26 sum within a u32
+#define FX_ONE 549755813888.0  // 2^39: a weight's fixed point, at most 2^39
+#define FX_LOW 20                // the low half's bits: 32 lanes' halves each fit a u32
 
 // 1 + 1e-10 / 1 - 1e-10: the host's sequential rounding (<= V * 2^-53 relative) and the
 // host's exp against CUDA's, with room to spare, on a bin's exact bounds.
@@ -50,11 +55,12 @@ __device__ int draw_narrowed(const u64* keys, int V, double y0, double theta, do
         sweep(V, kf, [&](int, bool ok, u64 k) {
             const bool in = ok && k != 0ull && (k & mask) == prefix;
             const int d = in ? (int)((k >> shift) & 255) : 256;
-            const u32 fx = in ? (u32)(weight_of(k, y0) * FX_ONE) : 0u;
+            const u64 fx = in ? (u64)(weight_of(k, y0) * FX_ONE) : 0ull;
             const u32 peers = __match_any_sync(FULL_MASK, d);
-            const u32 sum = __reduce_add_sync(peers, fx);
+            const u32 hi = __reduce_add_sync(peers, (u32)(fx >> FX_LOW));
+            const u32 lo = __reduce_add_sync(peers, (u32)(fx & ((1ull << FX_LOW) - 1ull)));
             if (d < 256 && lane == __ffs(peers) - 1) {
-                atomicAdd(&na.fx[d], (u64)sum);
+                atomicAdd(&na.fx[d], ((u64)hi << FX_LOW) + (u64)lo);
                 atomicAdd(&na.n[d], __popc(peers));
             }
         });
@@ -78,8 +84,8 @@ __device__ int draw_narrowed(const u64* keys, int V, double y0, double theta, do
             u64 run = above_fx + incl - tot;
             int runn = above_n + incn - totn;
             for (int j = 0; j < 8; ++j) {
-                // Before the bucket: at most (run + runn) / 2^26; through it: at least
-                // (run + c) / 2^26 (truncation only lowers a weight).
+                // Before the bucket: at most (run + runn) / 2^39; through it: at least
+                // (run + c) / 2^39 (truncation only lowers a weight).
                 const double hi_before = (double)(run + (u64)runn) / FX_ONE * FX_UP;
                 const double lo_through = (double)(run + c[j]) / FX_ONE * FX_DOWN;
                 if (cn[j] > 0 && (runn == 0 || hi_before < theta - tband) &&
