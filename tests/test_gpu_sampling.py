@@ -48,6 +48,16 @@ def test_large_top_k_small_and_odd_vocabularies(h) -> None:
     counts_ok(c)
 
 
+def test_narrowed_draws_equal_sample_row(h) -> None:
+    """Flat rows with nothing truncated: the draws past the first 256 candidates are found
+    by narrowing (route 32) and equal the host's; tied rows fall back to the sort."""
+    from crucible.checks.sampling_check import check_narrow
+
+    c = Counts()
+    check_narrow(h, c, np.random.default_rng(4), VOCAB, quick=False)
+    counts_ok(c)  # includes "some row was decided by narrowing" on the GPU
+
+
 def test_batch_invariance(h) -> None:
     from crucible.checks.sampling_check import check_batch
 

@@ -12,10 +12,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+FIRST_TIER = 256  # cuda/sampling_block.cuh: the candidates sorted first
+
 from crucible.step.rows import SampleOutput
 from crucible.checks.batch_check import Counts
 from crucible.checks.sampling_cases import chi_square_p
-from crucible.checks.sampling_check import Harness, check_batch, check_matrix, check_rng, run
+from crucible.checks.sampling_check import (Harness, check_batch, check_matrix, check_narrow,
+                                            check_rng, run)
 from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
 from sampler_twin import NumpyTwinSampler
@@ -65,6 +68,34 @@ class SloppyLogprobs(NumpyTwinSampler):
         lps = [None if lp is None else {k: v * (1 + 1e-8) for k, v in lp.items()}
                for lp in out.logprobs]
         return SampleOutput(out.token_ids, tuple(lps))
+
+
+class LateDeepDraws(NumpyTwinSampler):
+    """Draws that land past the first 256 candidates come out one rank late: what a
+    narrowing that misplaced the crossing inside its window would give."""
+
+    def sample(self, logits, rows):
+        out = super().sample(logits, rows)
+        ids = list(out.token_ids)
+        for i, row in enumerate(rows):
+            if row.temperature > 0:
+                order = np.argsort(-(np.asarray(logits[row.logits_row], np.float64)
+                                     / row.temperature), kind="stable")
+                rank = int(np.nonzero(order == ids[i])[0][0])
+                if FIRST_TIER <= rank < order.size - 1:
+                    ids[i] = int(order[rank + 1])
+        return SampleOutput(tuple(ids), out.logprobs)
+
+
+def test_narrow_section_catches_a_late_deep_draw() -> None:
+    """check_narrow's rows do land past the first 256 (else it tests nothing of the
+    narrowing), and a draw one rank late there is counted as a failure."""
+    c = Counts()
+    check_narrow(harness(), c, np.random.default_rng(5), 4096, quick=False)
+    assert c.failed == 0 and c.passed > 0
+    c = Counts()
+    check_narrow(harness(LateDeepDraws()), c, np.random.default_rng(5), 4096, quick=False)
+    assert c.failed > 20
 
 
 def test_negative_controls_are_counted() -> None:
