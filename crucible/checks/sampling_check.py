@@ -192,11 +192,9 @@ def check_paths(h: Harness, c: Counts, rng: np.random.Generator, vocab: int,
 
 def check_narrow(h: Harness, c: Counts, rng: np.random.Generator, vocab: int,
                  quick: bool) -> None:
-    """Rows with nothing truncated whose draw lands past the first 256 candidates (flat
-    logits, T 0.7-1.7, top_k above 2048 or off, min_p that keeps all): the device narrows
-    to the crossing (route 32) instead of sorting the row; tied logits make ranges of more
-    than 2048 equal keys, which fall back to the sort. On the GPU the narrowing must have
-    decided some rows itself, so the route is tested, not skipped."""
+    """Untruncated rows (flat logits, T 0.7-1.7, top_k > 2048 or off, min_p keeping all)
+    whose draw lands past the first 256: narrowed (route 32), or sorted when tied; on the
+    GPU some rows must have been decided by narrowing, so the route is tested."""
     before = c.result()
     grid = [(t, k, m) for t in (0.7, 1.0, 1.7) for k in (None, 3000) for m in (0.0, 1e-200)]
     for kind in ("random", "tied"):
