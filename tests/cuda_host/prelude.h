@@ -1,6 +1,7 @@
-// prelude.h: the subset of CUDA that cuda/linear_chunks.cu and cuda/decode_stack.cu use, on
-// the host, so a test can run the kernels' own source on the CPU
-// (tests/test_linear_chunks_host.py, tests/test_decode_stack_host.py).
+// prelude.h: the subset of CUDA that the host-run kernels use (cuda/linear_chunks.cu,
+// decode_stack.cu, the attention and MMA kernels, and the sampler, sampling.cu), on the
+// host, so a test can run the kernels' own source on the CPU (tests/test_kernels_on_host.py,
+// tests/test_sampler_on_host.py).
 //
 // Why: the GPU is not always at hand, and the kernel's index arithmetic (tiles, K tails,
 // the scratch layout, the finisher's rows and columns, the last-ticket hand-off) is where a
@@ -111,6 +112,88 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {  // the softmax's bu
     b->arrive_and_wait();
     return r;
 }
+// The device sampler's (cuda/sampling*.cu*) collectives for any 4- or 8-byte type, f64
+// rounding intrinsics and real atomics (its 512 threads update shared counters together).
+// Every lane of the warp calls each collective, as the sampler's code guarantees.
+inline uint64_t warp_slots64[1024];
+template <class T> inline T cru_host_exchange(T v, int from) {
+    std::barrier<>* b = warp_barriers[t_flat >> 5];
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    warp_slots64[t_flat] = bits;
+    b->arrive_and_wait();
+    T r = v;
+    if (from >= 0) std::memcpy(&r, &warp_slots64[(t_flat & ~31) + from], sizeof(T));
+    b->arrive_and_wait();
+    return r;
+}
+template <class T> inline T __shfl_down_sync(unsigned, T v, int off) {
+    const int lane = t_flat & 31;
+    return cru_host_exchange(v, lane + off < 32 ? lane + off : -1);
+}
+template <class T> inline T __shfl_up_sync(unsigned, T v, int off) {
+    const int lane = t_flat & 31;
+    return cru_host_exchange(v, lane >= off ? lane - off : -1);
+}
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int mask) {
+    return cru_host_exchange(v, (t_flat & 31) ^ mask);
+}
+// One warp-wide vote over every lane's v: MATCH, the lanes holding this lane's v; SUM, the
+// u32 sum of v over the lanes in this lane's mask; BALLOT, the lanes whose v is nonzero.
+enum { CRU_MATCH, CRU_SUM, CRU_BALLOT };
+inline unsigned cru_host_lanes(uint64_t v, uint32_t mask, int mode) {
+    std::barrier<>* b = warp_barriers[t_flat >> 5];
+    const int base = t_flat & ~31;
+    warp_slots64[t_flat] = v;
+    b->arrive_and_wait();
+    unsigned r = 0;
+    for (int l = 0; l < 32; ++l) {
+        const uint64_t o = warp_slots64[base + l];
+        if (mode == CRU_SUM) r += (mask >> l) & 1u ? (unsigned)o : 0u;
+        else if (mode == CRU_MATCH) r |= o == v ? 1u << l : 0u;
+        else r |= o != 0 ? 1u << l : 0u;
+    }
+    b->arrive_and_wait();
+    return r;
+}
+inline unsigned __match_any_sync(unsigned, int v) {
+    return cru_host_lanes((uint64_t)(uint32_t)v, 0, CRU_MATCH);
+}
+inline unsigned __reduce_add_sync(unsigned mask, unsigned v) { return cru_host_lanes(v, mask, CRU_SUM); }
+inline unsigned __ballot_sync(unsigned, int pred) { return cru_host_lanes(pred != 0, 0, CRU_BALLOT); }
+inline void __syncwarp(unsigned = 0xffffffffu) { warp_barriers[t_flat >> 5]->arrive_and_wait(); }
+inline std::atomic<int> cru_host_or{0};
+inline int __syncthreads_or(int pred) {
+    if (pred) cru_host_or.store(1);
+    __syncthreads();
+    const int r = cru_host_or.load();
+    __syncthreads();
+    if (t_flat == 0) cru_host_or.store(0);
+    __syncthreads();
+    return r;
+}
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+    return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+}
+inline double __dadd_rn(double a, double b) { volatile double r = a + b; return r; }
+inline double __dsub_rn(double a, double b) { volatile double r = a - b; return r; }
+inline double __dmul_rn(double a, double b) { volatile double r = a * b; return r; }
+inline double __ddiv_rn(double a, double b) { volatile double r = a / b; return r; }
+inline double __ull2double_rn(unsigned long long v) { return (double)v; }
+inline long long __double_as_longlong(double d) {
+    long long v;
+    std::memcpy(&v, &d, 8);
+    return v;
+}
+inline double __longlong_as_double(long long v) {
+    double d;
+    std::memcpy(&d, &v, 8);
+    return d;
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
+
 // common.cuh's exp and reciprocal: the GPU's __expf is an approximation of its own, so the
 // host stands in with the library's; a driver's reference calls these same functions.
 inline float __expf(float x) { return std::exp(x); }
