@@ -37,7 +37,9 @@
 #define FX_LOW 20                // the low half's bits: 32 lanes' halves each fit a u32
 
 // 1 + 1e-10 / 1 - 1e-10: the host's sequential rounding (<= V * 2^-53 relative) and the
-// host's exp against CUDA's, with room to spare, on a bin's exact bounds.
+// host's exp against CUDA's, with room to spare, on a bin's exact bounds, for vocabularies
+// up to ~450,000 (V * 2^-52 <= 1e-10). Past that (the sampler accepts up to 2^24) the
+// margin should grow with V: a known limit, for the next change to this kernel.
 #define FX_UP 1.0000000001
 #define FX_DOWN 0.9999999999
 
