@@ -73,3 +73,14 @@ class NumpyTwinSampler:
     def draws(self, seeds: Sequence[int], counters: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         return (np.array([random_bits(s, n) for s, n in zip(seeds, counters)], np.uint64),
                 np.array([uniform(s, n) for s, n in zip(seeds, counters)], np.float64))
+
+
+
+def one_rank_late(logits_row: np.ndarray, temperature: float, token: int,
+                  from_rank: int = 0) -> int:
+    """The candidate right after ``token`` in the host's order (y = x / T descending, ids
+    ascending on ties) when ``token`` ranks ``from_rank`` or later, else ``token``: a draw
+    placed one rank late (the negative controls of the sampler's narrowing)."""
+    order = np.argsort(-(np.asarray(logits_row, np.float64) / temperature), kind="stable")
+    rank = int(np.nonzero(order == token)[0][0])
+    return int(order[min(rank + 1, order.size - 1)]) if rank >= from_rank else token

@@ -21,7 +21,7 @@ from crucible.checks.sampling_check import (Harness, check_batch, check_matrix, 
                                             check_rng, run)
 from crucible.engine.runner import ModelRunner
 from crucible.model.tiny import tiny_random_model
-from sampler_twin import NumpyTwinSampler
+from sampler_twin import NumpyTwinSampler, one_rank_late
 
 ARGS = argparse.Namespace(seed=0, quick=True, vocab=2049, rows=16)
 
@@ -76,14 +76,8 @@ class LateDeepDraws(NumpyTwinSampler):
 
     def sample(self, logits, rows):
         out = super().sample(logits, rows)
-        ids = list(out.token_ids)
-        for i, row in enumerate(rows):
-            if row.temperature > 0:
-                order = np.argsort(-(np.asarray(logits[row.logits_row], np.float64)
-                                     / row.temperature), kind="stable")
-                rank = int(np.nonzero(order == ids[i])[0][0])
-                if FIRST_TIER <= rank < order.size - 1:
-                    ids[i] = int(order[rank + 1])
+        ids = [one_rank_late(logits[row.logits_row], row.temperature, t, FIRST_TIER)
+               if row.temperature > 0 else t for row, t in zip(rows, out.token_ids)]
         return SampleOutput(tuple(ids), out.logprobs)
 
 

@@ -13,21 +13,20 @@ GPU's exp, memory ordering, speed) is gpu-sampling's on the H200.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_host"))
-from host_driver import build  # noqa: E402
+from host_driver import build
+from sampler_twin import one_rank_late
 
-from crucible.backend.cupy_sampling import unpack_logprobs  # noqa: E402
-from crucible.checks.batch_check import Counts  # noqa: E402
-from crucible.checks.sampling_check import Harness, check_batch, check_narrow  # noqa: E402
-from crucible.step.row_buffer import LP_WORDS, pack_rows  # noqa: E402
-from crucible.step.rows import RowSampling, SampleOutput  # noqa: E402
+from crucible.backend.cupy_sampling import unpack_logprobs
+from crucible.checks.batch_check import Counts
+from crucible.checks.sampling_check import Harness, check_batch, check_narrow
+from crucible.step.row_buffer import LP_WORDS, pack_rows
+from crucible.step.rows import RowSampling, SampleOutput
 
 VOCAB = 4096
 
@@ -61,11 +60,15 @@ class ShimSampler:
         return self._paths
 
 
+def shim_harness(sampler: ShimSampler) -> Harness:
+    """gpu-sampling's harness over the host-run kernel (no rng section: no draws hook)."""
+    return Harness(sampler, lambda x: x, lambda *a: (None, None), on_gpu=False)
+
+
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> Harness:
     work = tmp_path_factory.mktemp("sampling_driver")
-    s = ShimSampler(build("sampling_driver.cpp", work), work)
-    return Harness(s, lambda x: x, lambda *a: (None, None), on_gpu=False)
+    return shim_harness(ShimSampler(build("sampling_driver.cpp", work), work))
 
 
 def test_narrowed_draws_equal_the_host_sampler(shim: Harness, capsys) -> None:
@@ -94,11 +97,7 @@ class LateNarrowed(ShimSampler):
         out = super().sample(logits, rows)
         ids = list(out.token_ids)
         for i in np.nonzero(self._paths & 32)[0]:
-            row = rows[i]
-            y = np.asarray(logits[row.logits_row], np.float64) / row.temperature
-            order = np.argsort(-y, kind="stable")
-            rank = int(np.nonzero(order == ids[i])[0][0])
-            ids[i] = int(order[min(rank + 1, order.size - 1)])
+            ids[i] = one_rank_late(logits[rows[i].logits_row], rows[i].temperature, ids[i])
         return SampleOutput(tuple(ids), out.logprobs)
 
 
@@ -106,8 +105,7 @@ def test_negative_control_a_late_narrowed_draw_fails(shim: Harness) -> None:
     """The same check over the kernel's narrowed answers moved one rank late counts them
     as failures, so the check above can fail."""
     s = shim.sampler
-    late = Harness(LateNarrowed(s.exe, s.work, s.slots), lambda x: x, lambda *a: (None, None),
-                   on_gpu=False)
+    late = shim_harness(LateNarrowed(s.exe, s.work, s.slots))
     c = Counts()
     check_narrow(late, c, np.random.default_rng(4), VOCAB, quick=True, per_point=1)
     assert c.failed >= 5

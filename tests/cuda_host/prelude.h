@@ -90,31 +90,14 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {  // thread 0 of one CTA at 
     *p = old + v;
     return old;
 }
-// Warp shuffles for rowops.cuh's RMSNorm tree: the warp's 32 threads meet at their warp's
-// barrier (set by the driver, with t_flat) around an exchange slot per thread.
+// Warp shuffles (rowops.cuh's RMSNorm tree, the softmax's butterflies, the sampler's
+// scans): the warp's 32 threads meet at their warp's barrier (set by the driver, with
+// t_flat) around an exchange slot per thread.
 inline thread_local int t_flat = 0;  // flat thread index in the CTA
 inline std::barrier<>** warp_barriers = nullptr;
-inline float warp_slots[1024];
-inline float __shfl_down_sync(unsigned, float v, int off) {
-    const int lane = t_flat & 31;
-    std::barrier<>* b = warp_barriers[t_flat >> 5];
-    warp_slots[t_flat] = v;
-    b->arrive_and_wait();
-    const float r = lane + off < 32 ? warp_slots[t_flat + off] : v;
-    b->arrive_and_wait();  // every lane has read before the slots are reused
-    return r;
-}
-inline float __shfl_xor_sync(unsigned, float v, int mask) {  // the softmax's butterflies
-    std::barrier<>* b = warp_barriers[t_flat >> 5];
-    warp_slots[t_flat] = v;
-    b->arrive_and_wait();
-    const float r = warp_slots[t_flat ^ mask];
-    b->arrive_and_wait();
-    return r;
-}
-// The device sampler's (cuda/sampling*.cu*) collectives for any 4- or 8-byte type, f64
-// rounding intrinsics and real atomics (its 512 threads update shared counters together).
-// Every lane of the warp calls each collective, as the sampler's code guarantees.
+// Shuffles and votes for any 4- or 8-byte type, f64 rounding intrinsics and real atomics
+// (the sampler's 512 threads update shared counters together). Every lane of the warp calls
+// each collective, as the kernels' code guarantees.
 inline uint64_t warp_slots64[1024];
 template <class T> inline T cru_host_exchange(T v, int from) {
     std::barrier<>* b = warp_barriers[t_flat >> 5];
