@@ -46,6 +46,11 @@
 // MMA (OW = 1 only; CRUCIBLE_GEMM=mma): the partials are the O GEMM's block values in the
 // tensor-core order instead (mma_row.cuh): warp w computes the 8-column tiles w, w + 8, ...
 // of the staged slice, so the next kernel's combine gives linear_mma's bits.
+// O split (o_split = 2, OW != 0): two CTAs a head group, blockIdx.x = 2 * group + s, both
+// running the same attention (same bits; the second's output is not stored) and CTA s
+// staging and computing only O columns s * o_n / 2 .. of the next o_n / 2. At batch 1
+// the 9 CTAs of the stack's attention leave the GPU idle while each walks all of O: the
+// pair halves each CTA's slice and O work for a second read of one head's history (L2).
 // Dynamic shared memory: 4 * (128*64 + G*capacity + capacity/16) (+ G*o_n*64*OW bytes of
 // W_o); static: q and the softmax scratch (variants.decode_static_bytes bounds it). No
 // standard headers.
@@ -69,7 +74,7 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             const int* __restrict__ tables, int table_stride, float* __restrict__ out,
             int n_heads, int n_kv_heads, int n_layers, int layer, int capacity,
             int prefetch_len, const void* __restrict__ w_o, float* __restrict__ o_parts,
-            int o_n) {
+            int o_n, int o_split) {
     static_assert(G >= 1 && G <= 4, "attn_decode is instantiated for 1..4 heads per CTA");
     static_assert(!MMA || (G == 1 && OW == 1), "the mma partials take int8 W_o, one head");
     CRU_DYNAMIC_SMEM(float4, dec_smem4);  // rows_chunk.cuh: the host shim maps it too
@@ -78,7 +83,9 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     int* tab = reinterpret_cast<int*>(scores + G * capacity);  // [capacity / 16]
     __shared__ __align__(16) float q_s[G][CRU_HEAD_DIM];  // octet order (cru_dec_q_slot)
     __shared__ CruSoftmaxScratch<G> sm;
-    const int head0 = blockIdx.x * G, row = blockIdx.y, tid = threadIdx.x;
+    const int split = OW != 0 ? o_split : 1;  // CTAs a head group (O split, above)
+    const int head0 = (blockIdx.x / split) * G, row = blockIdx.y, tid = threadIdx.x;
+    const int os = blockIdx.x % split, on = o_n / split, oc0 = os * on;  // this CTA's O columns
     if (row >= n_segs) return;
     // Segment `row` is one row, packed at sd.x: in a decode step sd.x == row; in a mixed
     // step the host hands this kernel only the one-row segments, wherever they are packed.
@@ -93,13 +100,13 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     for (int i = tid; i < (len + 15) >> 4; i += 256) tab[i] = table[i];
     typedef typename CruOWeight<OW>::type TW;
     constexpr int O_PIECES = 4 * (int)sizeof(TW);  // 16-byte pieces of a column's chunk
-    int4* wo_s = reinterpret_cast<int4*>(tab + capacity / 16);  // [G][piece][o_n]
+    int4* wo_s = reinterpret_cast<int4*>(tab + capacity / 16);  // [G][piece][on]
     if (OW != 0) {
+        const long o_k = (long)n_heads * CRU_HEAD_DIM;
 #pragma unroll
         for (int g = 0; g < G; ++g)
-            cru_stage_slice<TW>(wo_s + g * O_PIECES * o_n, static_cast<const TW*>(w_o),
-                                n_heads * CRU_HEAD_DIM, (head0 + g) * CRU_HEAD_DIM, o_n, tid,
-                                256);
+            cru_stage_slice<TW>(wo_s + g * O_PIECES * on, static_cast<const TW*>(w_o) + oc0 * o_k,
+                                o_k, (head0 + g) * CRU_HEAD_DIM, on, tid, 256);
     }
     __syncthreads();
 
@@ -188,7 +195,7 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
 #pragma unroll
         for (int g = 0; g < G; ++g) {
             const float o = __fmul_rn(acc[g], sm.inv[g]);
-            out[(prow * n_heads + head0 + g) * CRU_HEAD_DIM + d] = o;
+            if (os == 0) out[(prow * n_heads + head0 + g) * CRU_HEAD_DIM + d] = o;
             if (OW != 0) q_s[g][d] = o;  // q is dead: its slots now hold the output
         }
     }
@@ -197,27 +204,27 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
         __syncthreads();  // the output and every thread's W_o pieces are visible
         unsigned b[4][2];
         cru_row_b(q_s[0], tid & 31, b);
-        cru_row_slice(wo_s, o_n, b, o_parts + ((long long)head0 * n_segs + row) * o_n,
+        cru_row_slice(wo_s, on, b, o_parts + ((long long)head0 * n_segs + row) * o_n + oc0,
                       tid >> 5, 8, tid & 31);
     } else if (OW != 0) {
         cru_cp_wait_all();
         __syncthreads();  // the outputs and every thread's W_o pieces are visible
         // CRU_DEC_OCOL columns per thread side by side, so their chains overlap (columns
         // past o_n compute column 0's again and are not stored).
-        for (int n0 = tid; n0 < o_n; n0 += 256 * CRU_DEC_OCOL) {
+        for (int n0 = tid; n0 < on; n0 += 256 * CRU_DEC_OCOL) {
             int cols[CRU_DEC_OCOL];
 #pragma unroll
             for (int j = 0; j < CRU_DEC_OCOL; ++j)
-                cols[j] = n0 + 256 * j < o_n ? n0 + 256 * j : 0;
+                cols[j] = n0 + 256 * j < on ? n0 + 256 * j : 0;
 #pragma unroll
             for (int g = 0; g < G; ++g) {
                 float acc[CRU_DEC_OCOL];
-                cru_slice_chains<TW, CRU_DEC_OCOL>(wo_s + g * O_PIECES * o_n, o_n, cols, q_s[g],
+                cru_slice_chains<TW, CRU_DEC_OCOL>(wo_s + g * O_PIECES * on, on, cols, q_s[g],
                                                    acc);
 #pragma unroll
                 for (int j = 0; j < CRU_DEC_OCOL; ++j)
-                    if (n0 + 256 * j < o_n)
-                        o_parts[((long long)(head0 + g) * n_segs + row) * o_n + n0 + 256 * j] =
+                    if (n0 + 256 * j < on)
+                        o_parts[((long long)(head0 + g) * n_segs + row) * o_n + oc0 + n0 + 256 * j] =
                             acc[j];
             }
         }
@@ -230,7 +237,7 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     template __global__ void attn_decode<G, OW>(const float*, const float*, const float*,     \
                                                 const int4*, int, const int*, int, float*, int, \
                                                 int, int, int, int, int, const void*, float*,   \
-                                                int);
+                                                int, int);
 CRU_DEC_INSTANTIATE(1, 0)
 CRU_DEC_INSTANTIATE(3, 0)
 CRU_DEC_INSTANTIATE(1, 1)
@@ -238,5 +245,5 @@ CRU_DEC_INSTANTIATE(1, 4)
 template __global__ void attn_decode<1, 1, true>(const float*, const float*, const float*,
                                                  const int4*, int, const int*, int, float*, int,
                                                  int, int, int, int, int, const void*, float*,
-                                                 int);
+                                                 int, int);
 #endif

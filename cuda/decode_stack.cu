@@ -32,24 +32,24 @@
 // outputs by the finishers), not once per warp. Requires K % 64 == 0 and N_d % 8 == 0.
 // Dynamic shared memory: 4 * (2K + 2 * n_chunks * 64 + 64) + N_d * 64 * sizeof(T), and
 // under MMA 384 * (n_chunks + 1) more. No standard headers (NVRTC).
+#include "cluster.cuh"
 #include "mma_row.cuh"
 #include "pdl.cuh"
 #include "rows_chunk.cuh"
 #include "rowops.cuh"
 
-// 576 threads at most (K <= 576): 96 registers hold both gate/up chunks through the
-// combine's 24 loads in flight; at 768 threads' 80 they spilled 20 bytes.
-template <typename T, bool MMA = false>
-__global__ void __launch_bounds__(576, 1)
-decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n_parts,
-           const float* __restrict__ o_scale, float* __restrict__ h_out,
-           const float* __restrict__ norm_w, float eps, const T* __restrict__ w_gu,
-           const float* __restrict__ s_gu, const T* __restrict__ w_down,
-           float* __restrict__ down_parts, int M, int K, int F, int N_d) {
-    CRU_DYNAMIC_SMEM(float4, mlp_smem4);  // float4: 16-byte aligned for the vector reads
-    float* smem = reinterpret_cast<float*>(mlp_smem4);
-    __shared__ float red[8];
-    __shared__ float inv;
+// The MLP of one CTA (SPLIT 1: decode_mlp) or of one CTA of a pair (SPLIT 2:
+// decode_mlp_pair, rank s of a cluster of two): the CTA's warps take gate/up half `half`
+// (SPLIT 2: half s only), and its down columns are s * N_d / SPLIT .. of the next N_d /
+// SPLIT. A pair hands each other its 32 SwiGLU outputs (and under MMA their B words)
+// through distributed shared memory, so both hold all 64 before down. red: 9 floats of
+// shared memory (8 warp partials, then 1 / rms).
+template <typename T, bool MMA, int SPLIT>
+__device__ __forceinline__ void cru_mlp(const float* x, const float* o_parts, int n_parts,
+                                        const float* o_scale, float* h_out,
+                                        const float* norm_w, float eps, const T* w_gu,
+                                        const float* s_gu, const T* w_down, float* down_parts,
+                                        int M, int K, int F, int N_d, float* smem, float* red) {
     const int n_chunks = (K + CRU_KC - 1) / CRU_KC;
     float* xs = smem;                        // [K]: h, then its norm
     float* nw = xs + K;                      // [K]: the norm weight
@@ -58,10 +58,13 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
     // MMA: the B fragments of the normalised x's blocks, then of act (cru_row_b_put).
     unsigned* bw = reinterpret_cast<unsigned*>(act + 64);  // [n_chunks + 1][96]
     unsigned* bw_act = bw + 96 * n_chunks;
-    const int lane = threadIdx.x, c = threadIdx.y % n_chunks, half = threadIdx.y / n_chunks;
+    const unsigned s = SPLIT == 2 ? cru_cluster_rank() : 0u;
+    const int lane = threadIdx.x, c = threadIdx.y % n_chunks;
+    const int half = SPLIT == 2 ? (int)s : threadIdx.y / n_chunks;
     const int tid = threadIdx.y * 32 + lane, nthreads = 32 * blockDim.y;
-    const int f = blockIdx.x, m = blockIdx.y;
+    const int f = blockIdx.x / SPLIT, m = blockIdx.y;
     const int cb = 2 * f + half;  // linear_rows' SwiGLU column block of this warp's outputs
+    const int nd = N_d / SPLIT, col0 = (int)s * nd;  // this CTA's down columns
     static_assert(!MMA || sizeof(T) == 1, "the mma order takes int8 weights");
 
     // Weights first: this warp's gate/up chunk, this thread's down chunk, the scales.
@@ -78,11 +81,12 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
         for (int j = 0; j < 2; ++j)
             raw[j].load(w_gu + (long)cru_rows_col<1>(cb, j, lane, F) * K + c * CRU_KC);
     }
-    // Down's chunk f of every column: to shared memory (registers would spill), in flight
-    // through the wait, the norm and gate/up.
-    // [piece][N_d] (cru_stage_slice), after the fragments under MMA
+    // Down's chunk f of this CTA's columns: to shared memory (registers would spill), in
+    // flight through the wait, the norm and gate/up.
+    // [piece][nd] (cru_stage_slice), after the fragments under MMA
     int4* wd_s = reinterpret_cast<int4*>(bw + (MMA ? 96 * (n_chunks + 1) : 0));
-    cru_stage_slice<T>(wd_s, w_down, F, f * CRU_KC, N_d, tid, nthreads);
+    cru_stage_slice<T>(wd_s, w_down + (long)col0 * F, F, f * CRU_KC, nd, tid, nthreads);
+    if constexpr (SPLIT == 2) cru_cluster_arrive();  // this CTA runs (waited for below)
     const bool finisher = c == 0;
     EpiIn<2> e;
     if (finisher)
@@ -96,12 +100,13 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
         float v[1];
         cru_combined<T, 1>(x, o_parts, n_parts, o_scale, M, m, K, k, 0, v);
         xs[k] = v[0];
-        if (f == 0) h_out[(long)m * K + k] = v[0];
+        if (f == 0 && s == 0) h_out[(long)m * K + k] = v[0];
     }
     __syncthreads();
     cru_rows_sumsq(xs, 1, K, red);
-    if (tid == 0) inv = cru_inv_rms(cru_rows_total(red, 0), K, eps);
+    if (tid == 0) red[8] = cru_inv_rms(cru_rows_total(red, 0), K, eps);
     __syncthreads();
+    const float inv = red[8];
     if constexpr (MMA) {  // the normalised x only as B fragments: each pair split once
         for (int i = tid; i < K / 2; i += nthreads)
             cru_row_b_put(bw + 96 * (i >> 5), i & 31, cru_norm_apply(xs[2 * i], inv, nw[2 * i]),
@@ -120,7 +125,8 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
         cru_rows_chunk<T, 1, 2, 1>(raw, whole, w_gu, xs, my_part, cb, c, lane, K, F, 2 * F);
     }
     __syncthreads();
-    if (finisher) {  // linear_rows' SwiGLU epilogue, into shared memory
+    if constexpr (SPLIT == 2) cru_cluster_wait();  // the peer runs: its memory may be written
+    if (finisher) {  // linear_rows' SwiGLU epilogue, into shared memory (a pair: both CTAs')
         float v[2];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -131,26 +137,76 @@ decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n
         }
         const float a = cru_swiglu(v[0], v[1]);
         act[half * 32 + lane] = a;
+        if constexpr (SPLIT == 2) cru_st_peer(act + half * 32 + lane, s ^ 1u, __float_as_uint(a));
         if constexpr (MMA) {  // the pair (a, next lane's) as down's B fragments, once
             const float next = __shfl_down_sync(0xffffffffu, a, 1);
-            if ((lane & 1) == 0) cru_row_b_put(bw_act, (half * 32 + lane) >> 1, a, next);
+            const int i = (half * 32 + lane) >> 1;
+            unsigned w[3];
+            cru_row_b_words(a, next, w);
+            if ((lane & 1) == 0) {
+#pragma unroll
+                for (int p = 0; p < 3; ++p) {
+                    bw_act[32 * p + i] = w[p];
+                    if constexpr (SPLIT == 2) cru_st_peer(bw_act + 32 * p + i, s ^ 1u, w[p]);
+                }
+            }
         }
     }
     cru_cp_wait_all();
-    __syncthreads();  // act and every thread's down pieces are visible
+    if constexpr (SPLIT == 2) {  // both CTAs' act and every thread's down pieces are visible
+        cru_cluster_arrive();
+        cru_cluster_wait();
+    } else {
+        __syncthreads();  // act and every thread's down pieces are visible
+    }
+    float* out = down_parts + ((long)f * M + m) * N_d + col0;
     if constexpr (MMA) {
         unsigned b[4][2];
         cru_row_b_get(bw_act, lane, b);
-        cru_row_slice(wd_s, N_d, b, down_parts + ((long)f * M + m) * N_d, tid >> 5,
-                      nthreads >> 5, lane);
+        cru_row_slice(wd_s, nd, b, out, tid >> 5, nthreads >> 5, lane);
     } else {
-        for (int n = tid; n < N_d; n += nthreads) {
+        for (int n = tid; n < nd; n += nthreads) {
             const int cols[1] = {n};
             float acc[1];
-            cru_slice_chains<T, 1>(wd_s, N_d, cols, act, acc);
-            down_parts[((long)f * M + m) * N_d + n] = acc[0];
+            cru_slice_chains<T, 1>(wd_s, nd, cols, act, acc);
+            out[n] = acc[0];
         }
     }
+}
+
+// 576 threads at most (K <= 576): 96 registers hold both gate/up chunks through the
+// combine's 24 loads in flight; at 768 threads' 80 they spilled 20 bytes.
+template <typename T, bool MMA = false>
+__global__ void __launch_bounds__(576, 1)
+decode_mlp(const float* __restrict__ x, const float* __restrict__ o_parts, int n_parts,
+           const float* __restrict__ o_scale, float* __restrict__ h_out,
+           const float* __restrict__ norm_w, float eps, const T* __restrict__ w_gu,
+           const float* __restrict__ s_gu, const T* __restrict__ w_down,
+           float* __restrict__ down_parts, int M, int K, int F, int N_d) {
+    CRU_DYNAMIC_SMEM(float4, mlp_smem4);  // float4: 16-byte aligned for the vector reads
+    __shared__ float red[9];
+    cru_mlp<T, MMA, 1>(x, o_parts, n_parts, o_scale, h_out, norm_w, eps, w_gu, s_gu, w_down,
+                       down_parts, M, K, F, N_d, reinterpret_cast<float*>(mlp_smem4), red);
+}
+
+// The same MLP over a cluster of two CTAs a chunk: at batch 1 the 24 CTAs of decode_mlp
+// leave 108 of the H200's 132 SMs idle while each walks 128 gate/up columns and all of
+// down's; a pair halves each CTA's weights and work for one exchange of 64 values. The
+// bits are decode_mlp's: every output element is computed by the same code in the same
+// order, only by another CTA. Grid (2 F/64, M), block (32, n_chunks); red and inv sit at
+// the head of the dynamic shared memory (16 floats), so the host shim can run two CTAs at
+// once (it turns __shared__ into statics).
+template <typename T, bool MMA = false>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(288, 1)
+decode_mlp_pair(const float* __restrict__ x, const float* __restrict__ o_parts, int n_parts,
+                const float* __restrict__ o_scale, float* __restrict__ h_out,
+                const float* __restrict__ norm_w, float eps, const T* __restrict__ w_gu,
+                const float* __restrict__ s_gu, const T* __restrict__ w_down,
+                float* __restrict__ down_parts, int M, int K, int F, int N_d) {
+    CRU_DYNAMIC_SMEM(float4, mlp_smem4);
+    float* smem = reinterpret_cast<float*>(mlp_smem4);
+    cru_mlp<T, MMA, 2>(x, o_parts, n_parts, o_scale, h_out, norm_w, eps, w_gu, s_gu, w_down,
+                       down_parts, M, K, F, N_d, smem + 16, smem);
 }
 
 // combine_rows<T>: y = x + the F/64 down partials the last decode_mlp left (cru_combined),
@@ -188,6 +244,14 @@ template __global__ void decode_mlp<signed char, true>(const float*, const float
                                                        float, const signed char*,
                                                        const float*, const signed char*, float*,
                                                        int, int, int, int);
+#define CRU_MLP_PAIR(T, MMA)                                                                \
+    template __global__ void decode_mlp_pair<T, MMA>(const float*, const float*, int,        \
+                                                     const float*, float*, const float*,     \
+                                                     float, const T*, const float*, const T*, \
+                                                     float*, int, int, int, int);
+CRU_MLP_PAIR(signed char, false)
+CRU_MLP_PAIR(signed char, true)
+CRU_MLP_PAIR(float, false)
 template __global__ void combine_rows<signed char>(const float*, const float*, int,
                                                    const float*, float*, int, int);
 template __global__ void combine_rows<float>(const float*, const float*, int, const float*,

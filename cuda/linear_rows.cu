@@ -42,28 +42,19 @@
 // embedding kernel: the first kernel of a decode graph has no kernel to overlap with.
 // MMA (int8, one row, RoPE form: the decode stack's QKV under CRUCIBLE_GEMM=mma): warp c
 // computes block c of the head's 64 columns in the tensor-core order instead (mma_row.cuh:
-// 8 tiles of 8 columns; a lane preloads column g's 16 codes 16 t .. of each tile), leaving
-// the block value where the fma form leaves its chain; the finisher is the same, so the
-// bits are linear_mma_rows' (norm fused, then RoPE + store).
+// 8 tiles of 8 columns), leaving the block value where the fma form leaves its chain; the
+// finisher is the same, so the bits are linear_mma_rows' (norm fused, then RoPE + store).
+// Here w is the codes as bf16 (DeviceWeight.wb, [N, K] uint16), which each warp stages for
+// its block into shared memory before the wait (cru_stage_tiles_bf: 8 KB a warp; the next
+// column block's while this one is finished).
 // PDL (pdl.cuh): the first column block's weights and epilogue inputs, and the norm weight,
 // load before cru_pdl_wait; x, the partials and the residual after it.
-// Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32 + K). No standard headers (NVRTC).
+// Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32 + K), and under MMA 8192 * n_chunks
+// more (the staged codes). No standard headers (NVRTC).
 #include "mma_row.cuh"
 #include "pdl.cuh"
 #include "rows_chunk.cuh"
 #include "rowops.cuh"
-
-// The MMA form's codes of block c of column block (head) cb: tile n's are raw[n / 4].v[n %
-// 4], column 8 n + g of the head (mma_row.cuh's cru_row_tiles8 then computes the block).
-__device__ __forceinline__ void cru_rows_mma_load(RawChunk<signed char> (&raw)[2],
-                                                  const signed char* w, int cb, int c,
-                                                  int lane, int K) {
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-        raw[n >> 2].v[n & 3] = __ldg(reinterpret_cast<const int4*>(
-            w + (long)(cb * 64 + 8 * n + g) * K + 64 * c + 16 * t));
-}
 
 template <typename T, int MT, int PRO, int EPI, bool MMA = false>
 __global__ void __launch_bounds__((EPI != 0 && MT == 1) ? 384 : 768, 1)
@@ -85,6 +76,7 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     float* xs = smem;                            // [MT][K]
     float* part = smem + MT * K;                 // [n_chunks][MT][NC][32]
     float* nw = part + n_chunks * MT * NC * 32;  // [K] (PRO only): the norm weight
+    int4* tiles = reinterpret_cast<int4*>(nw + K);  // MMA: [n_chunks][512] staged codes
     const int lane = threadIdx.x, c = threadIdx.y;
     const int tid = c * 32 + lane, nthreads = 32 * blockDim.y;
     const int m0 = blockIdx.y * MT;
@@ -101,17 +93,22 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     // Whether this thread's chunk is a whole vector chunk (the only kind raw[] serves).
     const bool whole = c < n_chunks && K - c * CRU_KC >= CRU_KC && (K & 15) == 0;
     auto load_raw = [&](int cb) {
-        if constexpr (MMA) {
-            cru_rows_mma_load(raw, w, cb, c, lane, K);
-        } else {
 #pragma unroll
-            for (int j = 0; j < NC; ++j) {
-                const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
-                if (col < n_rows_w) raw[j].load(w + (long)col * K + c * CRU_KC);
-            }
+        for (int j = 0; j < NC; ++j) {
+            const int col = cru_rows_col<EPI>(cb, j, lane, N_out);
+            if (col < n_rows_w) raw[j].load(w + (long)col * K + c * CRU_KC);
         }
     };
-    if (whole) load_raw(cb0);
+    // MMA: tile n of column block cb is column cb * 64 + 8 n + g of the head.
+    auto stage = [&](int cb) {
+        cru_stage_tiles_bf(tiles + 512 * c, reinterpret_cast<const unsigned short*>(w), K,
+                           (long)c * CRU_KC, [&](int n) { return cb * 64 + 8 * n + (lane >> 2); },
+                           lane);
+    };
+    if (whole) {
+        if constexpr (MMA) stage(cb0);
+        else load_raw(cb0);
+    }
     const int kv_dim = n_kv * 64;
     const bool finisher = c < MT && m0 + c < M;  // warp c finishes row m0 + c
     EpiIn<NC> e0;
@@ -173,14 +170,19 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
             if (c < n_chunks) {  // K % 64 == 0; one warp a block, so it splits x itself
                 unsigned b[4][2];
                 cru_row_b(xs + 64 * c, lane, b);
-                cru_row_tiles8(raw, b, part + c * 64, lane);
+                cru_cp_wait_all();  // this lane's own staged codes
+                cru_row_tiles8_bf(tiles + 512 * c, b, part + c * 64, lane);
             }
         } else if (c < n_chunks) {
             cru_rows_chunk<T, MT, NC, EPI>(raw, whole, w, xs, part, cb, c, lane, K, N_out,
                                            n_rows_w);
         }
         // The next column block's weights load while this one's partials are summed.
-        if (more && whole) load_raw(cb + 1);
+        // (MMA: each lane restages only the slots it has just read, so no barrier first.)
+        if (more && whole) {
+            if constexpr (MMA) stage(cb + 1);
+            else load_raw(cb + 1);
+        }
         __syncthreads();
         if (finisher) {  // blockDim.y >= 8 >= MT: one warp per row
             const int r = c, m = m0 + r;

@@ -22,6 +22,7 @@
 // No standard headers (NVRTC).
 #pragma once
 #include "mma_common.cuh"
+#include "rows_chunk.cuh"  // cru_cp16
 
 // This lane's B fragments of a row's 64-value block for all four steps j: B column g is
 // part g of x (hi, mid, lo for g = 0, 1, 2; zeros for g >= 3), in the k slots of lane t.
@@ -54,13 +55,22 @@ __device__ __forceinline__ void cru_row_b(const float* x64, int lane, unsigned (
 // of splitting the 64 values itself. bw: 96 words, 16-byte aligned; word 32 s + i holds
 // part s (hi, mid, lo) of values 2 i and 2 i + 1 of the block as bf16x2, which is b[j][w]
 // of lane (s, t) for i = 8 t + 2 j + w (cru_row_b's k slots).
-__device__ __forceinline__ void cru_row_b_put(unsigned* bw, int i, float x0, float x1) {
+// The three words themselves (w[s]: part s of the pair), for a writer that stores them
+// elsewhere too (decode_mlp_pair: also into its peer CTA).
+__device__ __forceinline__ void cru_row_b_words(float x0, float x1, unsigned (&w)[3]) {
     float h0, m0, l0, h1, m1, l1;
     cru_split3(x0, h0, m0, l0);
     cru_split3(x1, h1, m1, l1);
-    bw[i] = cru_bf16x2(h0, h1);
-    bw[32 + i] = cru_bf16x2(m0, m1);
-    bw[64 + i] = cru_bf16x2(l0, l1);
+    w[0] = cru_bf16x2(h0, h1);
+    w[1] = cru_bf16x2(m0, m1);
+    w[2] = cru_bf16x2(l0, l1);
+}
+__device__ __forceinline__ void cru_row_b_put(unsigned* bw, int i, float x0, float x1) {
+    unsigned w[3];
+    cru_row_b_words(x0, x1, w);
+    bw[i] = w[0];
+    bw[32 + i] = w[1];
+    bw[64 + i] = w[2];
 }
 
 // This lane's fragments from a block staged by cru_row_b_put (lanes g >= 3: zeros).
@@ -77,22 +87,19 @@ __device__ __forceinline__ void cru_row_b_get(const unsigned* bw, int lane,
     b[2][0] = w1.x; b[2][1] = w1.y; b[3][0] = w1.z; b[3][1] = w1.w;
 }
 
-// The block values of the row against two 8-column tiles: qa, qb this lane's int4s of
-// column g of each (k = 16 t .. 16 t + 15 of the block); b: cru_row_b of the block. Every
-// lane must call it (a shuffle). Meaningful in lanes t == 0: the values of column g of the
-// first tile (x) and of the second (y), each 0 + ((lo + mid) + hi) as linear_mma_rows
-// stores them.
-__device__ __forceinline__ float2 cru_row_pair(const unsigned (&b)[4][2], int4 qa, int4 qb) {
+// The block values of the row against two 8-column tiles, from fetch(j, a): step j's A
+// registers (a[0], a[2]: column g of the first tile, slots 2t, 2t + 1 and 2t + 8, 2t + 9,
+// which hold codes k, k + 1 and k + 2, k + 3 for k = 16 t + 4 j of the block; a[1], a[3]:
+// the same of the second tile). b: cru_row_b of the block. Every lane must call it (a
+// shuffle). Meaningful in lanes t == 0: the values of column g of the first tile (x) and of
+// the second (y), each 0 + ((lo + mid) + hi) as linear_mma_rows stores them.
+template <class Fetch>
+__device__ __forceinline__ float2 cru_row_pair_of(const unsigned (&b)[4][2], Fetch fetch) {
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        unsigned a[4], ca[2], cb[2];
-        cru_codes_b(cru_word(qa, j), ca);  // codes k .. k + 1 and k + 2 .. k + 3 of column g
-        cru_codes_b(cru_word(qb, j), cb);
-        a[0] = ca[0];  // row g, slots 2t, 2t + 1
-        a[1] = cb[0];  // row g + 8, the same slots
-        a[2] = ca[1];  // row g, slots 2t + 8, 2t + 9
-        a[3] = cb[1];
+        unsigned a[4];
+        fetch(j, a);
         cru_mma(d, a, b[j]);
     }
     // Lane (g, 0) holds hi and mid of its two columns (d0, d1; d2, d3), lane (g, 1) their lo.
@@ -100,6 +107,37 @@ __device__ __forceinline__ float2 cru_row_pair(const unsigned (&b)[4][2], int4 q
     const float lo_b = __shfl_down_sync(0xffffffffu, d[2], 1);
     return make_float2(__fadd_rn(0.0f, __fadd_rn(__fadd_rn(lo_a, d[1]), d[0])),
                        __fadd_rn(0.0f, __fadd_rn(__fadd_rn(lo_b, d[3]), d[2])));
+}
+
+// From int8 codes: qa, qb this lane's int4s of column g of each tile (k = 16 t .. 16 t + 15
+// of the block), converted to bf16 here.
+__device__ __forceinline__ float2 cru_row_pair(const unsigned (&b)[4][2], int4 qa, int4 qb) {
+    return cru_row_pair_of(b, [&](int j, unsigned (&a)[4]) {
+        unsigned ca[2], cb[2];
+        cru_codes_b(cru_word(qa, j), ca);
+        cru_codes_b(cru_word(qb, j), cb);
+        a[0] = ca[0];
+        a[1] = cb[0];
+        a[2] = ca[1];
+        a[3] = cb[1];
+    });
+}
+
+// From the codes as bf16 (DeviceWeight.wb): qa[0], qa[1] this lane's 16 codes of column g
+// of the first tile (k = 16 t .. 16 t + 7 and 16 t + 8 .. 16 t + 15: words 2 (j % 2) and
+// 2 (j % 2) + 1 of int4 j / 2 are step j's pairs), qb the second tile's. The same A
+// registers as cru_row_pair makes from the int8 codes (each code is a bf16 exactly), so the
+// same bits, without the conversion: at one row the conversion was about a tenth of a
+// batch-1 token under mma (a timing probe without it: 1,851 -> 2,050 tok/s).
+__device__ __forceinline__ float2 cru_row_pair_bf(const unsigned (&b)[4][2],
+                                                  const int4 (&qa)[2], const int4 (&qb)[2]) {
+    return cru_row_pair_of(b, [&](int j, unsigned (&a)[4]) {
+        const int w = 2 * (j & 1);
+        a[0] = (unsigned)cru_word(qa[j >> 1], w);
+        a[1] = (unsigned)cru_word(qb[j >> 1], w);
+        a[2] = (unsigned)cru_word(qa[j >> 1], w + 1);
+        a[3] = (unsigned)cru_word(qb[j >> 1], w + 1);
+    });
 }
 
 // The block values of the row against the 16-column pairs pair0, pair0 + pstep, ... <
@@ -118,6 +156,58 @@ __device__ __forceinline__ void cru_row_slice(const int4* slice, int n_cols,
         if (t == 0) {
             out[16 * pair + g] = v.x;
             out[16 * pair + 8 + g] = v.y;
+        }
+    }
+}
+
+// cru_row_slice over a slice of the codes as bf16 (cru_stage_slice<unsigned short>: 8
+// pieces of 8 codes a column, piece p of column n at int4 slot p * n_cols + n), so lane t
+// reads pieces 2 t and 2 t + 1 of its columns.
+__device__ __forceinline__ void cru_row_slice_bf(const int4* slice, int n_cols,
+                                                 const unsigned (&b)[4][2], float* out,
+                                                 int pair0, int pstep, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll 2
+    for (int pair = pair0; pair < n_cols / 16; pair += pstep) {
+        const int4* q = slice + 2 * t * n_cols + 16 * pair + g;
+        const int4 qa[2] = {q[0], q[n_cols]}, qb[2] = {q[8], q[n_cols + 8]};
+        const float2 v = cru_row_pair_bf(b, qa, qb);
+        if (t == 0) {
+            out[16 * pair + g] = v.x;
+            out[16 * pair + 8 + g] = v.y;
+        }
+    }
+}
+
+// A warp's eight tiles of one block as bf16 codes in shared memory, staged by each lane for
+// itself (cp.async; the lane that reads a slot wrote it, so cru_cp_wait_all alone orders
+// them): int4 slot (2 n + h) * 32 + lane holds codes k0 + 16 t + 8 h .. + 7 of column
+// col(n) (tile n's column g for this lane), so each read is 32 lanes' consecutive 16 bytes.
+// w: [N, K] bf16 codes; 8 KB of dst a warp. Why shared memory and not registers: the
+// 64 registers of bf16 codes beside the kernels' own spill at their thread counts.
+template <class Col>
+__device__ __forceinline__ void cru_stage_tiles_bf(int4* dst, const unsigned short* w, long K,
+                                                   long k0, Col col, int lane) {
+    const int t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            cru_cp16(dst + (2 * n + h) * 32 + lane, w + (long)col(n) * K + k0 + 16 * t + 8 * h);
+}
+
+// cru_row_tiles8 from tiles staged by cru_stage_tiles_bf.
+__device__ __forceinline__ void cru_row_tiles8_bf(const int4* st, const unsigned (&b)[4][2],
+                                                  float* out, int lane) {
+    const int g = lane >> 2;
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {  // tiles 2 h and 2 h + 1
+        const int4* q = st + 4 * h * 32 + lane;
+        const int4 qa[2] = {q[0], q[32]}, qb[2] = {q[64], q[96]};
+        const float2 v = cru_row_pair_bf(b, qa, qb);
+        if ((lane & 3) == 0) {
+            out[16 * h + g] = v.x;
+            out[16 * h + 8 + g] = v.y;
         }
     }
 }

@@ -86,7 +86,7 @@ def test_decode_stack_equals_layers(weights: str, gemm: str) -> None:
     rng = np.random.default_rng(4)
     check_stack_stages(t, "g3-9/3", GEOMS["g3-9/3"], weights, rng, gemm)
     check_stack_steps(t, "g3-9/3", GEOMS["g3-9/3"], weights, rng, gemm)
-    assert t.failed == 0 and t.passed == (7 if gemm == "mma" else 6) * 9 + 2
+    assert t.failed == 0 and t.passed == (9 if gemm == "mma" else 8) * 9 + 2
 
 
 def test_graph_argmax_equals_the_sampler() -> None:

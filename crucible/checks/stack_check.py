@@ -7,6 +7,8 @@ layers, bitwise; part of ``gpu-engine-check``.
             down GEMM + residual; the QKV form's combine (q, K/V written, x_out) == the same
             form fed the combined residual. Negative control: O's partials added in
             descending head order must change h.
+  forms     attn_decode's O split (one CTA a head, or two with half of O's columns each)
+            and decode_mlp_pair (clusters of two CTAs) == the one-CTA forms, bitwise.
   both orders  each check runs under gemm "fma" and (int8) "mma", where the stack runs its
             MMA forms against the mma order's stages; there the fma forms' h must differ
             from the mma O GEMM's (the negative control that the orders really differ).
@@ -71,10 +73,30 @@ def check_stack_stages(t: Any, name: str, geom: dict, weights: str,
         ds.attention_o(q, be.k_pool, be.v_pool, layer, meta, wo, out, parts, cfg.n_heads,
                        cfg.n_kv_heads, mma=mma)
         t.check(bool(cp.array_equal(out, att)), f"{name} {weights} attention_o == attention, h={pos}")
+        # Both O splits (one CTA a head, two with half the columns each): the same bits.
+        got = []
+        for split in (1, 2):
+            o_s, p_s = be.new(att.shape), be.new(parts.shape)
+            ds.attention_o(q, be.k_pool, be.v_pool, layer, meta, wo, o_s, p_s, cfg.n_heads,
+                           cfg.n_kv_heads, mma=mma, split=split)
+            got.append((o_s, p_s))
+        t.check(all(bool(cp.array_equal(a, b)) for a, b in zip(got[0], got[1]))
+                and bool(cp.array_equal(got[0][1], parts)),
+                f"{name} {weights} attention_o split 2 == split 1, h={pos}")
         gu, down = be.weight(f"l{layer}.gate_up"), be.weight(f"l{layer}.down")
         norm = be.norm(f"l{layer}.ffn_norm")
         h, dparts = be.new((1, d)), be.new((gu.shape[0] // 128, 1, d))
         ds.decode_mlp(x, parts, wo.scale, h, norm, cfg.rms_eps, gu, down, dparts, mma=mma)
+        # Both forms, one CTA a chunk and clusters of two (decode_mlp_pair): the same bits.
+        forms = []
+        for pair in (False, True):
+            hp, dp = be.new(h.shape), be.new(dparts.shape)
+            ds.decode_mlp(x, parts, wo.scale, hp, norm, cfg.rms_eps, gu, down, dp, mma=mma,
+                          pair=pair)
+            forms.append((hp, dp))
+        t.check(all(bool(cp.array_equal(a, b)) for a, b in zip(forms[0], forms[1]))
+                and bool(cp.array_equal(forms[0][1], dparts)),
+                f"{name} {weights} decode_mlp_pair == decode_mlp, h={pos}")
         ref_h = be.linear_add(att, f"l{layer}.o", x)
         t.check(bool(cp.array_equal(h, ref_h)), f"{name} {weights} decode_mlp h == O + residual, h={pos}")
         swapped = be.new((1, d))

@@ -199,14 +199,16 @@ def decode_prefetch_len(ctas: int, sharing: int = 1) -> int:
 def decode_args(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
                 page_tables: Any, out: Any, n_heads: int, n_kv_heads: int,
                 score_capacity: int, o_weight: Any = None, o_parts: Any = None, *,
-                heads_per_cta: int = 1, prefetch_len: int | None = None) -> tuple:
+                heads_per_cta: int = 1, prefetch_len: int | None = None,
+                o_split: int = 1) -> tuple:
     """attn_decode<G, OW>'s arguments (G = ``heads_per_cta``, which sizes the grid the
     prefetch budget is shared by). ``o_weight``/``o_parts`` [H, T, N_o]: the decode stack's
-    O partials (crucible/kernels/decode_stack.py); null without them. ``prefetch_len``:
-    decode_prefetch_len's budget unless given (benchmarks compare budgets)."""
+    O partials (crucible/kernels/decode_stack.py); null without them; ``o_split`` CTAs a
+    head share its O columns. ``prefetch_len``: decode_prefetch_len's budget unless given
+    (benchmarks compare budgets)."""
     i32 = np.int32
-    o = ((np.uint64(0), np.uint64(0), i32(0)) if o_parts is None
-         else (o_weight, o_parts, i32(o_parts.shape[2])))
+    o = ((np.uint64(0), np.uint64(0), i32(0), i32(1)) if o_parts is None
+         else (o_weight, o_parts, i32(o_parts.shape[2]), i32(o_split)))
     if prefetch_len is None:
         sharing = n_heads // max(1, n_kv_heads) // heads_per_cta
         prefetch_len = decode_prefetch_len(n_heads // heads_per_cta * segments.shape[0],

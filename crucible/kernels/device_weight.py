@@ -63,11 +63,15 @@ def upload_weight(w: np.ndarray, scale: np.ndarray | None = None,
     cp = cupy()
     dt = np.int8 if scale is not None else np.float32
     w = np.ascontiguousarray(w, dtype=dt)
-    wb = None
-    if bf16 and scale is not None:  # an int8 code's bf16 is its f32's top half, exactly
-        wb = cp.asarray((w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+    wb = cp.asarray(codes_bf16(w)) if bf16 and scale is not None else None
     return DeviceWeight(cp.asarray(np.ascontiguousarray(w.T)), cp.asarray(w),
                         None if scale is None else cp.asarray(scale.astype(np.float32)), wb)
+
+
+def codes_bf16(codes: np.ndarray) -> np.ndarray:
+    """int8 codes as bf16 bit patterns (uint16): an int8 code's bf16 is its f32's top half,
+    exactly."""
+    return (codes.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
 def check_x(x: Any, k: int) -> None:

@@ -149,9 +149,9 @@ def _form(what: str, x: Any, wd: DeviceWeight, out: Any, residual: Any, norm: An
 
 
 def _head_args(x: Any, wd: DeviceWeight, out: Any, norm: Any, eps: float,
-               residual: Any) -> tuple:
+               residual: Any, bf16: bool = False) -> tuple:
     null = np.uint64(0)
-    return (x, wd.w, wd.scale if wd.scale is not None else out,
+    return (x, wd.wb if bf16 else wd.w, wd.scale if wd.scale is not None else out,
             norm if norm is not None else null, np.float32(eps),
             residual if residual is not None else null, out)
 
@@ -223,9 +223,13 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     fn = fused_kernel(_MMA_QKV if mma else
                       _rows_name(wd.dtype_name, mt, 0 if norm is None else 1, epi))
     smem = 4 * (mt * k + chunks * mt * f.nc * 32 + k)
+    if mma:  # each warp's tiles of the codes as bf16, staged (linear_rows.cu)
+        need(wd.wb is not None, "linear_rows: the mma order reads the codes as bf16 "
+             "(upload_weight(..., bf16=True)); this weight has none")
+        smem += 8192 * chunks
     ensure_dynamic_smem(fn, smem)
     x_ptr = x.table if isinstance(x, Gather) else x
-    args = _head_args(x_ptr, wd, out, norm, eps, residual) + (
+    args = _head_args(x_ptr, wd, out, norm, eps, residual, mma) + (
         cp.int32(m), cp.int32(f.n_out), cp.int32(k), cp.int32(groups)) + f.rope_args + combine
     launch(fn, (-(-f.blocks // groups), row_groups), (32, max(chunks, 8)), args,
            shared_mem=smem, pdl=pdl)

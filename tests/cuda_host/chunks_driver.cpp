@@ -31,10 +31,10 @@ void launch(const float* x, const T* w, const float* scale, const float* res, fl
             for (int j = 0; j < tiles; ++j) order.push_back({j, c, b});
     std::shuffle(order.begin(), order.end(), g);
     std::barrier<> bar(256);
-    cta_barrier = &bar;
     std::vector<std::thread> threads;
     for (int t = 0; t < 256; ++t)
         threads.emplace_back([&, t] {
+            cta_barrier = &bar;  // thread_local (prelude.h)
             threadIdx = {(unsigned)t, 0, 0};
             for (auto [j, c, b] : order) {
                 blockIdx = {(unsigned)j, (unsigned)c, (unsigned)b};

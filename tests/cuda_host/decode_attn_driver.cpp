@@ -9,10 +9,11 @@
 // edges, pages shuffled, two layers (layer 1 read), all rows in one launch with an empty
 // entry among them; then the decode stack's forms (one head a CTA, W_o's chunk partials
 // of 192 columns: f32 and int8 W_o as 64-long fma chains from 0, int8 as the tensor-core
-// order's block values, mma_ref.h) on 4 of the rows (1, 17, 129, 300 positions). A run is
-// one (form, row): 38. `descending` as the first argument makes the reference's PV chain
-// run in descending history order: the negative control, which must fail every run of two
-// positions or more (33 of 38).
+// order's block values, mma_ref.h) on 4 of the rows (1, 17, 129, 300 positions), each
+// also with the O split (two CTAs a head, each storing half of O's columns; the second's
+// attention output unstored). A run is one (form, row): 50. `descending` as the first
+// argument makes the reference's PV chain run in descending history order: the negative
+// control, which must fail every run of two positions or more (42 of 50).
 #include "prelude.h"
 #include "attention_decode.cu"
 #include "mma_ref.h"
@@ -55,9 +56,11 @@ int main(int argc, char** argv) {
         w8[i] = (signed char)code(gen);
     }
     int runs = 0, fails = 0;
-    // forms: 0 = attn_decode<1, 0>, 1 = <3, 0>, 2 = <1, 4> (f32 W_o), 3 = <1, 1>, 4 = <1, 1, true>
-    for (int form = 0; form < 5; ++form) {
-        const int G = form == 1 ? 3 : 1;
+    // forms: 0 = attn_decode<1, 0>, 1 = <3, 0>, 2 = <1, 4> (f32 W_o), 3 = <1, 1>, 4 = <1, 1,
+    // true>; 5, 6, 7: forms 2, 3, 4 with the O split (two CTAs a head, half the columns each)
+    for (int form = 0; form < 8; ++form) {
+        const int G = form == 1 ? 3 : 1, split = form >= 5 ? 2 : 1;
+        const int kind = form >= 5 ? form - 3 : form;  // the form's W_o and order
         // The stack's forms (batch-1 decode) take four of the rows; the others' entries
         // are empty, so their CTAs leave at once (and must write nothing).
         std::vector<int4> sg = in.segs;
@@ -71,21 +74,25 @@ int main(int argc, char** argv) {
             const float *qq = in.q.data(), *k = in.k.data(), *v = in.v.data();
             const int* t = in.tables.data();
             float *o = out.data(), *pp = parts.data();
-            switch (form) {
+            switch (kind) {
                 case 0: attn_decode<1, 0>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
-                                          LAYERS, LAYER, capacity, 0, nullptr, nullptr, 0); break;
+                                          LAYERS, LAYER, capacity, 0, nullptr, nullptr, 0, 1);
+                        break;
                 case 1: attn_decode<3, 0>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
-                                          LAYERS, LAYER, capacity, 0, nullptr, nullptr, 0); break;
+                                          LAYERS, LAYER, capacity, 0, nullptr, nullptr, 0, 1);
+                        break;
                 case 2: attn_decode<1, 4>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
-                                          LAYERS, LAYER, capacity, 0, wf.data(), pp, ON); break;
+                                          LAYERS, LAYER, capacity, 0, wf.data(), pp, ON, split);
+                        break;
                 case 3: attn_decode<1, 1>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
-                                          LAYERS, LAYER, capacity, 0, w8.data(), pp, ON); break;
+                                          LAYERS, LAYER, capacity, 0, w8.data(), pp, ON, split);
+                        break;
                 default: attn_decode<1, 1, true>(qq, k, v, sg.data(), S, t, stride, o, HEADS,
                                                  KV, LAYERS, LAYER, capacity, 0, w8.data(), pp,
-                                                 ON);
+                                                 ON, split);
             }
         };
-        run_grid(dim3{(unsigned)(HEADS / G), (unsigned)S, 1}, dim3{256, 1, 1}, launch);
+        run_grid(dim3{(unsigned)(HEADS / G * split), (unsigned)S, 1}, dim3{256, 1, 1}, launch);
         for (int i = 0; i < S; ++i) {
             if (sg[i].y == 0) {  // an empty entry: its row is never written
                 for (int h = 0; h < HEADS * HD; ++h)
@@ -103,14 +110,14 @@ int main(int argc, char** argv) {
                 reference(&in.q[((size_t)i * HEADS + h) * HD], in.k.data(), in.v.data(),
                           pool_rows(in.tables.data() + (size_t)i * stride, n, h), n, want);
                 ok = ok && std::memcmp(want, &out[((size_t)i * HEADS + h) * HD], sizeof(want)) == 0;
-                for (int c = 0; form >= 2 && c < ON; ++c) {  // head h's chunk of O column c
+                for (int c = 0; kind >= 2 && c < ON; ++c) {  // head h's chunk of O column c
                     const size_t w0 = (size_t)c * OK + h * HD;
                     float p = 0.0f;
-                    if (form == 4) {
+                    if (kind == 4) {
                         p = mma_block(want, &w8[w0]);
                     } else {
                         for (int d = 0; d < HD; ++d)
-                            p = __fmaf_rn(want[d], form == 2 ? wf[w0 + d] : (float)w8[w0 + d], p);
+                            p = __fmaf_rn(want[d], kind == 2 ? wf[w0 + d] : (float)w8[w0 + d], p);
                     }
                     ok = ok && p == parts[((size_t)h * S + i) * ON + c];
                 }

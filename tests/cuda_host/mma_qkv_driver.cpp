@@ -61,10 +61,11 @@ static int check(int M, int K, Prologue pro, int groups, std::mt19937& g) {
         xo((size_t)M * K, -777.0f);
     const bool gather = pro == GATHER, with_out = pro != NONE;
     // linear_rows.py's launch: grid (ceil(heads / groups), M), block (32, max(K/64, 8)).
+    const std::vector<unsigned short> wb = codes_bf16(w);  // what the MMA form reads
     run_grid({(unsigned)((HEADS + groups - 1) / groups), (unsigned)M, 1},
              {32, (unsigned)std::max(n_chunks, 8), 1}, [&] {
         linear_rows<signed char, 1, 1, 2, true>(
-            x.data(), w.data(), sc.data(), nw.data(), 1e-5f, nullptr, q.data(), M, N, K,
+            x.data(), reinterpret_cast<const signed char*>(wb.data()), sc.data(), nw.data(), 1e-5f, nullptr, q.data(), M, N, K,
             groups, pos.data(), pages.data(), slots.data(), cos_t.data(), sin_t.data(),
             kp.data(), vp.data(), LAYER, LAYERS, H, NKV, n_parts ? parts.data() : nullptr,
             n_parts, n_parts ? psc.data() : nullptr, with_out ? xo.data() : nullptr,

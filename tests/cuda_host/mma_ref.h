@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 // One 64-wide K block's value: x = hi + mid + lo (cru_split3), each part's accumulator from
@@ -38,6 +39,19 @@ static float mma_block(const float* x, const signed char* w) {
 static std::vector<float> mma_blocks(const float* x, const signed char* w, int K) {
     std::vector<float> b;
     for (int c = 0; c < K / 64; ++c) b.push_back(mma_block(x + 64 * c, w + 64 * c));
+    return b;
+}
+
+// The codes as bf16, as DeviceWeight.wb holds them for the stack's MMA forms: an int8
+// code's bf16 is exactly the top half of its f32.
+static std::vector<unsigned short> codes_bf16(const std::vector<signed char>& w) {
+    std::vector<unsigned short> b(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+        const float f = (float)w[i];
+        unsigned u;
+        std::memcpy(&u, &f, 4);
+        b[i] = (unsigned short)(u >> 16);
+    }
     return b;
 }
 

@@ -16,7 +16,8 @@
 // 1 and 2, O partials 0 / 1 / 3 / 9. Outputs start as sentinels, so a missed write shows.
 // `descending` makes the reference add O's partials and gate/up's block values from the
 // last: the negative control, which must fail every run with 3 or more of either (1 or 2
-// add the same either way).
+// add the same either way). decode_mlp_pair (a cluster of two CTAs, run_grid_cluster2)
+// runs the same checks with 1 and 9 partials.
 #include "prelude.h"
 #include "decode_stack.cu"
 #include "mma_ref.h"
@@ -34,7 +35,7 @@ static float gemm(const float* xn, const signed char* w, float sc, int K) {
     return __fmul_rn(ordered_sum(mma_blocks(xn, w, K), descending), sc);
 }
 
-static int check(int M, int K, int F, int n_parts, std::mt19937& g) {
+static int check(int M, int K, int F, int n_parts, bool pair, std::mt19937& g) {
     std::normal_distribution<float> normal;
     std::uniform_real_distribution<float> decade(-1.0f, 1.0f);
     auto codes = [&](size_t n) {
@@ -56,11 +57,18 @@ static int check(int M, int K, int F, int n_parts, std::mt19937& g) {
         y((size_t)M * K, -777.0f);
     const float eps = 1e-5f;
     // decode_stack.py's launch: grid (F/64, M), block (32, 2 * K/64).
-    run_grid({(unsigned)n_f, (unsigned)M, 1}, {32, (unsigned)(2 * n_chunks), 1}, [&] {
-        decode_mlp<signed char, true>(x.data(), n_parts ? parts.data() : nullptr, n_parts,
-                                      o_sc.data(), h.data(), nw.data(), eps, w_gu.data(),
-                                      gu_sc.data(), w_d.data(), dparts.data(), M, K, F, N_d);
-    });
+    auto mlp = [&] {
+        (pair ? decode_mlp_pair<signed char, true> : decode_mlp<signed char, true>)(
+            x.data(), n_parts ? parts.data() : nullptr, n_parts, o_sc.data(), h.data(),
+            nw.data(), eps, w_gu.data(), gu_sc.data(), w_d.data(), dparts.data(), M, K, F, N_d);
+    };
+    // decode_stack.py's launches: grid (F/64, M), block (32, 2 K/64); the pair's (2 F/64,
+    // M) in clusters of two, block (32, K/64).
+    if (pair)
+        run_grid_cluster2({(unsigned)(2 * n_f), (unsigned)M, 1}, {32, (unsigned)n_chunks, 1},
+                          mlp);
+    else
+        run_grid({(unsigned)n_f, (unsigned)M, 1}, {32, (unsigned)(2 * n_chunks), 1}, mlp);
     run_grid({(unsigned)M, 1, 1}, {256, 1, 1}, [&] {
         combine_rows<signed char>(h.data(), dparts.data(), n_f, d_sc.data(), y.data(), M, K);
     });
@@ -69,7 +77,8 @@ static int check(int M, int K, int F, int n_parts, std::mt19937& g) {
                                   w_d.data(), h.data(), dparts.data(), y.data()};
     const int bad = mlp_mismatches(run, descending, gemm, mma_block);
     if (bad)
-        printf("FAIL mma M=%d K=%d F=%d parts=%d: %d wrong\n", M, K, F, n_parts, bad);
+        printf("FAIL mma%s M=%d K=%d F=%d parts=%d: %d wrong\n", pair ? " pair" : "", M, K,
+               F, n_parts, bad);
     return bad != 0;
 }
 
@@ -83,10 +92,12 @@ int main(int argc, char** argv) {
     const int shapes[3][2] = {{64, 128}, {192, 256}, {576, 128}};
     for (const auto& kf : shapes)
         for (int M : {1, 2})
-            for (int parts : {0, 1, 3, 9}) {
-                fails += check(M, kf[0], kf[1], parts, g);
-                ++runs;
-            }
+            for (int parts : {0, 1, 3, 9})
+                for (bool pair : {false, true}) {  // the pair (decode_mlp_pair): 1 and 9
+                    if (pair && (parts == 0 || parts == 3)) continue;
+                    fails += check(M, kf[0], kf[1], parts, pair, g);
+                    ++runs;
+                }
     printf("%d runs, %d failed\n", runs, fails);
     return fails != 0;
 }
