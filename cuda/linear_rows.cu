@@ -44,12 +44,16 @@
 // computes block c of the head's 64 columns in the tensor-core order instead (mma_row.cuh:
 // 8 tiles of 8 columns), leaving the block value where the fma form leaves its chain; the
 // finisher is the same, so the bits are linear_mma_rows' (norm fused, then RoPE + store).
-// Here w is the codes as bf16 (DeviceWeight.wb, [N, K] uint16), which each warp stages for
-// its block into shared memory before the wait (cru_stage_tiles_bf: 8 KB a warp; the next
-// column block's while this one is finished).
+// Here w is the codes as bf16 (DeviceWeight.wb, [N, K] uint16), and a column block is half
+// a head: block cb is head cb / 2's RoPE pairs (j, j + 32) for j = 16 (cb % 2) .. + 15,
+// i.e. its 16-column pairs cb % 2 and cb % 2 + 2 (twice the CTAs of one a head, each with
+// half the codes and half the work: at batch 1 the 15 CTAs of the head form left the GPU
+// idle). Each warp stages its block's four tiles into shared memory before the wait
+// (cru_stage_tiles_bf: 4 KB a warp; the next column block's while this one is finished),
+// and lanes 0..15 of the finisher take the block's pairs.
 // PDL (pdl.cuh): the first column block's weights and epilogue inputs, and the norm weight,
 // load before cru_pdl_wait; x, the partials and the residual after it.
-// Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32 + K), and under MMA 8192 * n_chunks
+// Dynamic shared memory: 4 * (MT*K + n_chunks*MT*NC*32 + K), and under MMA 4096 * n_chunks
 // more (the staged codes). No standard headers (NVRTC).
 #include "mma_row.cuh"
 #include "pdl.cuh"
@@ -76,13 +80,17 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     float* xs = smem;                            // [MT][K]
     float* part = smem + MT * K;                 // [n_chunks][MT][NC][32]
     float* nw = part + n_chunks * MT * NC * 32;  // [K] (PRO only): the norm weight
-    int4* tiles = reinterpret_cast<int4*>(nw + K);  // MMA: [n_chunks][512] staged codes
+    int4* tiles = reinterpret_cast<int4*>(nw + K);  // MMA: [n_chunks][256] staged codes
     const int lane = threadIdx.x, c = threadIdx.y;
     const int tid = c * 32 + lane, nthreads = 32 * blockDim.y;
     const int m0 = blockIdx.y * MT;
     // Rows of the weight: N_out, or 2F for SwiGLU, or the QKV width for RoPE.
     const int n_rows_w = EPI == 1 ? 2 * N_out : N_out;
-    const int n_blocks = EPI == 2 ? n_heads + 2 * n_kv : (N_out + 31) / 32;
+    const int n_blocks = EPI == 2 ? (n_heads + 2 * n_kv) * (MMA ? 2 : 1) : (N_out + 31) / 32;
+    // The finisher's column block and lane: MMA's half heads map to their head and to the
+    // lane that owns RoPE pair j = 16 (cb % 2) + lane % 16 of it (lanes 16.. repeat 0..15).
+    auto head_of = [](int cb) { return MMA ? cb >> 1 : cb; };
+    auto lane_of = [&](int cb) { return MMA ? 16 * (cb & 1) + (lane & 15) : lane; };
     static_assert(!MMA || (sizeof(T) == 1 && MT == 1 && EPI == 2),
                   "the mma form is the stack's int8 one-row QKV");
 
@@ -99,11 +107,13 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
             if (col < n_rows_w) raw[j].load(w + (long)col * K + c * CRU_KC);
         }
     };
-    // MMA: tile n of column block cb is column cb * 64 + 8 n + g of the head.
+    // MMA: staged tile i of half head cb is the head's tile 2 (cb % 2) + i % 2 + 4 (i / 2)
+    // (its pairs cb % 2 and cb % 2 + 2); column g of it for this lane.
     auto stage = [&](int cb) {
-        cru_stage_tiles_bf(tiles + 512 * c, reinterpret_cast<const unsigned short*>(w), K,
-                           (long)c * CRU_KC, [&](int n) { return cb * 64 + 8 * n + (lane >> 2); },
-                           lane);
+        cru_stage_tiles_bf<4>(tiles + 256 * c, reinterpret_cast<const unsigned short*>(w), K,
+                              (long)c * CRU_KC, [&](int i) {
+            return (cb >> 1) * 64 + 8 * (2 * (cb & 1) + (i & 1) + 4 * (i >> 1)) + (lane >> 2);
+        }, lane);
     };
     if (whole) {
         if constexpr (MMA) stage(cb0);
@@ -113,15 +123,16 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
     const bool finisher = c < MT && m0 + c < M;  // warp c finishes row m0 + c
     EpiIn<NC> e0;
     if (finisher)
-        e0 = cru_epi_load<T, NC, EPI>(cb0, m0 + c, lane, N_out, n_rows_w, scale, positions,
-                                      pages, slots, cos_t, sin_t, n_layers, layer, kv_dim);
+        e0 = cru_epi_load<T, NC, EPI>(head_of(cb0), m0 + c, lane_of(cb0), N_out, n_rows_w,
+                                      scale, positions, pages, slots, cos_t, sin_t, n_layers,
+                                      layer, kv_dim);
     if (PRO == 1)
         for (int k = tid; k < K; k += nthreads) nw[k] = norm_w[k];
     // Above: weights, scales, tables and metadata only. Below: x and the residual, which the
     // step's previous kernels wrote (pdl.cuh).
     cru_pdl_wait();
     cru_pdl_trigger();
-    if (finisher) e0.res = cru_epi_res<EPI>(cb0, m0 + c, lane, N_out, residual);
+    if (finisher) e0.res = cru_epi_res<EPI>(head_of(cb0), m0 + c, lane_of(cb0), N_out, residual);
     // The combine is compiled into the one-row SwiGLU and RoPE forms only: their 384-thread
     // bounds leave registers for 48 loads in flight; the 768-thread ones would spill.
     if (MT == 1 && EPI != 0 && g_ids != nullptr) {  // gather: no partials to add
@@ -171,7 +182,7 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
                 unsigned b[4][2];
                 cru_row_b(xs + 64 * c, lane, b);
                 cru_cp_wait_all();  // this lane's own staged codes
-                cru_row_tiles8_bf(tiles + 512 * c, b, part + c * 64, lane);
+                cru_row_tiles_bf<4>(tiles + 256 * c, b, part + c * 64, lane, cb & 1, 2);
             }
         } else if (c < n_chunks) {
             cru_rows_chunk<T, MT, NC, EPI>(raw, whole, w, xs, part, cb, c, lane, K, N_out,
@@ -187,14 +198,15 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
         if (finisher) {  // blockDim.y >= 8 >= MT: one warp per row
             const int r = c, m = m0 + r;
             const EpiIn<NC> e = e0;
+            const int hb = head_of(cb), ln = lane_of(cb);
             float v[NC];
-            bool ok = true;
+            bool ok = !MMA || lane < 16;
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
-                ok = ok && cru_rows_col<EPI>(cb, j, lane, N_out) < n_rows_w;
-                float total = part[(r * NC + j) * 32 + lane];
+                ok = ok && cru_rows_col<EPI>(hb, j, ln, N_out) < n_rows_w;
+                float total = part[(r * NC + j) * 32 + ln];
                 for (int cc = 1; cc < n_chunks; ++cc)
-                    total = __fadd_rn(total, part[((cc * MT + r) * NC + j) * 32 + lane]);
+                    total = __fadd_rn(total, part[((cc * MT + r) * NC + j) * 32 + ln]);
                 v[j] = cru_rows_finish<T>(total, e.sc[j]);
             }
             if (ok && EPI == 0) {
@@ -203,23 +215,23 @@ linear_rows(const float* __restrict__ x, const T* __restrict__ w,
             } else if (ok && EPI == 1) {
                 y[(long)m * N_out + cb * 32 + lane] = cru_swiglu(v[0], v[1]);
             } else if (ok && EPI == 2) {
-                if (cb < n_heads + n_kv) {
+                if (hb < n_heads + n_kv) {
                     const float2 rr = cru_rope(v[0], v[1], e.cs, e.sn);
-                    float* dst = cb < n_heads ? y + (long)m * n_heads * 64 + cb * 64
-                                              : k_pool + e.base + (cb - n_heads) * 64;
-                    dst[lane] = rr.x;
-                    dst[lane + 32] = rr.y;
+                    float* dst = hb < n_heads ? y + (long)m * n_heads * 64 + hb * 64
+                                              : k_pool + e.base + (hb - n_heads) * 64;
+                    dst[ln] = rr.x;
+                    dst[ln + 32] = rr.y;
                 } else {
-                    float* dst = v_pool + e.base + (cb - n_heads - n_kv) * 64;
-                    dst[lane] = v[0];
-                    dst[lane + 32] = v[1];
+                    float* dst = v_pool + e.base + (hb - n_heads - n_kv) * 64;
+                    dst[ln] = v[0];
+                    dst[ln + 32] = v[1];
                 }
             }
             if (more) {  // the next block's epilogue inputs, in flight through its GEMM
-                e0 = cru_epi_load<T, NC, EPI>(cb + 1, m, lane, N_out, n_rows_w, scale,
-                                              positions, pages, slots, cos_t, sin_t,
-                                              n_layers, layer, kv_dim);
-                e0.res = cru_epi_res<EPI>(cb + 1, m, lane, N_out, residual);
+                e0 = cru_epi_load<T, NC, EPI>(head_of(cb + 1), m, lane_of(cb + 1), N_out,
+                                              n_rows_w, scale, positions, pages, slots, cos_t,
+                                              sin_t, n_layers, layer, kv_dim);
+                e0.res = cru_epi_res<EPI>(head_of(cb + 1), m, lane_of(cb + 1), N_out, residual);
             }
         }
         __syncthreads();  // part is rewritten by the next column block

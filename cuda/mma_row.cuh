@@ -179,35 +179,39 @@ __device__ __forceinline__ void cru_row_slice_bf(const int4* slice, int n_cols,
     }
 }
 
-// A warp's eight tiles of one block as bf16 codes in shared memory, staged by each lane for
+// A warp's NT tiles of one block as bf16 codes in shared memory, staged by each lane for
 // itself (cp.async; the lane that reads a slot wrote it, so cru_cp_wait_all alone orders
 // them): int4 slot (2 n + h) * 32 + lane holds codes k0 + 16 t + 8 h .. + 7 of column
 // col(n) (tile n's column g for this lane), so each read is 32 lanes' consecutive 16 bytes.
-// w: [N, K] bf16 codes; 8 KB of dst a warp. Why shared memory and not registers: the
-// 64 registers of bf16 codes beside the kernels' own spill at their thread counts.
-template <class Col>
+// w: [N, K] bf16 codes; NT KB of dst a warp. Why shared memory and not registers: the
+// registers of bf16 codes beside the kernel's own would spill at its thread count.
+template <int NT, class Col>
 __device__ __forceinline__ void cru_stage_tiles_bf(int4* dst, const unsigned short* w, long K,
                                                    long k0, Col col, int lane) {
     const int t = lane & 3;
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+    for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
             cru_cp16(dst + (2 * n + h) * 32 + lane, w + (long)col(n) * K + k0 + 16 * t + 8 * h);
 }
 
-// cru_row_tiles8 from tiles staged by cru_stage_tiles_bf.
-__device__ __forceinline__ void cru_row_tiles8_bf(const int4* st, const unsigned (&b)[4][2],
-                                                  float* out, int lane) {
+// The block values of NT / 2 tile pairs staged by cru_stage_tiles_bf (staged tiles 2 p and
+// 2 p + 1 form pair p), pair p's 16 columns written at out[16 q ..] for q = pair0 + p *
+// pstep: where cru_row_tiles8 leaves a block's 64 columns, or a part of them.
+template <int NT>
+__device__ __forceinline__ void cru_row_tiles_bf(const int4* st, const unsigned (&b)[4][2],
+                                                 float* out, int lane, int pair0, int pstep) {
     const int g = lane >> 2;
 #pragma unroll
-    for (int h = 0; h < 4; ++h) {  // tiles 2 h and 2 h + 1
-        const int4* q = st + 4 * h * 32 + lane;
+    for (int p = 0; p < NT / 2; ++p) {
+        const int4* q = st + 4 * p * 32 + lane;
         const int4 qa[2] = {q[0], q[32]}, qb[2] = {q[64], q[96]};
         const float2 v = cru_row_pair_bf(b, qa, qb);
+        const int at = 16 * (pair0 + p * pstep);
         if ((lane & 3) == 0) {
-            out[16 * h + g] = v.x;
-            out[16 * h + 8 + g] = v.y;
+            out[at + g] = v.x;
+            out[at + 8 + g] = v.y;
         }
     }
 }

@@ -122,6 +122,7 @@ def test_the_mma_forms_refuse_what_they_are_not_built_for(
     cf.linear_rows(h, qkv, q, mma=True, **kw)
     assert launches[-1] == "linear_rows<signed char, 1, 1, 2, true>"
     assert got[-1][2][1] is qkv.wb  # the MMA form reads the bf16 codes
+    assert got[-1][0] == (30, 1)  # its column blocks are half heads: 2 x 15 CTAs
     with pytest.raises(ValueError, match="one-row int8 norm \\+ RoPE form"):
         cf.linear_rows(h, weight(960, 576, int8=False), q, mma=True, **kw)
     with pytest.raises(ValueError, match="one-row int8 norm \\+ RoPE form"):

@@ -49,10 +49,10 @@ _NAMES = tuple(f"{k}<{ctype(d)}>" for k in ("decode_mlp", "decode_mlp_pair", "co
                                                 "decode_mlp_pair<signed char, true>")
 # decode_mlp over clusters of two CTAs (decode_mlp_pair), by GEMM order: the same bits, half
 # of each CTA's weights and work (bench/gpu_kernels.py times both forms).
-MLP_PAIR = {"fma": True, "mma": True}
+MLP_PAIR = {"fma": False, "mma": True}
 # CTAs a head in the stack's attention (attn_decode's O split), by GEMM order: each
 # computes the head's attention and its share of O's columns; the same bits.
-O_SPLIT = {"fma": 2, "mma": 2}
+O_SPLIT = {"fma": 1, "mma": 2}
 
 
 @functools.cache

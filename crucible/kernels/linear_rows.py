@@ -217,21 +217,23 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     combine = _combine_args(x, m, parts, pscale, x_out, mt, epi)
     chunks = -(-k // KC)
     row_groups = -(-m // mt)
+    # The mma form's column blocks are half heads (linear_rows.cu: twice the CTAs).
+    blocks = f.blocks * (2 if mma else 1)
     # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
     # once (the LM head); then each CTA stages and normalises x once for several blocks.
-    groups = max(1, -(-f.blocks * row_groups // (ctas_per_sm * sm_count())))
+    groups = max(1, -(-blocks * row_groups // (ctas_per_sm * sm_count())))
     fn = fused_kernel(_MMA_QKV if mma else
                       _rows_name(wd.dtype_name, mt, 0 if norm is None else 1, epi))
     smem = 4 * (mt * k + chunks * mt * f.nc * 32 + k)
     if mma:  # each warp's tiles of the codes as bf16, staged (linear_rows.cu)
         need(wd.wb is not None, "linear_rows: the mma order reads the codes as bf16 "
              "(upload_weight(..., bf16=True)); this weight has none")
-        smem += 8192 * chunks
+        smem += 4096 * chunks
     ensure_dynamic_smem(fn, smem)
     x_ptr = x.table if isinstance(x, Gather) else x
     args = _head_args(x_ptr, wd, out, norm, eps, residual, mma) + (
         cp.int32(m), cp.int32(f.n_out), cp.int32(k), cp.int32(groups)) + f.rope_args + combine
-    launch(fn, (-(-f.blocks // groups), row_groups), (32, max(chunks, 8)), args,
+    launch(fn, (-(-blocks // groups), row_groups), (32, max(chunks, 8)), args,
            shared_mem=smem, pdl=pdl)
     return out
 

@@ -60,9 +60,10 @@ static int check(int M, int K, Prologue pro, int groups, std::mt19937& g) {
     std::vector<float> q((size_t)M * H * 64, -777.0f), kp(pool_n, -777.0f), vp(pool_n, -777.0f),
         xo((size_t)M * K, -777.0f);
     const bool gather = pro == GATHER, with_out = pro != NONE;
-    // linear_rows.py's launch: grid (ceil(heads / groups), M), block (32, max(K/64, 8)).
+    // linear_rows.py's launch: grid (ceil(2 heads / groups), M), block (32, max(K/64, 8))
+    // (the MMA form's column blocks are half heads).
     const std::vector<unsigned short> wb = codes_bf16(w);  // what the MMA form reads
-    run_grid({(unsigned)((HEADS + groups - 1) / groups), (unsigned)M, 1},
+    run_grid({(unsigned)((2 * HEADS + groups - 1) / groups), (unsigned)M, 1},
              {32, (unsigned)std::max(n_chunks, 8), 1}, [&] {
         linear_rows<signed char, 1, 1, 2, true>(
             x.data(), reinterpret_cast<const signed char*>(wb.data()), sc.data(), nw.data(), 1e-5f, nullptr, q.data(), M, N, K,
