@@ -160,25 +160,6 @@ __device__ __forceinline__ void cru_row_slice(const int4* slice, int n_cols,
     }
 }
 
-// cru_row_slice over a slice of the codes as bf16 (cru_stage_slice<unsigned short>: 8
-// pieces of 8 codes a column, piece p of column n at int4 slot p * n_cols + n), so lane t
-// reads pieces 2 t and 2 t + 1 of its columns.
-__device__ __forceinline__ void cru_row_slice_bf(const int4* slice, int n_cols,
-                                                 const unsigned (&b)[4][2], float* out,
-                                                 int pair0, int pstep, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll 2
-    for (int pair = pair0; pair < n_cols / 16; pair += pstep) {
-        const int4* q = slice + 2 * t * n_cols + 16 * pair + g;
-        const int4 qa[2] = {q[0], q[n_cols]}, qb[2] = {q[8], q[n_cols + 8]};
-        const float2 v = cru_row_pair_bf(b, qa, qb);
-        if (t == 0) {
-            out[16 * pair + g] = v.x;
-            out[16 * pair + 8 + g] = v.y;
-        }
-    }
-}
-
 // A warp's NT tiles of one block as bf16 codes in shared memory, staged by each lane for
 // itself (cp.async; the lane that reads a slot wrote it, so cru_cp_wait_all alone orders
 // them): int4 slot (2 n + h) * 32 + lane holds codes k0 + 16 t + 8 h .. + 7 of column

@@ -27,13 +27,14 @@ def test_compiles_for_sm90(source: Path, tmp_path: Path) -> None:
             result.stderr
     if source.name == "decode_stack.cu":
         # decode_mlp holds two gate/up chunks through 24 loads in flight at 576-thread bounds
-        # (its MMA form too: the codes of 8 tiles instead of two columns' chunks)
+        # (its MMA form too: the codes of 8 tiles instead of two columns' chunks), and so
+        # does decode_mlp_pair at 288 (three forms)
         spills = _spills(result.stderr)
-        assert len(spills) == 5 and all(v == 0 for v in spills.values()), spills
+        assert len(spills) == 8 and all(v == 0 for v in spills.values()), spills
     if source.name == "linear_rows.cu":
         # The batch-1 SwiGLU and RoPE forms (the MT=1, prologue-1 instantiations) hold two
         # columns' chunks in registers; at 768-thread launch bounds they spilled 600 bytes.
-        # The mma QKV form (Lb1E) holds 8 tiles' codes instead.
+        # The mma QKV form (Lb1E) stages its codes in shared memory instead.
         spills = _spills(result.stderr)
         paired = {k: v for k, v in spills.items() if "IaLi1ELi1ELi1ELb" in k or "IaLi1ELi1ELi2ELb" in k}
         assert len(paired) == 3 and all(v == 0 for v in paired.values()), spills
