@@ -29,9 +29,12 @@
 // codes 16 t .. of each), and warp w takes down's 8-column tiles w, w + warps, ... of the
 // staged slice against the 64 SwiGLU outputs. The row's B fragments are split once per
 // CTA into shared memory (cru_row_b_put: the normalised x by the norm's threads, the SwiGLU
-// outputs by the finishers), not once per warp. Requires K % 64 == 0 and N_d % 8 == 0.
+// outputs by the finishers), not once per warp. Requires K % 64 == 0 and N_d % 16 == 0.
+// decode_mlp_pair: the same over clusters of two CTAs a chunk (its comment below), grid
+// (2 F/64, M), block (32, n_chunks); a pair needs N_d even (MMA: N_d % 32 == 0).
 // Dynamic shared memory: 4 * (2K + 2 * n_chunks * 64 + 64) + N_d * 64 * sizeof(T), and
-// under MMA 384 * (n_chunks + 1) more. No standard headers (NVRTC).
+// under MMA 384 * (n_chunks + 1) more; the pair stages N_d / 2 columns and adds 64 bytes
+// at the head. No standard headers (NVRTC).
 #include "cluster.cuh"
 #include "mma_row.cuh"
 #include "pdl.cuh"
