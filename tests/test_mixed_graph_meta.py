@@ -236,6 +236,7 @@ def test_out_of_memory_halves_what_is_captured_again(monkeypatch: pytest.MonkeyP
     eager = [out is None for out in got]
     # 20, 100 captured; 200 runs out: all dropped, the step eager, at most 1 graph from now
     # on; 20 captured again and replayed; 100, 200 and 300 eager (full), no second failure.
+    # The step that ran out counts as eager too (cupy_graph_cache.py, as prefill counts it).
     assert eager == [False, False, True, False, True, True, False, True]
     assert g.num_out_of_memory == 1 and g.max_graphs == 1 and len(g.graphs) == 1
-    assert g.num_captures == 3 and g.num_replays == 4 and g.num_eager == 3
+    assert g.num_captures == 3 and g.num_replays == 4 and g.num_eager == 4

@@ -11,6 +11,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
+from crucible.backend import cupy_graph_cache as cgc
 from crucible.backend import cupy_prefill_graphs as cpg
 from crucible.step.batch import PackedBatch, SegmentSpec, build_packed_batch
 
@@ -61,7 +62,7 @@ def test_full_cache_and_bounded_sightings(monkeypatch: pytest.MonkeyPatch) -> No
     captured: list[int] = []
     g = _graphs(monkeypatch, captured)
     g.max_graphs = 2
-    monkeypatch.setattr(cpg, "MAX_SEEN", 3)
+    monkeypatch.setattr(cgc, "MAX_SEEN", 3)
     for n in (10, 10, 11, 11, 12, 12):  # the third key finds the cache full: eager
         g.run(_prompt(n), 256, None)
     assert captured == [10, 11] and g.num_eager == 4 and len(g.graphs) == 2

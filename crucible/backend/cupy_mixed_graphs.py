@@ -55,7 +55,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from crucible.backend.cupy_capture import Captured, capture_forward
+from crucible.backend.cupy_capture import capture_forward
+from crucible.backend.cupy_graph_cache import GraphCache
 from crucible.backend.cupy_graphs import BUCKETS
 from crucible.backend.cupy_meta import CupyMeta, MixedSegments, split
 from crucible.backend.cupy_pinned import PinnedRing
@@ -99,7 +100,7 @@ def is_mixed_graph_step(batch: PackedBatch, max_tokens: int = MAX_TOKENS) -> boo
     return 0 < n_multi <= MAX_SLICES
 
 
-class MixedGraphs:
+class MixedGraphs(GraphCache):
     def __init__(self, table_width: int, scratch_page: int,
                  max_tokens: int = MAX_TOKENS) -> None:
         import cupy as cp
@@ -112,24 +113,10 @@ class MixedGraphs:
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.ring = PinnedRing()
-        self.graphs: dict[Key, Captured] = {}
-        self.num_captures = 0
-        self.num_replays = 0
-        self.num_out_of_memory = 0  # captures abandoned for want of device memory
-        self.num_eager = 0  # qualifying steps run eagerly (a key not seen enough, or full)
-        self.capture_s = 0.0  # host time in captures (warm-up forward, capture, instantiate)
-        self.seen: dict[Key, int] = {}  # sightings of keys without a graph
+        self._init_cache(CAPTURE_AFTER, MAX_GRAPHS)
         # A pipelined step's rows read the previous step's ids from here: every graph reads
         # this one buffer, refilled before a fed replay from where those ids are.
         self.fed_in = cp.full(FED_ROWS, 0, dtype=cp.int32)
-        # The policy, per instance: the checks capture every shape at once (replay == eager
-        # is what they test; when a shape is captured changes no bits).
-        self.capture_after, self.max_graphs = CAPTURE_AFTER, MAX_GRAPHS
-
-    def clear(self) -> None:
-        self.stream.synchronize()
-        self.graphs.clear()
-        self.seen.clear()
 
     def key(self, batch: PackedBatch) -> Key:
         segs = batch.segments
@@ -211,26 +198,15 @@ class MixedGraphs:
         import cupy as cp
 
         key = self.key(batch)
-        cap = self.graphs.get(key)
+
+        def capture() -> Any:
+            meta_dev = cp.asarray(self.host_meta(None, key))
+            return capture_forward(forward, self.stream, meta_dev, self._views(meta_dev, key),
+                                   wait=False)
+
+        cap = self._graph(key, capture)
         if cap is None:
-            seen = self.seen[key] = self.seen.get(key, 0) + 1
-            if seen < self.capture_after or len(self.graphs) >= self.max_graphs:
-                self.num_eager += 1
-                return None
-            try:
-                meta_dev = cp.asarray(self.host_meta(None, key))
-                cap = capture_forward(forward, self.stream, meta_dev,
-                                      self._views(meta_dev, key), wait=False)
-            except cp.cuda.memory.OutOfMemoryError:
-                # Half of what fit from now on: refilling the same set would run out again,
-                # each capture ~50 ms of the step loop, then drop them all once more.
-                self.max_graphs = min(self.max_graphs, len(self.graphs) // 2)
-                self.clear()
-                self.num_out_of_memory += 1
-                return None
-            self.capture_s += cap.seconds
-            self.graphs[key] = cap
-            self.num_captures += 1
+            return None
         fill = None
         if feed is not None:  # on the graphs' stream, behind the sampler that wrote them
             fill = lambda: self.fed_in.data.copy_from_device_async(  # noqa: E731

@@ -20,19 +20,18 @@ construction (``gpu-graph-check`` checks it).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
 
-from crucible.backend.cupy_capture import Captured, capture_forward
+from crucible.backend.cupy_capture import capture_forward
+from crucible.backend.cupy_graph_cache import GraphCache
 from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.step.batch import PackedBatch
 
 MAX_GRAPHS = 64
 CAPTURE_AFTER = 2  # sightings of a key before it is captured
-MAX_SEEN = 4096  # keys whose sightings are counted (then the count starts over)
 MAX_LENGTH = 2048
 
 
@@ -43,7 +42,7 @@ def is_singleton_prefill(batch: PackedBatch) -> bool:
     return finals.shape[0] == 0 or (finals.shape[0] == 1 and finals[0] == batch.num_rows - 1)
 
 
-class PrefillGraphs:
+class PrefillGraphs(GraphCache):
     def __init__(self, table_width: int, scratch_page: int) -> None:
         import cupy as cp
 
@@ -51,21 +50,7 @@ class PrefillGraphs:
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.ring = PinnedRing()  # page-locked metadata staging (cupy_pinned.py)
-        self.graphs: OrderedDict[tuple[int, bool, int], Captured] = OrderedDict()
-        self.num_captures = 0
-        self.num_replays = 0
-        self.num_eager = 0  # qualifying steps run eagerly (a key not seen enough, or full)
-        self.num_out_of_memory = 0  # captures abandoned for want of device memory
-        self.capture_s = 0.0  # host time in captures (warm-up forward, capture, instantiate)
-        self.seen: dict[tuple[int, bool, int], int] = {}  # sightings of keys without a graph
-        # Per instance: the checks capture on first sight (when changes no bits); an
-        # out-of-memory capture lowers the bound.
-        self.capture_after, self.max_graphs = CAPTURE_AFTER, MAX_GRAPHS
-
-    def clear(self) -> None:
-        self.stream.synchronize()
-        self.graphs.clear()
-        self.seen.clear()
+        self._init_cache(CAPTURE_AFTER, MAX_GRAPHS)
 
     def host_meta(self, batch: PackedBatch | None, length: int, want: bool) -> np.ndarray:
         """Tokens, positions, pages, slots, the segment, the page table, the final row."""
@@ -96,33 +81,15 @@ class PrefillGraphs:
         import cupy as cp
 
         length, want = batch.num_rows, batch.final_rows.shape[0] == 1
-        key = (length, want, capacity)
-        cap = self.graphs.get(key)
+
+        def capture() -> Any:
+            meta_dev = cp.asarray(self.host_meta(None, length, want))
+            return capture_forward(forward, self.stream, meta_dev,
+                                   self._views(meta_dev, length, want, capacity), wait=False)
+
+        cap = self._graph((length, want, capacity), capture)
         if cap is None:
-            if len(self.seen) >= MAX_SEEN:
-                self.seen.clear()
-            seen = self.seen[key] = self.seen.get(key, 0) + 1
-            if seen < self.capture_after or len(self.graphs) >= self.max_graphs:
-                self.num_eager += 1
-                return None
-            del self.seen[key]
-            try:
-                meta_dev = cp.asarray(self.host_meta(None, length, want))
-                cap = capture_forward(forward, self.stream, meta_dev,
-                                      self._views(meta_dev, length, want, capacity),
-                                      wait=False)
-            except cp.cuda.memory.OutOfMemoryError:
-                # Every prefill graph's pool goes back to the device; this step runs eagerly,
-                # and at most half as many as fitted are captured again (no refill to run
-                # out once more).
-                self.max_graphs = min(self.max_graphs, len(self.graphs) // 2)
-                self.clear()
-                self.num_out_of_memory += 1
-                self.num_eager += 1
-                return None
-            self.graphs[key] = cap
-            self.num_captures += 1
-            self.capture_s += cap.seconds
+            return None
         logits = cap.replay(self.stream, self.host_meta(batch, length, want), self.ring)
         self.num_replays += 1
         return logits
