@@ -140,6 +140,15 @@ __device__ __forceinline__ float2 cru_row_pair_bf(const unsigned (&b)[4][2],
     });
 }
 
+// Pair q's two values (cru_row_pair's x and y: columns g and 8 + g of the pair) to
+// out[16 q ..], from the lanes t == 0 that hold them.
+__device__ __forceinline__ void cru_row_pair_store(float* out, int q, float2 v, int lane) {
+    if ((lane & 3) == 0) {
+        out[16 * q + (lane >> 2)] = v.x;
+        out[16 * q + 8 + (lane >> 2)] = v.y;
+    }
+}
+
 // The block values of the row against the 16-column pairs pair0, pair0 + pstep, ... <
 // n_cols / 16 of a staged slice (rows_chunk.cuh's piece-major cru_stage_slice layout: piece
 // p of column n at int4 slot p * n_cols + n; int8 codes, so 4 pieces of 16), written to
@@ -153,10 +162,7 @@ __device__ __forceinline__ void cru_row_slice(const int4* slice, int n_cols,
     for (int pair = pair0; pair < n_cols / 16; pair += pstep) {
         const int4* q = slice + t * n_cols + 16 * pair + g;
         const float2 v = cru_row_pair(b, q[0], q[8]);
-        if (t == 0) {
-            out[16 * pair + g] = v.x;
-            out[16 * pair + 8 + g] = v.y;
-        }
+        cru_row_pair_store(out, pair, v, lane);
     }
 }
 
@@ -183,17 +189,12 @@ __device__ __forceinline__ void cru_stage_tiles_bf(int4* dst, const unsigned sho
 template <int NT>
 __device__ __forceinline__ void cru_row_tiles_bf(const int4* st, const unsigned (&b)[4][2],
                                                  float* out, int lane, int pair0, int pstep) {
-    const int g = lane >> 2;
 #pragma unroll
     for (int p = 0; p < NT / 2; ++p) {
         const int4* q = st + 4 * p * 32 + lane;
         const int4 qa[2] = {q[0], q[32]}, qb[2] = {q[64], q[96]};
         const float2 v = cru_row_pair_bf(b, qa, qb);
-        const int at = 16 * (pair0 + p * pstep);
-        if ((lane & 3) == 0) {
-            out[at + g] = v.x;
-            out[at + 8 + g] = v.y;
-        }
+        cru_row_pair_store(out, pair0 + p * pstep, v, lane);
     }
 }
 
@@ -204,14 +205,10 @@ __device__ __forceinline__ void cru_row_tiles_bf(const int4* st, const unsigned 
 template <typename Raw>
 __device__ __forceinline__ void cru_row_tiles8(const Raw (&raw)[2], const unsigned (&b)[4][2],
                                                float* out, int lane) {
-    const int g = lane >> 2;
 #pragma unroll
     for (int h = 0; h < 4; ++h) {  // tiles 2 h and 2 h + 1
         const float2 v = cru_row_pair(b, raw[h >> 1].v[(2 * h) & 3],
                                       raw[h >> 1].v[(2 * h + 1) & 3]);
-        if ((lane & 3) == 0) {
-            out[16 * h + g] = v.x;
-            out[16 * h + 8 + g] = v.y;
-        }
+        cru_row_pair_store(out, h, v, lane);
     }
 }

@@ -43,6 +43,7 @@ from crucible.kernels.variants import decode_smem_bytes, decode_static_bytes
 
 MAX_ROWS = 1  # the stack re-reads every weight once per row: it pays at batch 1 only
 MLP_MAX_K = 576  # decode_mlp's launch bounds: 2 warps per K chunk, 576 threads at most
+MLP_STATIC_BYTES = 64  # decode_mlp's static shared memory (48 bytes by ptxas), rounded up
 
 _NAMES = tuple(f"{k}<{ctype(d)}>" for k in ("decode_mlp", "decode_mlp_pair", "combine_rows")
                for d in ("float32", "int8")) + ("decode_mlp<signed char, true>",
@@ -85,10 +86,10 @@ def fits(cfg: Any, rows: int, capacity: int, variant: Any, wbytes: int,
     """Whether a decode step of ``rows`` rows runs as the stack: the exact family, shapes
     the kernels are built for, and W_o's chunk fitting beside attn_decode's own memory.
     ``mma``: the MMA forms, which take int8 weights that all run in the mma order
-    (linear_mma.supports) and O and down columns in whole 16-column pairs (mma_row.cuh's
-    cru_row_slice)."""
+    (linear_mma.supports); the hidden size, O's and down's columns, is a multiple of 16
+    for every form (mma_row.cuh's cru_row_slice takes whole 16-column pairs)."""
     d, f, most = cfg.hidden_size, cfg.ffn_size, cf.COMBINE_MAX_PARTS
-    if mma and not (wbytes == 1 and d % 16 == 0 and all(lm.supports(n, k) for n, k in (
+    if mma and not (wbytes == 1 and all(lm.supports(n, k) for n, k in (
             ((cfg.n_heads + 2 * cfg.n_kv_heads) * 64, d), (d, cfg.n_heads * 64), (2 * f, d),
             (d, f)))):
         return False  # a weight that keeps linear.cu's order under mma: no MMA stack
@@ -97,7 +98,7 @@ def fits(cfg: Any, rows: int, capacity: int, variant: Any, wbytes: int,
             and cfg.n_heads <= most
             and attention_smem(capacity, d, wbytes) + decode_static_bytes(1)
             <= smem_optin_limit()
-            and mlp_smem(d, d, wbytes, mma, False) + 64 <= smem_optin_limit())
+            and mlp_smem(d, d, wbytes, mma, False) + MLP_STATIC_BYTES <= smem_optin_limit())
 
 
 def attention_o(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, wo: DeviceWeight,
