@@ -96,8 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-running", type=int, default=None)
     p.add_argument("--engine-in-process", action="store_true",
                    help="pass --engine-in-process to the server (the engine in its thread)")
-    p.add_argument("--api-servers", type=int, default=1,
-                   help="the server's --api-servers: front processes over one engine")
+    p.add_argument("--api-servers", type=int, default=None,
+                   help="the server's --api-servers: front processes over one engine "
+                        "(default: the server's own, 2 on CUDA and 1 on the CPU)")
     p.add_argument("--both-modes", action="store_true",
                    help="measure the engine in its own process and in-process, alternating")
     p.add_argument("--no-engine-batch1", action="store_true",
@@ -127,7 +128,8 @@ def server_command(args: argparse.Namespace, mode: str, port: int | str) -> list
             cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     if mode == "in-process":
         return cmd + ["--engine-in-process"]
-    return cmd + (["--api-servers", str(args.api_servers)] if args.api_servers > 1 else [])
+    given = args.api_servers is not None
+    return cmd + (["--api-servers", str(args.api_servers)] if given else [])
 
 
 def start_server(args: argparse.Namespace, mode: str) -> tuple[str, subprocess.Popen]:

@@ -15,6 +15,11 @@ from crucible.engine.sampling import SamplingParams
 from crucible.engine.settings import Settings
 from crucible.kernels.variants import parse_variant, startup_report
 
+# The start-up line naming the int8 GEMMs' order (f32 weights take linear.cu's too).
+GEMM_REPORT = {"mma": "GEMMs on the tensor cores (gemm mma; --gemm fma gives the CPU "
+                      "backend's bits)",
+               "fma": "GEMMs on the CUDA cores (gemm fma: linear.cu's order, the CPU's bits)"}
+
 
 def build_engine(args: argparse.Namespace) -> LLMEngine:
     """The flags over the environment's settings, through the one engine factory."""
@@ -31,9 +36,7 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
         print(f"crucible: {info.graphs}", file=sys.stderr)
     if info.device == "cuda":  # say which attention kernel runs
         print(f"crucible: {startup_report(parse_variant(info.attention))}", file=sys.stderr)
-        if info.gemm == "mma":
-            print("crucible: int8 GEMMs on the tensor cores (gemm mma: its own bits; "
-                  "batch-1 decode runs without the decode stack)", file=sys.stderr)
+        print(f"crucible: {GEMM_REPORT[info.gemm]}", file=sys.stderr)
     if not args.profile:
         return engine
     from crucible.backend.profile import ProfiledSampler

@@ -37,6 +37,12 @@ log = logging.getLogger("crucible.server")
 # pays ~1 s of captures for them (bench/mixed-graph-slice-capacity-h200.json). vLLM also
 # picks its batching defaults by entry point.
 SERVE_MIXED_GRAPH_ROWS = 1024
+# HTTP fronts when --api-servers is not given, on CUDA with the engine in its own process.
+# One front serves ~30k streamed tokens/s on one core; under the default mma order the H200
+# engine outruns it at 256 clients, where two fronts gave 1.05-1.10x the output tok/s, a
+# TTFT p50 of 26 ms instead of 122-214 and /health within 8 ms instead of 226-314
+# (bench/serve-fronts-mma-h200.json). The CPU engine is far below one front's rate.
+SERVE_CUDA_FRONTS = 2
 
 
 def parser() -> argparse.ArgumentParser:
@@ -75,14 +81,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-in-process", action="store_true",
                    help="run the engine in a thread of the server process instead of a "
                         "process of its own (the default); for debugging and comparison")
-    p.add_argument("--api-servers", type=int_in(1, 64), default=1,
+    p.add_argument("--api-servers", type=int_in(1, 64), default=None,
                    help="HTTP front processes sharing the port and one engine process: each "
                         "front serves ~30k streamed tokens/s, so a GPU busier than that "
-                        "wants 2-4 (docs/serving.md)")
+                        f"wants 2-4 (default: {SERVE_CUDA_FRONTS} on CUDA, 1 on the CPU or "
+                        "with --engine-in-process; docs/serving.md)")
     p.add_argument("--log-level", default="info", type=str.lower,
                    choices=("debug", "info", "warning", "error", "critical"),
                    help="info logs one access line per request (logger crucible.server.access)")
     return p
+
+
+def default_fronts(device: str, engine_in_process: bool) -> int:
+    """--api-servers when not given: SERVE_CUDA_FRONTS where the engine has a process of
+    its own on a GPU, else one."""
+    return SERVE_CUDA_FRONTS if device == "cuda" and not engine_in_process else 1
 
 
 def _built(model: str, settings: Settings):
@@ -119,7 +132,8 @@ async def _serve(args: argparse.Namespace) -> int:
                                             fronts=args.api_servers, log_level=args.log_level)
     log.info("listening on http://%s:%d (loading %s on %s, %s weights, gemm %s, mixed graphs "
              "to %d rows, engine %s, %d front%s)", args.host, port, args.model,
-             args.resolved_device, args.weights, settings.gemm, settings.mixed_graph_rows,
+             args.resolved_device, args.weights, settings.gemm_order(args.resolved_device),
+             settings.mixed_graph_rows,
              "in this process" if args.engine_in_process else "in its own process",
              args.api_servers, "" if args.api_servers == 1 else "s")
     stop = asyncio.Event()
@@ -141,7 +155,7 @@ async def _serve(args: argparse.Namespace) -> int:
 def serve_main(argv: list[str]) -> int:
     p = parser()
     args = p.parse_args(argv)
-    if args.api_servers > 1 and args.engine_in_process:
+    if args.api_servers is not None and args.api_servers > 1 and args.engine_in_process:
         p.error("--api-servers above 1 needs the engine in its own process "
                 "(drop --engine-in-process)")
     # The device is checked before anything listens: "--device cuda" without a GPU is one
@@ -151,6 +165,8 @@ def serve_main(argv: list[str]) -> int:
     except CrucibleError as exc:
         print(f"llm-engine serve: error: {exc}", file=sys.stderr)
         return 2
+    if args.api_servers is None:
+        args.api_servers = default_fronts(args.resolved_device, args.engine_in_process)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

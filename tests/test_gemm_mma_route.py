@@ -18,14 +18,36 @@ SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576))  # Smo
 
 
 def test_setting_parses_and_refuses_other_values() -> None:
-    assert Settings.from_env({}).gemm == "fma"
-    s = Settings.from_env({"CRUCIBLE_GEMM": " mma "})
+    assert Settings.from_env({}).gemm == "mma"
+    s = Settings.from_env({"CRUCIBLE_GEMM": " fma "})
+    assert s.gemm == "fma" and s.backend_options().gemm == "fma"
+    s = Settings.from_env({"CRUCIBLE_GEMM": "mma"})
     assert s.gemm == "mma" and s.backend_options().gemm == "mma"
     for bad in ("", "MMA", "tensor", "1"):
         with pytest.raises(ConfigError, match="CRUCIBLE_GEMM must be one of fma, mma"):
             Settings.from_env({"CRUCIBLE_GEMM": bad})
     with pytest.raises(ConfigError, match="gemm must be one of fma, mma, got 'bf16'"):
         Settings(gemm="bf16")
+
+
+def test_the_order_named_is_the_one_the_gemms_take() -> None:
+    """mma is the default for int8 weights on CUDA only: f32 weights and the CPU have
+    linear.cu's order, so the backend, the start-up report and the prefix cache's
+    namespace must say fma there (and an explicit mma changes nothing for them)."""
+    for gemm in ("mma", "fma"):
+        assert Settings(gemm=gemm).gemm_order("cuda") == gemm
+        assert Settings(gemm=gemm).gemm_order("cpu") == "fma"
+        f32 = Settings(gemm=gemm, weights="f32")
+        assert f32.gemm_order("cuda") == "fma" and f32.backend_options().gemm == "fma"
+    assert Settings().backend_options().gemm == "mma"
+
+
+def test_a_cpu_engine_reports_the_fma_order() -> None:
+    from crucible.engine import factory
+
+    _, info = factory.build_engine(factory.TINY_MODEL, Settings(device="cpu",
+                                                                graph_warmup=False))
+    assert info.device == "cpu" and info.gemm == "fma"
 
 
 def test_every_model_shape_has_a_form_at_every_size() -> None:
@@ -210,8 +232,9 @@ def test_cli_flag_reaches_the_settings_and_refuses_other_orders(
         generate_settings) -> None:
     from crucible import cli_generate
 
-    for argv, env, want in ((["--gemm", "mma"], None, "mma"), ([], None, "fma"),
-                            ([], "mma", "mma"), (["--gemm", "fma"], "mma", "fma")):
+    for argv, env, want in ((["--gemm", "mma"], None, "mma"), ([], None, "mma"),
+                            ([], "fma", "fma"), (["--gemm", "fma"], "mma", "fma"),
+                            (["--gemm", "mma"], "fma", "mma")):
         monkeypatch.delenv("CRUCIBLE_GEMM", raising=False)
         if env is not None:
             monkeypatch.setenv("CRUCIBLE_GEMM", env)
@@ -225,4 +248,4 @@ def test_serve_takes_the_flag_too() -> None:
     from crucible.cli_serve import parser as serve_parser
 
     assert serve_parser().parse_args(["--gemm", "mma"]).gemm == "mma"
-    assert serve_parser().parse_args([]).gemm is None  # CRUCIBLE_GEMM or fma decides
+    assert serve_parser().parse_args([]).gemm is None  # CRUCIBLE_GEMM or mma decides

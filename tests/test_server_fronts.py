@@ -202,6 +202,15 @@ def test_cli_refuses_fronts_it_cannot_run(argv: list[str], message: str) -> None
     assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
+def test_fronts_default_to_two_on_a_gpu_only() -> None:
+    from crucible.cli_serve import SERVE_CUDA_FRONTS, default_fronts, parser
+
+    assert parser().parse_args([]).api_servers is None  # the device decides
+    assert SERVE_CUDA_FRONTS == 2 and default_fronts("cuda", False) == 2
+    assert default_fronts("cpu", False) == 1
+    assert default_fronts("cuda", True) == 1  # one process: no second front to run
+
+
 def test_every_front_reports_a_dead_engine() -> None:
     """The engine process killed: every front's /health turns 503 naming it (each front's
     link sees the pipe close), whichever front a probe reaches; nothing hangs."""

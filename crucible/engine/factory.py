@@ -39,7 +39,7 @@ class EngineInfo:
     max_running: int
     attention: str
     graphs: str = ""  # what was captured at start-up, for the start-up report
-    gemm: str = "fma"  # the CUDA int8 GEMMs' order (Settings.gemm); the CPU: always fma
+    gemm: str = "fma"  # the order the int8 GEMMs take (Settings.gemm_order)
 
 
 def load(model: str | LoadedModel, settings: Settings) -> LoadedModel:
@@ -107,7 +107,7 @@ def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngin
                       max_queue=cfg.max_queue, max_running=cfg.max_running,
                       attention=settings.attention if device == "cuda"
                       else "numpy reference order", graphs=graphs,
-                      gemm=settings.gemm if device == "cuda" else "fma")
+                      gemm=settings.gemm_order(device))
     return engine, info
 
 

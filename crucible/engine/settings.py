@@ -127,7 +127,9 @@ class Settings:
     prefill_graphs: bool = True
     mixed_graphs: bool = True
     mixed_graph_rows: int = 512  # the largest mixed step a graph replays
-    gemm: str = "fma"  # the CUDA int8 GEMMs' order: fma (linear.cu) or mma (linear_mma.cu)
+    # The CUDA int8 GEMMs' order: mma (linear_mma.cu, tensor cores; the default since its
+    # batch-1 decode caught up: docs/throughput.md) or fma (linear.cu, the CPU's bits).
+    gemm: str = "mma"
     graph_warmup: bool = True  # capture the decode graphs at start-up (engine factory)
     pdl: bool = True
     decode_stack: bool = True
@@ -223,8 +225,14 @@ class Settings:
                               prefill_graphs=self.prefill_graphs,
                               mixed_graphs=self.mixed_graphs,
                               mixed_graph_rows=self.mixed_graph_rows, pdl=self.pdl,
-                              decode_stack=self.decode_stack, gemm=self.gemm,
+                              decode_stack=self.decode_stack, gemm=self.gemm_order(),
                               cpu_threads=self.cpu_threads)
+
+    def gemm_order(self, device: str = "cuda") -> str:
+        """The order the GEMMs really take: ``gemm`` for int8 weights on CUDA; f32 weights
+        and the CPU have linear.cu's order only, so naming mma there would be untrue (and
+        would split the prefix cache's namespace for nothing)."""
+        return self.gemm if device == "cuda" and self.weights == "int8" else "fma"
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(token_budget=self.token_budget, chunk_cap=self.chunk_cap,
