@@ -6,6 +6,7 @@ import argparse
 
 from crucible.arg_types import int_in, non_negative_int, positive_int  # noqa: F401 (re-exported)
 from crucible.backend.options import GEMMS, MIXED_GRAPH_ROWS
+from crucible.engine.settings import RUNNING_CAP
 from crucible.engine.sizes import UNITS_HELP, parse_bytes
 from crucible.errors import ConfigError
 from crucible.model.fetch import DEFAULT_MODEL
@@ -91,8 +92,9 @@ def api_key(text: str) -> str:
     return text
 
 
-def add_pool_options(g: argparse._ArgumentGroup) -> None:
-    """The KV pool and scheduler limits (generate, chat and serve share them)."""
+def add_pool_options(g: argparse._ArgumentGroup, budget_default: int = 2048) -> None:
+    """The KV pool and scheduler limits (generate, chat and serve share them).
+    ``budget_default``: what --token-budget falls back to (serve's is its own)."""
     pool = g.add_mutually_exclusive_group()
     pool.add_argument("--num-pages", type=positive_int, default=None,
                       help="KV pages of 16 positions in the pool (default: two full contexts "
@@ -103,13 +105,13 @@ def add_pool_options(g: argparse._ArgumentGroup) -> None:
     pool.add_argument("--gpu-memory-fraction", type=probability, default=None, metavar="F",
                       help="CUDA: the fraction of the memory free after weights and step "
                            "scratch that the KV pool takes (default: 0.9)")
-    g.add_argument("--token-budget", type=positive_int, default=1024,
-                   help="rows per packed step")
+    g.add_argument("--token-budget", type=positive_int, default=None,
+                   help=f"rows per packed step (default: {budget_default})")
     g.add_argument("--chunk-cap", type=positive_int, default=None,
                    help="longest prefill slice of one request per step (default: off)")
     g.add_argument("--max-running", type=positive_int, default=None,
                    help="admitted requests holding pages at once (default: half the token "
-                        "budget)")
+                        f"budget, at most {RUNNING_CAP})")
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

@@ -37,6 +37,11 @@ log = logging.getLogger("crucible.server")
 # pays ~1 s of captures for them (bench/mixed-graph-slice-capacity-h200.json). vLLM also
 # picks its batching defaults by entry point.
 SERVE_MIXED_GRAPH_ROWS = 1024
+# A server's own token budget (LLM and generate: Settings' 2,048). A decode row waits a
+# whole step for its next token, and a step of 2,048 rows takes ~20 ms on the H200 where
+# one of 1,024 takes ~12 (docs/throughput.md): an offline batch gains 1.09-1.15x from the
+# larger steps, a stream's inter-token gap would double.
+SERVE_TOKEN_BUDGET = 1024
 # HTTP fronts when --api-servers is not given, on CUDA with the engine in its own process.
 # One front serves ~30k streamed tokens/s on one core; under the default mma order the H200
 # engine outruns it at 256 clients, where two fronts gave 1.05-1.10x the output tok/s, a
@@ -62,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
     add_gemm_option(p, rows_default=SERVE_MIXED_GRAPH_ROWS)
     p.add_argument("--max-queue", type=positive_int, default=64,
                    help="waiting-queue bound; beyond it requests get 429 at once")
-    add_pool_options(p.add_argument_group("pool and scheduler"))
+    add_pool_options(p.add_argument_group("pool and scheduler"), SERVE_TOKEN_BUDGET)
     p.add_argument("--seed", type=non_negative_int, default=0,
                    help="base seed for unseeded requests")
     p.add_argument("--api-key", type=api_key, default=None,
@@ -107,7 +112,8 @@ def _built(model: str, settings: Settings):
 def serve_settings(args: argparse.Namespace,
                    environ: Mapping[str, str] | None = None) -> Settings:
     """The flags over the environment over the server's defaults."""
-    return Settings.from_env(environ, defaults={"mixed_graph_rows": SERVE_MIXED_GRAPH_ROWS},
+    return Settings.from_env(environ, defaults={"mixed_graph_rows": SERVE_MIXED_GRAPH_ROWS,
+                                                "token_budget": SERVE_TOKEN_BUDGET},
                              device=args.device, weights=args.weights, gemm=args.gemm,
                              mixed_graph_rows=args.mixed_graph_rows, num_pages=args.num_pages,
                              kv_cache_memory=args.kv_cache_memory,

@@ -60,3 +60,18 @@ def test_serve_defaults_to_1024_rows() -> None:
         assert got.mixed_graph_rows == want, (argv, env)
     shown = " ".join(parser().format_help().split())
     assert "(default: CRUCIBLE_MIXED_GRAPH_ROWS or 1024)" in shown
+
+
+def test_serve_keeps_a_budget_of_1024_and_generate_takes_2048(generate_settings) -> None:
+    """A stream waits a whole step for each token, so a server keeps the smaller steps;
+    an offline run takes the larger (SERVE_TOKEN_BUDGET against Settings' default)."""
+    from crucible.cli_serve import SERVE_TOKEN_BUDGET, parser, serve_settings
+    from crucible.engine.settings import Settings
+
+    assert SERVE_TOKEN_BUDGET == 1024 != Settings().token_budget == 2048
+    for argv, want in (([], 1024), (["--token-budget", "4096"], 4096)):
+        got = serve_settings(parser().parse_args(argv), {})
+        assert got.token_budget == want and got.running_limit() == 512, argv
+    assert generate_settings([]).token_budget == 2048
+    assert generate_settings(["--token-budget", "96"]).running_limit() == 48
+    assert "(default: 1024)" in " ".join(parser().format_help().split())

@@ -22,7 +22,7 @@ def test_defaults_without_environment() -> None:
     assert s.attention == "exact-q4-k64" and s.weights == "int8" and s.device == "auto"
     assert s.decode_graphs and s.prefill_graphs and s.pdl and s.decode_stack and s.pipeline
     assert s.cpu_threads is None and s.cache_dir is None and s.num_pages is None
-    assert (s.token_budget, s.chunk_cap, s.max_queue, s.max_running) == (1024, None, 64, None)
+    assert (s.token_budget, s.chunk_cap, s.max_queue, s.max_running) == (2048, None, 64, None)
     assert s.kv_cache_memory is None and s.gpu_memory_fraction is None
 
 
@@ -113,8 +113,15 @@ def test_bad_arguments_name_the_problem(kw: dict, match: str) -> None:
         Settings(**kw)
 
 
-def test_max_running_defaults_to_half_the_budget() -> None:
-    assert Settings().running_limit() == 512
+def test_max_running_defaults_to_half_the_budget_up_to_the_decode_graphs() -> None:
+    from crucible.backend.options import DECODE_GRAPH_ROWS
+    from crucible.engine.settings import RUNNING_CAP
+
+    assert RUNNING_CAP == DECODE_GRAPH_ROWS == 512
+    assert Settings().running_limit() == 512  # half of 2,048 would pass the decode graphs
+    assert Settings(token_budget=1024).running_limit() == 512
+    assert Settings(token_budget=1000).running_limit() == 500
+    assert Settings(token_budget=8192, max_running=2000).running_limit() == 2000
     assert Settings(token_budget=64).scheduler_config().max_running == 32
     assert Settings(token_budget=1).running_limit() == 1
     assert Settings(max_running=7).scheduler_config().max_running == 7
@@ -138,7 +145,7 @@ def test_backend_options_carry_the_settings() -> None:
     o = s.backend_options()
     assert (o.attention, o.pdl, o.decode_stack, o.decode_graphs, o.prefill_graphs,
             o.cpu_threads) == ("online-q1-k16", False, False, False, True, 2)
-    assert s.scheduler_config().token_budget == 1024
+    assert s.scheduler_config().token_budget == 2048
 
 
 def test_nothing_below_the_entry_points_reads_the_environment() -> None:

@@ -45,12 +45,14 @@ import numpy as np
 from crucible.backend.cupy_capture import Captured, capture_forward
 from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
+from crucible.backend.options import DECODE_GRAPH_ROWS
 from crucible.step.batch import PackedBatch
 
-# Up to the default max_running (half the default token budget): under load most decode
+# Up to the default max_running (options.DECODE_GRAPH_ROWS): under load most decode
 # steps have hundreds of rows, and eagerly such a step costs ~9 ms of launches on the host
 # (bench/mixed-step-h200.json, "decode 256"). Steps past 64 rows pad by at most a quarter.
-BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 448, 512)
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 448,
+           DECODE_GRAPH_ROWS)
 MAX_PAIRS = 32  # (bucket, capacity) keys, two graphs each
 CAPACITY_FLOOR = 2048  # the first capacity class (positions)
 CAPACITY_STEP = 1024  # the classes past it

@@ -8,6 +8,9 @@ from crucible.kernels.variants import DEFAULT_VARIANT
 
 # What mixed_graph_rows may be: the mixed graphs' row buckets from 128 (cupy_mixed_graphs).
 MIXED_GRAPH_ROWS = (128, 192, 256, 384, 512, 640, 768, 1024)
+# The largest decode step a CUDA graph replays (cupy_graphs.BUCKETS' last): past it a
+# decode step launches eagerly, ~9 ms of host launches at hundreds of rows.
+DECODE_GRAPH_ROWS = 512
 # The int8 GEMMs' order: linear.cu's fma chains on the CUDA cores, or linear_mma.cu's exact
 # bf16-part products on the tensor cores. One order for every GEMM of a backend.
 GEMMS = ("fma", "mma")

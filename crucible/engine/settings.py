@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from crucible.backend.cpu_ext import MAX_THREADS
-from crucible.backend.options import GEMMS, MIXED_GRAPH_ROWS, BackendOptions
+from crucible.backend.options import DECODE_GRAPH_ROWS, GEMMS, MIXED_GRAPH_ROWS, BackendOptions
 from crucible.engine.scheduler import SchedulerConfig
 from crucible.engine.sizes import parse_bytes
 from crucible.errors import ConfigError
@@ -23,6 +23,10 @@ from crucible.kernels.variants import DEFAULT_VARIANT, parse_variant
 
 DEVICES = ("auto", "cpu", "cuda")
 WEIGHTS = ("int8", "f32")
+# The default max_running's ceiling: a running decode past the decode graphs' largest step
+# makes eager decode steps (a 2,048-token budget with 1,024 running: 0.88x,
+# bench/throughput-h200-token-budget.json).
+RUNNING_CAP = DECODE_GRAPH_ROWS
 DEFAULT_GPU_MEMORY_FRACTION = 0.9  # of the device memory left after weights and scratch
 
 
@@ -139,10 +143,10 @@ class Settings:
     num_pages: int | None = None  # None: sized by kv_cache_memory / gpu_memory_fraction
     kv_cache_memory: int | None = None  # bytes for the KV pool (CUDA); parse_bytes("40GiB")
     gpu_memory_fraction: float | None = None  # of free memory after weights and scratch
-    token_budget: int = 1024
+    token_budget: int = 2048  # rows a step packs (serve's own default: 1,024; cli_serve)
     chunk_cap: int | None = None
     max_queue: int = 64
-    max_running: int | None = None  # None: half the token budget (default_max_running)
+    max_running: int | None = None  # None: half the budget, at most RUNNING_CAP
     seed: int = 0
     prefix_cache_size: int | None = None  # bytes of cached pages; None: the pool; 0: off
     prefix_cache_max_tokens: int = 8192  # longest retained prefix per chain
@@ -239,7 +243,7 @@ class Settings:
                                max_queue=self.max_queue, max_running=self.running_limit())
 
     def running_limit(self) -> int:
-        """``max_running``, or half the token budget: every running decode takes one row of
-        a step, and half the budget stays for prefill slices."""
+        """``max_running``, or half the token budget up to RUNNING_CAP: every running
+        decode takes one row of a step, and half the budget stays for prefill slices."""
         return self.max_running if self.max_running is not None \
-            else max(1, self.token_budget // 2)
+            else max(1, min(self.token_budget // 2, RUNNING_CAP))
