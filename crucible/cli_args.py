@@ -6,7 +6,7 @@ import argparse
 
 from crucible.arg_types import int_in, non_negative_int, positive_int  # noqa: F401 (re-exported)
 from crucible.backend.options import GEMMS, MIXED_GRAPH_ROWS
-from crucible.engine.settings import RUNNING_CAP
+from crucible.engine.settings import RUNNING_CAP, Settings
 from crucible.engine.sizes import UNITS_HELP, parse_bytes
 from crucible.errors import ConfigError
 from crucible.model.fetch import DEFAULT_MODEL
@@ -92,7 +92,8 @@ def api_key(text: str) -> str:
     return text
 
 
-def add_pool_options(g: argparse._ArgumentGroup, budget_default: int = 2048) -> None:
+def add_pool_options(g: argparse._ArgumentGroup,
+                     budget_default: int = Settings.token_budget) -> None:
     """The KV pool and scheduler limits (generate, chat and serve share them).
     ``budget_default``: what --token-budget falls back to (serve's is its own)."""
     pool = g.add_mutually_exclusive_group()
@@ -126,7 +127,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     add_pool_options(g)
 
 
-def add_gemm_option(g: argparse._ActionsContainer, rows_default: int = 512) -> None:
+def add_gemm_option(g: argparse._ActionsContainer,
+                    rows_default: int = Settings.mixed_graph_rows) -> None:
     """The CUDA knobs that trade one workload's speed for another's (never the bits of a
     given order: a graph replays its eager step bit for bit). ``rows_default``: what
     --mixed-graph-rows falls back to (serve's is its own)."""

@@ -39,8 +39,9 @@ log = logging.getLogger("crucible.server")
 SERVE_MIXED_GRAPH_ROWS = 1024
 # A server's own token budget (LLM and generate: Settings' 2,048). A decode row waits a
 # whole step for its next token, and a step of 2,048 rows takes ~20 ms on the H200 where
-# one of 1,024 takes ~12 (docs/throughput.md): an offline batch gains 1.09-1.15x from the
-# larger steps, a stream's inter-token gap would double.
+# one of 1,024 takes ~12: an offline batch gains 1.10-1.44x from the larger steps
+# (bench/token-budget-mma-h200.json), a stream's gaps grow with the step, and 64 cached
+# chat users waited 46.7 ms for a first token instead of 36.8 (docs/prefix-cache.md).
 SERVE_TOKEN_BUDGET = 1024
 # HTTP fronts when --api-servers is not given, on CUDA with the engine in its own process.
 # One front serves ~30k streamed tokens/s on one core; under the default mma order the H200
@@ -161,7 +162,7 @@ async def _serve(args: argparse.Namespace) -> int:
 def serve_main(argv: list[str]) -> int:
     p = parser()
     args = p.parse_args(argv)
-    if args.api_servers is not None and args.api_servers > 1 and args.engine_in_process:
+    if (args.api_servers or 1) > 1 and args.engine_in_process:
         p.error("--api-servers above 1 needs the engine in its own process "
                 "(drop --engine-in-process)")
     # The device is checked before anything listens: "--device cuda" without a GPU is one
