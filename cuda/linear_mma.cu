@@ -79,7 +79,7 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
         for (int c = 0; c < NT; ++c)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                total[i][c][e] = 0.0f;  // the parts start from 0 at each block's step 0
+                total[i][c][e] = part[i][c][0][e] = part[i][c][1][e] = part[i][c][2][e] = 0.0f;
     const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // Codes of column g of each tile at k = kb + 16 t (a lane's 16 bytes of block kb / 64).
     const signed char* wq[NT];
@@ -146,13 +146,7 @@ linear_mma(const float* __restrict__ x, const signed char* __restrict__ w,
                 unsigned a[3][4];
                 cru_split_a(v0, v1, a);
 #pragma unroll
-                for (int c = 0; c < NT; ++c) {
-                    if (j == 0) {
-                        cru_mma3<ONE_ACC, true>(part[i][c], a, b[c]);
-                    } else {
-                        cru_mma3<ONE_ACC>(part[i][c], a, b[c]);
-                    }
-                }
+                for (int c = 0; c < NT; ++c) cru_mma3<ONE_ACC>(part[i][c], a, b[c]);
             }
         }
 #pragma unroll

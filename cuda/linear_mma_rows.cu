@@ -112,7 +112,11 @@ linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
                 if (r1 < M) v1[j] = cru_norm4(v1[j], inv[g + 8], norm_w, kt + 4 * j);
             }
         }
-        float part[NT][3][4];  // from 0 at step 0 (cru_mma3<.., true>)
+        float part[NT][3][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[n][0][e] = part[n][1][e] = part[n][2][e] = 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             unsigned a[3][4];
@@ -121,11 +125,7 @@ linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
             for (int n = 0; n < NT; ++n) {
                 unsigned b[2];
                 cru_codes_b(cru_word(q[n], j), b);
-                if (j == 0) {
-                    cru_mma3<ONE_ACC, true>(part[n], a, b);
-                } else {
-                    cru_mma3<ONE_ACC>(part[n], a, b);
-                }
+                cru_mma3<ONE_ACC>(part[n], a, b);
             }
         }
         float* out = blk + (size_t)c * 16 * TW;

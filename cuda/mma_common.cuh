@@ -67,46 +67,20 @@ __device__ __forceinline__ void cru_mma(float (&c)[4], const unsigned (&a)[4],
 #endif
 }
 
-// d = A B + 0 over one step: an accumulator's first step, C read as +0.0 (the value zeroed
-// registers would hold, so the same bits) without registers to zero before every block.
-__device__ __forceinline__ void cru_mma0(float (&d)[4], const unsigned (&a)[4],
-                                         const unsigned (&b)[2]) {
-#ifdef CRU_HOST_SHIM
-    d[0] = d[1] = d[2] = d[3] = 0.0f;
-    cru_host_mma(d, a, b);
-#else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%10,%10,%10,%10};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.0f));
-#endif
-}
-
 // One block step j for the three parts (ONE_ACC: all into p[0], the checks' control).
-// FIRST (step 0): each accumulator starts from 0 here, whatever p held.
-template <bool ONE_ACC, bool FIRST = false>
+template <bool ONE_ACC>
 __device__ __forceinline__ void cru_mma3(float (&p)[3][4], const unsigned (&a)[3][4],
                                          const unsigned (&b)[2]) {
-    if (FIRST) {
-        cru_mma0(p[0], a[0], b);
-    } else {
-        cru_mma(p[0], a[0], b);
-    }
-    if (FIRST && !ONE_ACC) {
-        cru_mma0(p[1], a[1], b);
-        cru_mma0(p[2], a[2], b);
-    } else {
-        cru_mma(p[ONE_ACC ? 0 : 1], a[1], b);
-        cru_mma(p[ONE_ACC ? 0 : 2], a[2], b);
-    }
+    cru_mma(p[0], a[0], b);
+    cru_mma(p[ONE_ACC ? 0 : 1], a[1], b);
+    cru_mma(p[ONE_ACC ? 0 : 2], a[2], b);
 }
 
-// total + the block's value (lo + mid) + hi, element e (the next block's step 0 restarts
-// the parts from 0: cru_mma3<.., true>).
+// total + the block's value (lo + mid) + hi, element e; the parts are then zeroed.
 template <bool ONE_ACC>
-__device__ __forceinline__ float cru_block_add(float total, const float (&p)[3][4], int e) {
+__device__ __forceinline__ float cru_block_add(float total, float (&p)[3][4], int e) {
     const float b = ONE_ACC ? p[0][e] : __fadd_rn(__fadd_rn(p[2][e], p[1][e]), p[0][e]);
+    p[0][e] = p[1][e] = p[2][e] = 0.0f;
     return __fadd_rn(total, b);
 }
 

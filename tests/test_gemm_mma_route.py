@@ -249,36 +249,3 @@ def test_serve_takes_the_flag_too() -> None:
 
     assert serve_parser().parse_args(["--gemm", "mma"]).gemm == "mma"
     assert serve_parser().parse_args([]).gemm is None  # CRUCIBLE_GEMM or mma decides
-
-
-def test_split_once_forms_route_where_the_table_says(
-        fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    """linear_mma_smem.cu's forms (3-tuples) are picked only for weights with their codes as
-    bf16 and only where SMEM_ROUTE routes them; linear_mma then launches that kernel. Its
-    shape rule is whole 64-blocks and whole 32 WN-column tiles."""
-    from crucible.kernels import linear_mma_smem as ls
-    from crucible.kernels.device_weight import DeviceWeight
-
-    assert ls.fits(960, 576, (2, 2, True)) and not ls.fits(960, 576, (2, 4, True))
-    assert not ls.fits(576, 560, (2, 2, True)) and ls.fits(3072, 576, (1, 4, False))
-    assert ls.smem_bytes((2, 2, False)) == 136 * (3 * 64 + 2 * 64)
-    assert ls.smem_bytes((2, 2, True)) == 136 * (6 * 64 + 2 * 64)
-    monkeypatch.setattr(lm, "SMEM_ROUTE", (((2048, 8192), 256, (2, 4, True)),
-                                           ((0, 2048), 512, (2, 2, True))))
-    assert lm.pick_form(512, 3072, 576, smem=True) == (2, 4, True)
-    assert lm.pick_form(255, 3072, 576, smem=True) == lm.pick_form(255, 3072, 576)
-    assert lm.pick_form(512, 3072, 576) == (2, 4, 4, 1)  # no bf16 codes: the tile kernel
-    assert lm.pick_form(512, 960, 576, smem=True) == (2, 2, True)
-    assert lm.pick_form(511, 960, 576, smem=True) == lm.pick_form(511, 960, 576)
-    assert lm.pick_form(4096, 49152, 576, smem=True) == lm.pick_form(4096, 49152, 576)
-    seen: list = []
-    monkeypatch.setattr(ls, "launch_form", lambda x, wd, out, residual, form, m, n, k, pdl:
-                        seen.append((form, residual is not None, pdl, m)) or out)
-    w = weight(960, 576)
-    wb = DeviceWeight(None, w.w, w.scale, dev((960, 576), np.uint16))
-    x, out = dev((600, 576)), dev((600, 960))
-    lm.linear_mma(x, wb, out, pdl=True)
-    assert seen == [((2, 2, True), False, True, 600)]
-    for w_, kw in ((wb, {"one_acc": True}), (w, {})):
-        with pytest.raises(ValueError, match="split-once form needs the codes as bf16"):
-            lm.linear_mma(x, w_, out, form=(2, 2, True), **kw)

@@ -17,7 +17,6 @@ pytestmark = pytest.mark.gpu  # tests/conftest.py skips them without a CUDA devi
 
 from crucible.kernels import linear as ck  # noqa: E402
 from crucible.kernels import linear_mma as lm  # noqa: E402
-from crucible.kernels import linear_mma_smem as ls  # noqa: E402
 from crucible.kernels.device_weight import upload_weight  # noqa: E402
 
 NK = ((960, 576), (576, 1536), (64, 64), (128, 192))
@@ -58,27 +57,6 @@ def test_every_form_and_m_gives_the_same_rows(n: int, k: int, with_res: bool) ->
                 got = lm.linear_mma(x[:m], w, cp.full((m, n), cp.nan, cp.float32), r,
                                     form=form, prefetch=pf, bf16=w is wdb or None)
                 assert same(got, ref[:m]), f"form {form} M={m} prefetch={pf} bf16={w is wdb}"
-
-
-@pytest.mark.parametrize("n,k", NK)
-@pytest.mark.parametrize("with_res", (False, True))
-def test_smem_forms_give_the_same_rows(n: int, k: int, with_res: bool) -> None:
-    """linear_mma_smem.cu (x split once per CTA) gives linear_mma's bits in every form at
-    every M; without the codes as bf16 it is refused."""
-    _, x, wd, res = case(n, k, 2 * n + k)
-    wdb = upload_weight(wd.w.get(), wd.scale.get(), bf16=True)
-    res = res if with_res else None
-    ref = lm.linear_mma(x, wd, cp.empty((1024, n), cp.float32), res, form=lm.CONTROL)
-    forms = [f for f in ls.FORMS if ls.fits(n, k, f)]
-    assert len(forms) >= 4
-    for form in forms:
-        for m in M_ALL:
-            r = None if res is None else res[:m]
-            got = ls.linear_mma_smem(x[:m], wdb, cp.full((m, n), cp.nan, cp.float32), r,
-                                     form=form)
-            assert same(got, ref[:m]), f"smem form {form} M={m}"
-    with pytest.raises(ValueError, match="codes as bf16"):
-        ls.linear_mma_smem(x[:64], wd, cp.empty((64, n), cp.float32), form=forms[0])
 
 
 @pytest.mark.parametrize("n,k", NK[:2])

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from crucible.kernels import linear_mma_smem as ls
 from crucible.kernels.device_weight import DeviceWeight, check_linear, check_out, check_x, need
 from crucible.kernels.launch import launch
 from crucible.kernels.source import cached_module
@@ -62,11 +61,6 @@ PF_MAX_CTAS = 264
 # shapes (gate/up 1.04-1.10x, the LM head 1.02-1.03x); below, twice the bytes cost more than
 # the conversion saves (qkv, o, down at 256 rows 0.94-0.97x). bench/gemm-mma-bw-h200.json.
 BW_FROM_M, BW_WIDE_FROM_M = 512, 128
-
-
-# The split-once kernel (linear_mma_smem.cu) by columns: ((N from, N below), M from, form).
-# Provisional until bench/gemm_mma_smem.py has timed it on the H200.
-SMEM_ROUTE: tuple[tuple[tuple[int, int], int, tuple[int, int, bool]], ...] = ()
 
 
 def bw_wanted(m: int, n: int) -> bool:
@@ -126,8 +120,6 @@ def fits(n: int, k: int, form: tuple[int, ...], norm: bool = False, m: int = 16)
     its static 576 bytes) in 48 KiB; the one-row form's B fragments (384 bytes a block) too."""
     if len(form) == 1:
         return k % 64 == 0 and n % 16 == 0 and 384 * (k // 64) <= SMEM_DEFAULT
-    if len(form) == 3:
-        return not norm and ls.fits(n, k, form)  # type: ignore[arg-type]
     nt, wn = (form[0], 1) if len(form) == 2 else (form[1], form[3])
     return k % 64 == 0 and n % (8 * nt * wn) == 0 and (
         len(form) == 4 or row_smem(k, nt, m if norm else 0) + NORM_SMEM * norm <= SMEM_DEFAULT)
@@ -139,16 +131,11 @@ def supports(n: int, k: int) -> bool:
     return k % 64 == 0 and n % 16 == 0 and row_smem(k, 1) <= SMEM_DEFAULT
 
 
-def pick_form(m: int, n: int, k: int, smem: bool = False) -> tuple[int, ...]:
+def pick_form(m: int, n: int, k: int) -> tuple[int, ...]:
     """A form for the shape, by bench/gemm-mma-h200.json (fastest or within 7% at each of
     the default model's shapes); any form gives the same bits. The rows kernel up to 128
-    rows (the LM head's 49,152 columns give the tile kernel enough CTAs from 2 rows).
-    ``smem``: the weight has its codes as bf16, so the split-once kernel may take it
-    (linear_mma_smem.py, a 3-tuple form) where ``smem_form`` routes it."""
+    rows (the LM head's 49,152 columns give the tile kernel enough CTAs from 2 rows)."""
     head, wide = n >= 8192, n >= 2048
-    picked = smem_form(m, n, k) if smem else None
-    if picked is not None:
-        return picked
     if ROW1_ROUTED and m == 1 and n >= ROW1_FROM_N:
         order: tuple[tuple[int, ...], ...] = (ROW1_FORMS[0],)
     elif head:
@@ -165,15 +152,6 @@ def pick_form(m: int, n: int, k: int, smem: bool = False) -> tuple[int, ...]:
         if fits(n, k, form):
             return form
     raise ValueError(f"linear_mma: no form fits N={n}, K={k}")
-
-
-def smem_form(m: int, n: int, k: int) -> tuple[int, bool, bool] | None:
-    """The split-once kernel's form for an M x N x K GEMM where it is routed (SMEM_ROUTE:
-    the fewest rows, by N), or None."""
-    for (min_n, max_n), from_m, form in SMEM_ROUTE:
-        if min_n <= n < max_n and m >= from_m and ls.fits(n, k, form):
-            return form
-    return None
 
 
 def fused_form(m: int, n: int, k: int, swiglu: bool = False,
@@ -229,15 +207,11 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
         need(form is not None and len(form) in (1, 2) and not (swiglu and (
             len(form) == 1 or form[0] % 2)), f"linear_mma: no fused rows form for M={m}, "
              f"N={n}, K={k}")
-    form = form or pick_form(m, n, k, smem=wd.wb is not None and not one_acc)
+    form = form or pick_form(m, n, k)
     need(fits(n, k, form, norm is not None, m),
          f"linear_mma: form {form} does not fit N={n}, K={k}")
     for a in (x, wd.w, out, residual, norm):
         need(a is None or a.data.ptr % 16 == 0, "linear_mma: arrays must be 16-byte aligned")
-    if len(form) == 3:  # the split-once kernel: its codes as bf16
-        need(not one_acc and wd.wb is not None and wd.wb.data.ptr % 16 == 0,
-             "linear_mma: a split-once form needs the codes as bf16 and no control")
-        return ls.launch_form(x, wd, out, residual, form, m, n, k, pdl)  # type: ignore[arg-type]
     need(len(form) != 1 or (m <= 1 and not one_acc),
          f"linear_mma: the one-row form {form} takes one row and no control, got M={m}")
     if m == 0:

@@ -12,15 +12,13 @@
 // sentinel, so an output the kernel fails to write shows. Then the fused rows forms
 // (RMSNorm prologue against rowops_ref.h's tree, with and without the SwiGLU epilogue) on
 // the three-block cases, and the one-row form (plain, with the residual and with the
-// RMSNorm prologue; PB 9 holds every block, PB 2 streams the third), and every
-// linear_mma_smem form on the tile cases at N = 128. `descending` makes
+// RMSNorm prologue; PB 9 holds every block, PB 2 streams the third). `descending` makes
 // the reference add the block values in descending order: the negative control, which
 // must fail exactly the runs of three blocks (two add the same either way).
 #include "prelude.h"
 #include "linear_mma.cu"
 #include "linear_mma_rows.cu"
 #include "linear_mma_row1.cu"
-#include "linear_mma_smem.cu"
 #include "mma_ref.h"
 #include "rowops_ref.h"
 
@@ -97,28 +95,6 @@ int tile(const Case& c, bool with_res) {
     snprintf(what, sizeof what, "tile %dx%dx%dx%d%s%s", MT, NT, WM, WN, PF ? " prefetch" : "",
              BW ? " bf16 codes" : "");
     return compare(c, y, with_res, what);
-}
-
-// linear_mma_smem.cu (linear_mma_smem.py's launch: a 32 WM x 32 WN tile a CTA, the codes
-// as bf16, the parts and two code stages in dynamic shared memory).
-template <int WM, int WN, bool DB>
-int smem(const Case& c, bool with_res) {
-    std::vector<float> y((size_t)c.M * c.N, -777.0f);
-    const std::vector<unsigned short> wb = codes_bf16(c.w);
-    dim3 grid{(unsigned)(c.N / (32 * WN)), (unsigned)((c.M + 32 * WM - 1) / (32 * WM)), 1};
-    run_grid(grid, {(unsigned)(32 * WM * WN), 1, 1}, [&] {
-        linear_mma_smem<WM, WN, DB>(c.x.data(), wb.data(), c.sc.data(),
-                                    with_res ? c.res.data() : nullptr, y.data(), c.M, c.N, c.K);
-    });
-    char what[64];
-    snprintf(what, sizeof what, "smem %dx%d%s", WM, WN, DB ? " db" : "");
-    return compare(c, y, with_res, what);
-}
-
-static int all_smem(const Case& c, bool r) {
-    return smem<2, 2, true>(c, r) + smem<2, 2, false>(c, r) + smem<4, 2, true>(c, r) +
-           smem<4, 2, false>(c, r) + smem<2, 4, true>(c, r) + smem<2, 4, false>(c, r) +
-           smem<1, 4, true>(c, r) + smem<1, 4, false>(c, r);
 }
 
 template <int NT>
@@ -229,10 +205,6 @@ int main(int argc, char** argv) {
         const Case c = make(t[0], 64, t[1], g);
         fails += all_tiles<false>(c, t[2] != 0) + all_tiles<true>(c, t[2] != 0);
         runs += 20;
-    }
-    for (auto& t : tile_cases) {  // the smem forms: N = 128 holds every form's column tile
-        fails += all_smem(make(t[0], 128, t[1], g), t[2] != 0);
-        runs += 8;
     }
     for (auto& t : rows_cases) {
         fails += all_rows(make(t[0], 64, t[1], g), t[2] != 0);

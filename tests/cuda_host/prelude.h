@@ -54,10 +54,6 @@ struct alignas(16) uint4 {
 struct float2 {
     float x, y;
 };
-struct alignas(8) uint2 {
-    unsigned x, y;
-};
-inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
