@@ -1,19 +1,27 @@
-"""The CuPy backend's own Python per eager forward, on a machine without a GPU: what the
-wrappers cost a step before CuPy's own launch and allocation costs come on top.
+"""Whose host time an eager forward is: our wrappers', the kernel launches' or the stages'
+allocations. Runs without a GPU on a stand-in CuPy, or on the GPU with the real one.
 
-    python3 bench/eager_host.py [--gemm mma] [--cases "mixed 1024,decode 256"] [--rounds 20]
-        [--profile] [--json PATH]
+    python3 bench/eager_host.py [--device fake|cuda] [--gemm mma] [--rounds 10]
+        [--cases "mixed 1024,prefill 1024,decode 256"] [--profile] [--json PATH]
 
 Why: on the H200 an eager forward of 30 layers takes ~10-12.5 ms of host time
 (bench/mixed_step.py's ``host_ms``), as long as the GPU takes for a 1,024-row mixed step
-under mma (12.5 ms), so such steps are bound by the host. This splits off our part:
-bench/fake_cupy.py stands in for CuPy (kernels count their launches and return, arrays are
-host arrays), and the real CupyBackend runs ``ModelRunner._forward_meta`` over
-bench/mixed_step.py's batches (random weights of the default model's shapes, context 2,048).
-Figures: host ms per forward (wall clock; median and min-max over ``--rounds`` after three
-warm-ups), launches per forward, and us per launch. ``--profile``: the top of a cProfile of
-five forwards of each case. The rest of the H200's host time is CuPy's: the launch (~7.4 us
-each, docs/DEVICE.md's figure) and the pool allocations of the stages' outputs.
+under mma (12.5 ms), so such steps are bound by the host.
+
+The real CupyBackend runs ``ModelRunner._forward_meta`` over bench/mixed_step.py's batches
+(random weights of the default model's shapes, context 2,048), each forward timed on the
+host clock, in four variants alternating within each round:
+  full        as the engine runs it;
+  no-launch   every launch through ``kernels.launch.launch`` skipped (all of the mma path's);
+  no-alloc    the stages' outputs (``CupyBackend.new``) handed out again from a cache by
+              shape instead of allocated (the values are garbage: host time only);
+  neither     both.
+So full - no-launch is what the launches cost the host, full - no-alloc the allocations,
+and neither what is left: our wrappers' own Python. ``--device fake`` (the default) puts
+bench/fake_cupy.py in CuPy's place: kernels count their launches and return, arrays are host
+arrays, so ``full`` there is our Python alone. Figures: host ms per forward, median and
+min-max over ``--rounds`` after three warm-ups; launches per forward (fake only).
+``--profile``: the top of a cProfile of five full forwards of each case.
 """
 
 from __future__ import annotations
@@ -25,22 +33,59 @@ import pstats
 import statistics
 import sys
 import time
+from typing import Any, Callable
 
 import numpy as np
 
 import fake_cupy
 from common import SMOLLM2, stat, write_json
 
+VARIANTS = ("full", "no-launch", "no-alloc", "neither")
+
+
+def patch(variant: str, be: Any) -> Callable[[], None]:
+    """Apply a variant to the backend and the kernel modules; returns the undo."""
+    import crucible.kernels.launch as kl
+
+    orig = kl.launch
+    mods = [m for m in list(sys.modules.values())
+            if getattr(m, "__name__", "").startswith("crucible.")
+            and getattr(m, "launch", None) is orig]
+    if variant in ("no-launch", "neither"):
+        for m in mods:
+            m.launch = lambda *a, **k: None
+    if variant in ("no-alloc", "neither"):
+        cache: dict[tuple, Any] = {}
+        alloc = type(be).new
+
+        def new(shape: tuple[int, ...]) -> Any:
+            key = tuple(shape)
+            if key not in cache:
+                cache[key] = alloc(be, shape)
+            return cache[key]
+
+        be.new = new
+
+    def undo() -> None:
+        for m in mods:
+            m.launch = orig
+        be.__dict__.pop("new", None)
+
+    return undo
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="fake", choices=("fake", "cuda"))
     p.add_argument("--gemm", default="mma", choices=("fma", "mma"))
     p.add_argument("--cases", default="mixed 1024,prefill 1024,decode 256")
-    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    fake_cupy.install()
+    if args.device == "fake":
+        fake_cupy.install()
+    import cupy as cp
     from mixed_step import CASES, PAGES_PER_ROW, make_batch
 
     from crucible.backend.cupy_backend import CupyBackend
@@ -53,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     runner = ModelRunner(model, num_pages=PAGES_PER_ROW * 600, device="cuda", settings=settings,
                          backend=CupyBackend(settings.backend_options()))
     be, rng = runner.backend, np.random.default_rng(0)
+    sync = cp.cuda.Device().synchronize
     wanted = tuple(c.strip() for c in args.cases.split(",") if c.strip())
     results, profiles = {}, {}
     for name, d, h, c in CASES:
@@ -60,23 +106,35 @@ def main(argv: list[str] | None = None) -> int:
             continue
         batch = make_batch(rng, d, h, c, runner.config.vocab_size)
 
-        def forward() -> None:
+        def forward() -> float:
+            sync()
+            t = time.perf_counter()
             runner._forward_meta(be.prepare(batch))
+            return (time.perf_counter() - t) * 1e3
 
-        for _ in range(3):
-            forward()
+        ms: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        for r in range(args.rounds):
+            for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                undo = patch(v, be)
+                try:
+                    for _ in range(3 if r == 0 else 1):
+                        forward()
+                    ms[v].append(forward())
+                finally:
+                    undo()
+        sync()
         n0 = fake_cupy.launches()
         forward()
-        launches = fake_cupy.launches() - n0
-        ms = []
-        for _ in range(args.rounds):
-            t = time.perf_counter()
-            forward()
-            ms.append((time.perf_counter() - t) * 1e3)
-        results[name] = {"host_ms": stat(ms), "launches": launches,
-                         "us_per_launch": round(statistics.median(ms) * 1e3 / launches, 2)}
-        print(f"{name}: {statistics.median(ms):.2f} ms [{min(ms):.2f}-{max(ms):.2f}], "
-              f"{launches} launches, {results[name]['us_per_launch']} us each", flush=True)
+        res: dict[str, Any] = {v: stat(x) for v, x in ms.items()}
+        med = {v: statistics.median(x) for v, x in ms.items()}
+        res["launch_ms"] = round(med["full"] - med["no-launch"], 3)
+        res["alloc_ms"] = round(med["full"] - med["no-alloc"], 3)
+        if args.device == "fake":
+            res["launches"] = fake_cupy.launches() - n0
+        results[name] = res
+        print(f"{name}: " + ", ".join(f"{v} {med[v]:.2f}" for v in VARIANTS)
+              + f" ms; launches {res['launch_ms']:.2f}, allocations {res['alloc_ms']:.2f} ms",
+              flush=True)
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()
@@ -90,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(args.json, {"command": "python3 bench/eager_host.py "
                                + " ".join(argv if argv is not None else sys.argv[1:]),
-                               "gemm": args.gemm, "results": results})
+                               "device": args.device, "gemm": args.gemm, "results": results})
     return 0
 
 
