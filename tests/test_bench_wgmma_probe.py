@@ -1,7 +1,8 @@
-"""bench/wgmma_probe.py's host side: the operands it builds are what its docstring says
-(exact bf16 parts, a cancelling kind whose exact sum is its one surviving term), its float64
-reference is A B + C in the layouts the kernel reads, and its CUDA source builds for sm_90a
-(skipped without nvcc). The comparison itself needs an H200."""
+"""The wgmma benches' host side. bench/wgmma_probe.py: the operands it builds are what its
+docstring says (exact bf16 parts, a cancelling kind whose exact sum is its one surviving
+term), its float64 reference is A B + C in the layouts the kernel reads. bench/wgmma_gemm.cu:
+its codes' shared-memory layout puts every k in the slot linear_mma.cu's order gives it.
+Both sources build for sm_90a (skipped without nvcc). The comparisons need an H200."""
 
 from __future__ import annotations
 
@@ -55,3 +56,36 @@ def test_reference_is_a_times_b_plus_c_in_the_kernel_layouts() -> None:
 def test_probe_source_builds_for_sm90a(tmp_path: Path) -> None:
     cubin = wp.build(tmp_path)
     assert cubin.stat().st_size > 0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_wgmma_gemm_source_builds_for_sm90a(tmp_path: Path) -> None:
+    import wgmma_gemm
+
+    assert wgmma_gemm.build(tmp_path).stat().st_size > 0
+
+
+def test_wgmma_gemm_codes_layout_puts_each_k_in_its_mma_slot() -> None:
+    """bench/wgmma_gemm.cu's wg_store_codes index arithmetic, spelled in Python: read back as
+    wgmma reads a no-swizzle descriptor (core matrix (kc, nc) at nc * 256 + kc * 128 bytes,
+    a column's 8 slots a 16-byte row), step j's slot p of column n must hold code k = 16 t +
+    4 j + s' (slots 2t, 2t+1 -> s' 0, 1; slots 2t+8, 2t+9 -> s' 2, 3), linear_mma.cu's order."""
+    src = (BENCH / "wgmma_gemm.cu").read_text()
+    assert "buf[j * 8 * BN + (n >> 3) * 64 + kc * 32 + (n & 7) * 4 + t]" in src
+    bn = 64
+    buf = np.full(2 * 32 * bn, -1, np.int64)  # bf16 slots
+    for i in range(bn * 8):
+        n, h = i >> 3, i & 7
+        for e in range(4):
+            w = 4 * h + e
+            t, j, kc = w >> 3, (w & 7) >> 1, w & 1
+            u = j * 8 * bn + (n >> 3) * 64 + kc * 32 + (n & 7) * 4 + t
+            buf[2 * u], buf[2 * u + 1] = 1000 * n + 2 * w, 1000 * n + 2 * w + 1
+    assert np.count_nonzero(buf < 0) == 0
+    for j in range(4):
+        for n in range(bn):
+            for p in range(16):
+                kc = p // 8
+                at = j * 32 * bn + (n // 8) * 256 + kc * 128 + (n % 8) * 16 + (p % 8) * 2
+                k = 16 * ((p % 8) // 2) + 4 * j + (p % 2) + 2 * kc
+                assert buf[at // 2] == 1000 * n + k, (j, n, p)
