@@ -29,6 +29,22 @@
 
 #include "mma_common.cuh"
 
+// The warpgroup operations. tests/cuda_host/wgmma_host.h supplies host stand-ins (the
+// warpgroup's 128 threads deposit A, each forms its D from all of A and the descriptor's B),
+// so tests/test_kernels_on_host.py runs this kernel's index arithmetic on the CPU.
+#ifndef CRU_HOST_SHIM
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait0() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// Generic-proxy stores to shared memory before the async proxy (wgmma) reads them.
+__device__ __forceinline__ void wg_proxy_fence() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 __device__ __forceinline__ uint64_t wg_desc(const void* smem, unsigned lbo, unsigned sbo) {
     const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
@@ -62,6 +78,7 @@ __device__ __forceinline__ void wg_mma(float (&d)[32], const unsigned (&a)[4], u
           "+f"(d[31])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
+#endif  // CRU_HOST_SHIM
 
 // A block's codes of the CTA's BN columns into a buffer: int4 h of column n holds the
 // block's words 4h .. 4h + 3 (word w: codes 2w, 2w + 1), and word w = 8t + 2j + kc belongs
@@ -119,7 +136,7 @@ __device__ __forceinline__ void wgmma_gemm_body(const float* __restrict__ x,
     int4 q[BN / 16];
     wg_load_codes<BN>(q, wb, n0, K, 0);
     wg_store_codes<BN>(q, bufs[0]);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    wg_proxy_fence();
     __syncthreads();
     load_x(0);
     for (int kb = 0, c = 0; kb < K; kb += 64, ++c) {
@@ -131,26 +148,26 @@ __device__ __forceinline__ void wgmma_gemm_body(const float* __restrict__ x,
 #pragma unroll
             for (int e = 0; e < D; ++e) part[s][e] = 0.0f;
         const unsigned* buf = bufs[c & 1];
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        wg_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const uint64_t desc = wg_desc(buf + j * 8 * BN, lbo, sbo);
 #pragma unroll
             for (int s = 0; s < 3; ++s) wg_mma(part[s], a[j][s], desc);
         }
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        wg_commit();
         const bool more = kb + 64 < K;
         if (more) {  // in flight while the wgmmas run
             wg_load_codes<BN>(q, wb, n0, K, kb + 64);
             load_x(kb + 64);
         }
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        wg_wait0();
 #pragma unroll
         for (int e = 0; e < D; ++e)
             total[e] = __fadd_rn(total[e], __fadd_rn(__fadd_rn(part[2][e], part[1][e]), part[0][e]));
         if (more) {  // the other buffer was last read by block c - 1's wgmmas, all waited for
             wg_store_codes<BN>(q, bufs[(c + 1) & 1]);
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            wg_proxy_fence();
             __syncthreads();
         }
     }
@@ -162,6 +179,7 @@ __device__ __forceinline__ void wgmma_gemm_body(const float* __restrict__ x,
     }
 }
 
+#ifndef CRU_HOST_SHIM
 #define CRU_WGMMA_GEMM(BN)                                                                  \
     extern "C" __global__ void __launch_bounds__(128) wgmma_gemm_##BN(                      \
         const float* x, const uint16_t* wb, const float* scale, const float* residual,      \
@@ -170,3 +188,4 @@ __device__ __forceinline__ void wgmma_gemm_body(const float* __restrict__ x,
     }
 CRU_WGMMA_GEMM(32)
 CRU_WGMMA_GEMM(64)
+#endif

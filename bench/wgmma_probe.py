@@ -21,7 +21,9 @@ operands, under both readings of the descriptor's offset fields (``mode``). The 
            sum show here first).
 Reported per mode: the largest error against float64 relative to sum |terms| (a mode that
 reads B wrongly shows errors near 1), and per kind the elements whose wgmma and mma.sync
-bits differ. The verdict is ``same_bits`` for the mode whose products are right.
+bits differ. The verdict is ``same_bits`` for the mode whose products are right. Also
+recorded (``nvrtc``): whether CuPy's NVRTC, the product's compiler, builds the probe when
+given ``-arch=sm_90a`` and runs it to the nvcc build's bits.
 """
 
 from __future__ import annotations
@@ -113,6 +115,23 @@ def reference(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, 
     return av @ bv + c, np.abs(av) @ np.abs(bv) + np.abs(c)
 
 
+def nvrtc_check(cp: Any, fn: Any, case: tuple[np.ndarray, ...]) -> dict[str, Any]:
+    """Whether CuPy's NVRTC path (the product's: kernels/source.py) builds wgmma when asked
+    for sm_90a, and gives the nvcc build's outputs."""
+    try:
+        alt = cp.RawModule(code=SRC.read_text(), options=("-arch=sm_90a",)).get_function("probe")
+        outs = []
+        for f in (fn, alt):
+            a, b, c = (cp.asarray(v[None]) for v in case)
+            d_wg, d_mma = cp.zeros((1, 64, 8), cp.float32), cp.zeros((1, 64, 8), cp.float32)
+            f((1,), (128,), (a, b, c, d_wg, d_mma, np.int32(STEPS), np.int32(0)))
+            outs.append(d_wg.get())
+        return {"builds": True, "same_as_nvcc": bool(np.array_equal(outs[0].view(np.uint32),
+                                                                   outs[1].view(np.uint32)))}
+    except Exception as e:  # noqa: BLE001 - any failure is the answer being recorded
+        return {"builds": False, "error": f"{type(e).__name__}: {str(e)[:500]}"}
+
+
 def run(cases: int, seed: int) -> dict[str, Any]:
     import cupy as cp
 
@@ -147,6 +166,7 @@ def run(cases: int, seed: int) -> dict[str, Any]:
         rec["products_right"] = all(k["max_rel_err_wgmma"] < 1e-5 for k in rec["kinds"].values())
         rec["same_bits"] = all(k["bits_differ"] == 0 for k in rec["kinds"].values())
         out["modes"][str(mode)] = rec
+    out["nvrtc"] = nvrtc_check(cp, fn, data["parts"][0])
     right = [m for m, r in out["modes"].items() if r["products_right"]]
     out["verdict"] = ({"descriptor_mode": right[0], "same_bits": out["modes"][right[0]]["same_bits"]}
                       if right else {"descriptor_mode": None, "same_bits": None,

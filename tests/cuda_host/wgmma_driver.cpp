@@ -1,0 +1,70 @@
+// wgmma_driver.cpp: bench/wgmma_gemm.cu (linear_mma.cu's order on the warpgroup MMA) run on
+// the host (prelude.h, wgmma_host.h's stand-ins, descriptor mode 0) against mma_ref.h's
+// spelling of the order, bit for bit (tests/test_kernels_on_host.py builds it).
+//
+// Sweep: BN 32 and 64; M = 1, 7, 63, 64, 65, 100 (row tails in and past a 64-row tile,
+// two CTAs down M); N = 2 BN (two CTAs across); K = 64, 128, 192 (one to three blocks, so
+// the double buffer turns over); with and without the residual. y starts as a sentinel, so
+// an output the kernel fails to write shows. `descending` makes the reference add the block
+// values in descending order: the negative control, which must fail exactly the runs of
+// three blocks (two add the same either way).
+#include "prelude.h"
+#include "wgmma_host.h"
+#include "../../bench/wgmma_gemm.cu"
+#include "mma_ref.h"
+
+#include <cstdio>
+#include <string>
+#include <random>
+#include <vector>
+
+static bool descending = false;
+
+template <int BN>
+static int run_case(int M, int K, bool with_res, std::mt19937& gen) {
+    const int N = 2 * BN;
+    std::normal_distribution<float> normal;
+    std::uniform_real_distribution<float> decade(-2.0f, 2.0f);
+    std::vector<float> x((size_t)M * K), sc(N), res((size_t)M * N), y((size_t)M * N, -777.0f);
+    std::vector<signed char> w((size_t)N * K);
+    for (int m = 0; m < M; ++m) {
+        const float s = std::pow(10.0f, decade(gen));
+        for (int k = 0; k < K; ++k) x[(size_t)m * K + k] = s * normal(gen);
+    }
+    for (auto& v : w) v = (signed char)((int)(gen() % 255) - 127);
+    for (auto& v : sc) v = 0.001f + 0.02f * std::fabs(normal(gen));
+    for (auto& v : res) v = normal(gen);
+    const std::vector<unsigned short> wb = codes_bf16(w);
+    const float* r = with_res ? res.data() : nullptr;
+    run_grid({(unsigned)(N / BN), (unsigned)((M + 63) / 64), 1}, {128, 1, 1}, [&] {
+        wgmma_gemm_body<BN>(x.data(), reinterpret_cast<const uint16_t*>(wb.data()), sc.data(),
+                            r, y.data(), M, N, K, 0);
+    });
+    int bad = 0;
+    for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+            const float total = ordered_sum(mma_blocks(&x[(size_t)m * K], &w[(size_t)n * K], K),
+                                            descending);
+            const float v = __fmul_rn(total, sc[n]);
+            const float want = r ? __fadd_rn(r[(size_t)m * N + n], v) : v;
+            bad += std::memcmp(&want, &y[(size_t)m * N + n], 4) != 0;
+        }
+    if (bad)
+        printf("FAIL wgmma BN=%d M=%d K=%d residual=%d: %d wrong\n", BN, M, K, (int)with_res, bad);
+    return bad != 0;
+}
+
+int main(int argc, char** argv) {
+    descending = argc > 1 && std::string(argv[1]) == "descending";
+    std::mt19937 gen(7);
+    int runs = 0, failed = 0;
+    for (int M : {1, 7, 63, 64, 65, 100})
+        for (int K : {64, 128, 192})
+            for (bool with_res : {false, true}) {
+                failed += run_case<32>(M, K, with_res, gen);
+                failed += run_case<64>(M, K, with_res, gen);
+                runs += 2;
+            }
+    printf("%d runs, %d failed\n", runs, failed);
+    return failed ? 1 : 0;
+}
