@@ -29,56 +29,7 @@
 
 #include "mma_common.cuh"
 
-// The warpgroup operations. tests/cuda_host/wgmma_host.h supplies host stand-ins (the
-// warpgroup's 128 threads deposit A, each forms its D from all of A and the descriptor's B),
-// so tests/test_kernels_on_host.py runs this kernel's index arithmetic on the CPU.
-#ifndef CRU_HOST_SHIM
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wg_wait0() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-// Generic-proxy stores to shared memory before the async proxy (wgmma) reads them.
-__device__ __forceinline__ void wg_proxy_fence() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-__device__ __forceinline__ uint64_t wg_desc(const void* smem, unsigned lbo, unsigned sbo) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
-           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32);
-}
-
-// d += A B for one m64nBNk16 step (A: this thread's four registers; B: the descriptor).
-__device__ __forceinline__ void wg_mma(float (&d)[16], const unsigned (&a)[4], uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, "
-        "p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-          "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
-__device__ __forceinline__ void wg_mma(float (&d)[32], const unsigned (&a)[4], uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,"
-        "%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-          "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-#endif  // CRU_HOST_SHIM
+#include "wgmma_ops.cuh"
 
 // A block's codes of the CTA's BN columns into a buffer: int4 h of column n holds the
 // block's words 4h .. 4h + 3 (word w: codes 2w, 2w + 1), and word w = 8t + 2j + kc belongs
@@ -143,17 +94,13 @@ __device__ __forceinline__ void wgmma_gemm_body(const float* __restrict__ x,
         unsigned a[4][3][4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) cru_split_a(xv[j][0], xv[j][1], a[j]);
-#pragma unroll
-        for (int s = 0; s < 3; ++s)
-#pragma unroll
-            for (int e = 0; e < D; ++e) part[s][e] = 0.0f;
         const unsigned* buf = bufs[c & 1];
         wg_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const uint64_t desc = wg_desc(buf + j * 8 * BN, lbo, sbo);
 #pragma unroll
-            for (int s = 0; s < 3; ++s) wg_mma(part[s], a[j][s], desc);
+            for (int s = 0; s < 3; ++s) wg_mma(part[s], a[j][s], desc, j > 0);
         }
         wg_commit();
         const bool more = kb + 64 < K;
@@ -171,12 +118,7 @@ __device__ __forceinline__ void wgmma_gemm_body(const float* __restrict__ x,
             __syncthreads();
         }
     }
-#pragma unroll
-    for (int i = 0; i < BN / 8; ++i) {
-        const int col = n0 + 8 * i + 2 * t;
-        if (r0 < M) cru_mma_store(y, residual, scale, r0, col, N, total[4 * i], total[4 * i + 1]);
-        if (r1 < M) cru_mma_store(y, residual, scale, r1, col, N, total[4 * i + 2], total[4 * i + 3]);
-    }
+    wg_store_tile<BN>(total, y, residual, scale, r0, n0, t, M, N);
 }
 
 #ifndef CRU_HOST_SHIM

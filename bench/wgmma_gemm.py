@@ -1,15 +1,17 @@
-"""A first wgmma GEMM in the mma order (bench/wgmma_gemm.cu, not routed) against the routed
-tensor-core GEMM (kernels/linear_mma.py): its bits, its error against float64, its speed.
+"""wgmma GEMMs in the mma order (bench/wgmma_gemm.cu, and bench/wgmma_pipe.cu with its loads
+through a cp.async pipeline; neither routed) against the routed tensor-core GEMM
+(kernels/linear_mma.py): their bits, their error against float64, their speed.
 
     PYTHONPATH=$PWD python3 bench/wgmma_gemm.py [--rounds 5] [--json bench/wgmma-gemm-h200.json]
     python3 bench/wgmma_gemm.py --compile-only     # nvcc -arch=sm_90a, no GPU needed
 
 Run it after bench/wgmma_probe.py: if wgmma sums a step as mma.sync does, this kernel
 should give linear_mma's bits at every shape and M, residual or not. For both readings of
-the shared-memory descriptor (``mode``) and both widths (BN 32, 64 columns a CTA), at the
+the shared-memory descriptor (``mode``) and every kernel (``KERNELS``: BN columns a CTA,
+and the pipeline's stages), at the
 default model's four layer shapes and M in ``EXACT_MS``: elements whose bits differ from
 linear_mma's and the largest error relative to scale * sum |x q| (a wrong reading shows
-errors near 1). Then, for the mode with the right products, both widths against
+errors near 1). Then, for the mode with the right products, every kernel against
 linear_mma at ``TIME_MS`` (bench/gemm_bench.py's timer: graphs of back-to-back launches,
 rounds alternating), us per launch and the ratio over linear_mma, min-max over rounds.
 """
@@ -28,24 +30,42 @@ import numpy as np
 
 from common import stat, write_json
 
-SRC = Path(__file__).with_name("wgmma_gemm.cu")
-WIDTHS = (32, 64)
+HERE = Path(__file__).resolve().parent
+SOURCES = ("wgmma_gemm.cu", "wgmma_pipe.cu")
+# name: (source, BN, stages; 0: wgmma_gemm.cu's register double buffer)
+KERNELS = {"gemm_32": ("wgmma_gemm.cu", 32, 0), "gemm_64": ("wgmma_gemm.cu", 64, 0),
+           "pipe_32_3": ("wgmma_pipe.cu", 32, 3), "pipe_32_4": ("wgmma_pipe.cu", 32, 4),
+           "pipe_64_3": ("wgmma_pipe.cu", 64, 3)}
 LAYERS = ("qkv", "o", "gate_up", "down")
 EXACT_MS = (1, 37, 64, 256, 1024)
 TIME_MS = (64, 128, 256, 512, 1024, 2048)
 
 
-def build(out_dir: Path) -> Path:
-    """The kernels as an sm_90a cubin (wgmma needs the arch-specific target)."""
+def build(out_dir: Path) -> dict[str, Path]:
+    """Each source as an sm_90a cubin (wgmma needs the arch-specific target)."""
     from crucible.kernels.source import cuda_source_dir
 
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        raise SystemExit("wgmma_gemm: nvcc not found on PATH (it builds the sm_90a cubin)")
-    cubin = out_dir / "wgmma_gemm.cubin"
-    subprocess.run([nvcc, "-arch=sm_90a", "-cubin", f"-I{cuda_source_dir()}", "-o",
-                    str(cubin), str(SRC)], check=True)
-    return cubin
+        raise SystemExit("wgmma_gemm: nvcc not found on PATH (it builds the sm_90a cubins)")
+    out = {}
+    for src in SOURCES:
+        out[src] = out_dir / src.replace(".cu", ".cubin")
+        subprocess.run([nvcc, "-arch=sm_90a", "-cubin", f"-I{cuda_source_dir()}", "-o",
+                        str(out[src]), str(HERE / src)], check=True)
+    return out
+
+
+def codes_wgmma(codes: np.ndarray) -> np.ndarray:
+    """bench/wgmma_pipe.cu's wp from int8 codes [N, K]: bf16 bits [N/8][K/64][j][kc][r][p],
+    element code[8 nc + r][64 c + 16 (p // 2) + 4 j + p % 2 + 2 kc]."""
+    from crucible.kernels.device_weight import codes_bf16
+
+    n, k = codes.shape
+    b = codes_bf16(codes).reshape(n // 8, 8, k // 64, 4, 16)  # [nc][r][c][t][16 t + q]
+    # q = 4 j + s' with s' = p % 2 + 2 kc and t = p // 2
+    b = b.reshape(n // 8, 8, k // 64, 4, 4, 2, 2)  # [nc][r][c][t][j][kc][p%2]
+    return np.ascontiguousarray(b.transpose(0, 2, 4, 5, 1, 3, 6)).reshape(-1)
 
 
 def weight(n: int, k: int, rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -67,19 +87,31 @@ def run(rounds: int, seed: int) -> dict[str, Any]:
 
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory() as tmp:
-        mod = cp.RawModule(path=str(build(Path(tmp))))
-    fns = {bn: mod.get_function(f"wgmma_gemm_{bn}") for bn in WIDTHS}
+        mods = {src: cp.RawModule(path=str(p)) for src, p in build(Path(tmp)).items()}
+    fns, smem = {}, {}
+    for name, (src, bn, stages) in KERNELS.items():
+        fns[name] = mods[src].get_function(f"wgmma_{'pipe' if stages else 'gemm'}_{bn}"
+                                           + (f"_{stages}" if stages else ""))
+        smem[name] = stages * (64 * 64 * 4 + bn * 64 * 2)  # wgmma_pipe.cu's WP_SMEM
+        if smem[name] > 48 * 1024:
+            fns[name].max_dynamic_shared_size_bytes = smem[name]
+    permuted: dict[int, Any] = {}  # id(wd) -> its wp on the device
 
-    def wgmma(bn: int, mode: int, x: Any, wd: Any, y: Any, res: Any) -> Any:
+    def wgmma(kname: str, mode: int, x: Any, wd: Any, y: Any, res: Any) -> Any:
         m, k = x.shape
         n = wd.shape[0]
-        fns[bn]((n // bn, -(-m // 64)), (128,),
-                (x, wd.wb, wd.scale, res if res is not None else np.uint64(0), y,
-                 np.int32(m), np.int32(n), np.int32(k), np.int32(mode)))
+        _, bn, stages = KERNELS[kname]
+        codes = permuted[id(wd)] if stages else wd.wb
+        fns[kname]((n // bn, -(-m // 64)), (128,),
+                   (x, codes, wd.scale, res if res is not None else np.uint64(0), y,
+                    np.int32(m), np.int32(n), np.int32(k), np.int32(mode)),
+                   shared_mem=smem[kname])
         return y
 
     out: dict[str, Any] = {"exact": {}, "timing": {}}
     weights = {name: weight(*SHAPES[name][:2], rng) for name in LAYERS}
+    for wd, codes, _ in weights.values():
+        permuted[id(wd)] = cp.asarray(codes_wgmma(codes))
     right: dict[int, bool] = {0: True, 1: True}
     for name in LAYERS:
         wd, codes, scale = weights[name]
@@ -91,12 +123,12 @@ def run(rounds: int, seed: int) -> dict[str, Any]:
             res = cp.asarray(resh) if has_res else None
             ref = lm.linear_mma(x, wd, cp.empty((m, n), cp.float32), res)
             for mode in (0, 1):
-                for bn in WIDTHS:
-                    y = wgmma(bn, mode, x, wd, cp.full((m, n), np.nan, cp.float32), res)
+                for kname in KERNELS:
+                    y = wgmma(kname, mode, x, wd, cp.full((m, n), np.nan, cp.float32), res)
                     differ = int(cp.count_nonzero(y.view(cp.uint32) != ref.view(cp.uint32)))
                     err = errors(y, xh, codes, scale, resh)
                     right[mode] = right[mode] and err["max"] < 1e-5
-                    key = f"{name} M={m} mode={mode} BN={bn}"
+                    key = f"{name} M={m} mode={mode} {kname}"
                     out["exact"][key] = {"bits_differ": differ, "elements": m * n, "error": err}
                     print(f"{key:34s} differ {differ:8d} of {m * n:8d}  max err "
                           f"{err['max']:.3g}", flush=True)
@@ -115,8 +147,8 @@ def run(rounds: int, seed: int) -> dict[str, Any]:
             res = cp.asarray(rng.standard_normal((m, n)).astype(np.float32)) if has_res else None
             y = cp.empty((m, n), cp.float32)
             cands = {"linear_mma": lambda: lm.linear_mma(x, wd, y, res)}
-            for bn in WIDTHS:
-                cands[f"wgmma BN={bn}"] = (lambda bn=bn: wgmma(bn, modes[0], x, wd, y, res))
+            for kname in KERNELS:
+                cands[kname] = (lambda kname=kname: wgmma(kname, modes[0], x, wd, y, res))
             ms = measure(cands, rounds, 2.0, stream)
             rec = {c: stat([t * 1e3 for t in v]) for c, v in ms.items()}
             for c in cands:
@@ -138,7 +170,7 @@ def main() -> None:
     args = p.parse_args()
     if args.compile_only:
         with tempfile.TemporaryDirectory() as tmp:
-            print(f"built {build(Path(tmp)).name}")
+            print("built " + ", ".join(p.name for p in build(Path(tmp)).values()))
         return
     result = run(args.rounds, args.seed)
     result["command"] = "python3 bench/wgmma_gemm.py " + " ".join(sys.argv[1:])

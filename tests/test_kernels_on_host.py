@@ -48,11 +48,13 @@ whole steps) is gpu-engine-check's.
   and q4-k64 with the page-table cache, over seven packed segments (prefill chunks of 4-70
   rows starting at 0, 5, 100, 127; decode rows), against the same reference (attn_ref.h),
   28 runs; the 24 whose rows have two positions or more must fail descending.
-- bench/wgmma_gemm.cu (wgmma_driver.cpp; not routed: the tensor-core order on the warpgroup
-  MMA, a candidate timed by bench/wgmma_gemm.py) against mma_ref.h's spelling of that order,
-  with wgmma_host.h's stand-in for the warpgroup MMA (the descriptor read as the kernel's
-  mode 0): BN 32 and 64, M = 1..100 over one and two 64-row tiles, K of one to three blocks,
-  the residual on and off, 72 runs; the 24 with three blocks must fail descending.
+- bench/wgmma_gemm.cu and bench/wgmma_pipe.cu (wgmma_driver.cpp; not routed: the
+  tensor-core order on the warpgroup MMA, candidates timed by bench/wgmma_gemm.py) against
+  mma_ref.h's spelling of that order, with wgmma_host.h's stand-ins for the warpgroup MMA
+  (the descriptor read as the kernels' mode 0) and cp.async (copies at once): wgmma_gemm at
+  BN 32 and 64, wgmma_pipe at (32, 3), (32, 4) and (64, 3) stages, M = 1..100 over one and
+  two 64-row tiles, K of one to three blocks, the residual on and off, 180 runs; the 60 with
+  three blocks must fail descending.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from host_driver import build, run
 CASES = {"chunks_driver.cpp": (720, 144), "stack_driver.cpp": (144, 96),
          "mma_driver.cpp": (80, 49), "mma_stack_driver.cpp": (36, 30),
          "mma_qkv_driver.cpp": (24, 18), "decode_attn_driver.cpp": (50, 42),
-         "prefill_attn_driver.cpp": (28, 24), "wgmma_driver.cpp": (72, 24)}
+         "prefill_attn_driver.cpp": (28, 24), "wgmma_driver.cpp": (180, 60)}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

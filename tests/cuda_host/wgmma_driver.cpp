@@ -1,8 +1,11 @@
-// wgmma_driver.cpp: bench/wgmma_gemm.cu (linear_mma.cu's order on the warpgroup MMA) run on
-// the host (prelude.h, wgmma_host.h's stand-ins, descriptor mode 0) against mma_ref.h's
-// spelling of the order, bit for bit (tests/test_kernels_on_host.py builds it).
+// wgmma_driver.cpp: bench/wgmma_gemm.cu and bench/wgmma_pipe.cu (linear_mma.cu's order on
+// the warpgroup MMA; the second with its loads through a cp.async pipeline from the codes
+// pre-permuted into wgmma's shared-memory image) run on the host (prelude.h, wgmma_host.h's
+// stand-ins, descriptor mode 0) against mma_ref.h's spelling of the order, bit for bit
+// (tests/test_kernels_on_host.py builds it).
 //
-// Sweep: BN 32 and 64; M = 1, 7, 63, 64, 65, 100 (row tails in and past a 64-row tile,
+// Sweep: wgmma_gemm at BN 32 and 64, wgmma_pipe at (BN, stages) (32, 3), (32, 4), (64, 3);
+// M = 1, 7, 63, 64, 65, 100 (row tails in and past a 64-row tile,
 // two CTAs down M); N = 2 BN (two CTAs across); K = 64, 128, 192 (one to three blocks, so
 // the double buffer turns over); with and without the residual. y starts as a sentinel, so
 // an output the kernel fails to write shows. `descending` makes the reference add the block
@@ -11,6 +14,7 @@
 #include "prelude.h"
 #include "wgmma_host.h"
 #include "../../bench/wgmma_gemm.cu"
+#include "../../bench/wgmma_pipe.cu"
 #include "mma_ref.h"
 
 #include <cstdio>
@@ -20,7 +24,25 @@
 
 static bool descending = false;
 
-template <int BN>
+// bench/wgmma_pipe.cu's wp: element (nc, c, j, kc, r, p) = code[8 nc + r][64 c + 16 (p / 2)
+// + 4 j + p % 2 + 2 kc], as bf16 (bench/wgmma_gemm.py codes_wgmma builds the same).
+static std::vector<unsigned short> codes_wgmma(const std::vector<unsigned short>& wb, int N,
+                                               int K) {
+    std::vector<unsigned short> out(wb.size());
+    size_t i = 0;
+    for (int nc = 0; nc < N / 8; ++nc)
+        for (int c = 0; c < K / 64; ++c)
+            for (int j = 0; j < 4; ++j)
+                for (int kc = 0; kc < 2; ++kc)
+                    for (int r = 0; r < 8; ++r)
+                        for (int p = 0; p < 8; ++p)
+                            out[i++] = wb[(size_t)(8 * nc + r) * K + 64 * c + 16 * (p / 2) +
+                                          4 * j + p % 2 + 2 * kc];
+    return out;
+}
+
+// BN: the CTA's columns; S: 0 for wgmma_gemm, else wgmma_pipe's stages.
+template <int BN, int S>
 static int run_case(int M, int K, bool with_res, std::mt19937& gen) {
     const int N = 2 * BN;
     std::normal_distribution<float> normal;
@@ -36,9 +58,14 @@ static int run_case(int M, int K, bool with_res, std::mt19937& gen) {
     for (auto& v : res) v = normal(gen);
     const std::vector<unsigned short> wb = codes_bf16(w);
     const float* r = with_res ? res.data() : nullptr;
+    const std::vector<unsigned short> wp = codes_wgmma(wb, N, K);
     run_grid({(unsigned)(N / BN), (unsigned)((M + 63) / 64), 1}, {128, 1, 1}, [&] {
-        wgmma_gemm_body<BN>(x.data(), reinterpret_cast<const uint16_t*>(wb.data()), sc.data(),
-                            r, y.data(), M, N, K, 0);
+        if constexpr (S == 0)
+            wgmma_gemm_body<BN>(x.data(), reinterpret_cast<const uint16_t*>(wb.data()),
+                                sc.data(), r, y.data(), M, N, K, 0);
+        else
+            wgmma_pipe_body<BN, S>(x.data(), reinterpret_cast<const uint16_t*>(wp.data()),
+                                   sc.data(), r, y.data(), M, N, K, 0);
     });
     int bad = 0;
     for (int m = 0; m < M; ++m)
@@ -50,7 +77,8 @@ static int run_case(int M, int K, bool with_res, std::mt19937& gen) {
             bad += std::memcmp(&want, &y[(size_t)m * N + n], 4) != 0;
         }
     if (bad)
-        printf("FAIL wgmma BN=%d M=%d K=%d residual=%d: %d wrong\n", BN, M, K, (int)with_res, bad);
+        printf("FAIL %s BN=%d M=%d K=%d residual=%d: %d wrong\n", S ? "pipe" : "gemm", BN, M,
+               K, (int)with_res, bad);
     return bad != 0;
 }
 
@@ -61,9 +89,10 @@ int main(int argc, char** argv) {
     for (int M : {1, 7, 63, 64, 65, 100})
         for (int K : {64, 128, 192})
             for (bool with_res : {false, true}) {
-                failed += run_case<32>(M, K, with_res, gen);
-                failed += run_case<64>(M, K, with_res, gen);
-                runs += 2;
+                failed += run_case<32, 0>(M, K, with_res, gen) + run_case<64, 0>(M, K, with_res, gen);
+                failed += run_case<32, 3>(M, K, with_res, gen) + run_case<32, 4>(M, K, with_res, gen);
+                failed += run_case<64, 3>(M, K, with_res, gen);
+                runs += 5;
             }
     printf("%d runs, %d failed\n", runs, failed);
     return failed ? 1 : 0;

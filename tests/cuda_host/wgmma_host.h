@@ -33,7 +33,7 @@ inline void wg_proxy_fence() {}
 
 inline unsigned cru_wg_frag[128][4];
 template <int N>
-inline void wg_mma(float (&d)[N], const unsigned (&a)[4], uint64_t desc) {
+inline void wg_mma(float (&d)[N], const unsigned (&a)[4], uint64_t desc, bool acc) {
     const CruWgDesc b = cru_wg_descs[desc & 63];
     const int lane = t_flat & 31, w = t_flat >> 5, g = lane >> 2, t = lane & 3;
     for (int i = 0; i < 4; ++i) cru_wg_frag[t_flat][i] = a[i];
@@ -50,7 +50,15 @@ inline void wg_mma(float (&d)[N], const unsigned (&a)[4], uint64_t desc) {
                                    (kk % 8) * 2, 2);
             bv[kk] = cru_host_bf16(bits, 0);
         }
-        d[e] = cru_host_mma_elem(d[e], av, bv);
+        d[e] = cru_host_mma_elem(acc ? d[e] : 0.0f, av, bv);
     }
     __syncthreads();  // every thread has read the fragments before they are replaced
 }
+
+// bench/wgmma_pipe.cu's cp.async: the copy (or the zero fill) happens at once.
+inline void wp_cp16(void* dst, const void* src, int bytes) {
+    if (bytes) std::memcpy(dst, src, 16);
+    else std::memset(dst, 0, 16);
+}
+inline void wp_commit() {}
+template <int N> inline void wp_wait() {}
