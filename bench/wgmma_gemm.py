@@ -1,9 +1,12 @@
-"""wgmma GEMMs in the mma order (bench/wgmma_gemm.cu, and bench/wgmma_pipe.cu with its loads
-through a cp.async pipeline; neither routed) against the routed tensor-core GEMM
-(kernels/linear_mma.py): their bits, their error against float64, their speed.
+"""wgmma GEMMs in the mma order against the routed tensor-core GEMM (kernels/linear_mma.py):
+their bits, their error against float64, their speed. The kernels: bench/wgmma_gemm.cu (a
+register double buffer, bench only, built here with nvcc) and the product's
+cuda/linear_wgmma.cu forms (a cp.async pipeline; kernels/linear_wgmma.py, through its own
+NVRTC sm_90a build, as CRUCIBLE_WGMMA=1 runs them).
 
     PYTHONPATH=$PWD python3 bench/wgmma_gemm.py [--rounds 5] [--json bench/wgmma-gemm-h200.json]
     python3 bench/wgmma_gemm.py --compile-only     # nvcc -arch=sm_90a, no GPU needed
+    compute-sanitizer --tool racecheck python3 bench/wgmma_gemm.py --quick
 
 Run it after bench/wgmma_probe.py: if wgmma sums a step as mma.sync does, this kernel
 should give linear_mma's bits at every shape and M, residual or not. For both readings of
@@ -31,11 +34,10 @@ import numpy as np
 from common import stat, write_json
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("wgmma_gemm.cu", "wgmma_pipe.cu")
-# name: (source, BN, stages; 0: wgmma_gemm.cu's register double buffer)
-KERNELS = {"gemm_32": ("wgmma_gemm.cu", 32, 0), "gemm_64": ("wgmma_gemm.cu", 64, 0),
-           "pipe_32_3": ("wgmma_pipe.cu", 32, 3), "pipe_32_4": ("wgmma_pipe.cu", 32, 4),
-           "pipe_64_3": ("wgmma_pipe.cu", 64, 3)}
+SOURCES = ("wgmma_gemm.cu",)
+# name: (BN, stages; 0: bench/wgmma_gemm.cu's register double buffer, else linear_wgmma.cu)
+KERNELS = {"gemm_32": (32, 0), "gemm_64": (64, 0), "pipe_32_3": (32, 3),
+           "pipe_32_4": (32, 4), "pipe_64_3": (64, 3)}
 LAYERS = ("qkv", "o", "gate_up", "down")
 EXACT_MS = (1, 37, 64, 256, 1024)
 TIME_MS = (64, 128, 256, 512, 1024, 2048)
@@ -51,72 +53,54 @@ def build(out_dir: Path) -> dict[str, Path]:
     out = {}
     for src in SOURCES:
         out[src] = out_dir / src.replace(".cu", ".cubin")
-        subprocess.run([nvcc, "-arch=sm_90a", "-cubin", f"-I{cuda_source_dir()}", "-o",
-                        str(out[src]), str(HERE / src)], check=True)
+        # --ftz=true: CuPy builds every RawModule so (kernels/source.py CUPY_IMPLIED_OPTIONS)
+        subprocess.run([nvcc, "-arch=sm_90a", "-cubin", "--ftz=true", f"-I{cuda_source_dir()}",
+                        "-o", str(out[src]), str(HERE / src)], check=True)
     return out
 
 
-def codes_wgmma(codes: np.ndarray) -> np.ndarray:
-    """bench/wgmma_pipe.cu's wp from int8 codes [N, K]: bf16 bits [N/8][K/64][j][kc][r][p],
-    element code[8 nc + r][64 c + 16 (p // 2) + 4 j + p % 2 + 2 kc]."""
-    from crucible.kernels.device_weight import codes_bf16
-
-    n, k = codes.shape
-    b = codes_bf16(codes).reshape(n // 8, 8, k // 64, 4, 16)  # [nc][r][c][t][16 t + q]
-    # q = 4 j + s' with s' = p % 2 + 2 kc and t = p // 2
-    b = b.reshape(n // 8, 8, k // 64, 4, 4, 2, 2)  # [nc][r][c][t][j][kc][p%2]
-    return np.ascontiguousarray(b.transpose(0, 2, 4, 5, 1, 3, 6)).reshape(-1)
-
-
 def weight(n: int, k: int, rng: np.random.Generator) -> tuple[Any, np.ndarray, np.ndarray]:
-    """Random int8 codes and scales uploaded with their bf16 copy (DeviceWeight.wb)."""
+    """Random int8 codes and scales uploaded with their bf16 copies (DeviceWeight.wb, .wg)."""
     from crucible.kernels.device_weight import upload_weight
 
     codes = np.clip(np.rint(rng.standard_normal((n, k)) * 40), -127, 127).astype(np.int8)
     scale = (rng.random(n) * 0.02 + 0.001).astype(np.float32)
-    return upload_weight(codes, scale, bf16=True), codes, scale
+    return upload_weight(codes, scale, bf16=True, wgmma=True), codes, scale
 
 
-def run(rounds: int, seed: int) -> dict[str, Any]:
+def run(rounds: int, seed: int, quick: bool = False) -> dict[str, Any]:
     import cupy as cp
 
     from gemm_bench import SHAPES, measure
     from gemm_mma_bench import activations, errors
 
     from crucible.kernels import linear_mma as lm
+    from crucible.kernels import linear_wgmma as lw
 
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory() as tmp:
-        mods = {src: cp.RawModule(path=str(p)) for src, p in build(Path(tmp)).items()}
-    fns, smem = {}, {}
-    for name, (src, bn, stages) in KERNELS.items():
-        fns[name] = mods[src].get_function(f"wgmma_{'pipe' if stages else 'gemm'}_{bn}"
-                                           + (f"_{stages}" if stages else ""))
-        smem[name] = stages * (64 * 64 * 4 + bn * 64 * 2)  # wgmma_pipe.cu's WP_SMEM
-        if smem[name] > 48 * 1024:
-            fns[name].max_dynamic_shared_size_bytes = smem[name]
-    permuted: dict[int, Any] = {}  # id(wd) -> its wp on the device
+        mod = cp.RawModule(path=str(build(Path(tmp))["wgmma_gemm.cu"]))
+    fns = {name: mod.get_function(f"wgmma_gemm_{bn}")
+           for name, (bn, stages) in KERNELS.items() if not stages}
 
     def wgmma(kname: str, mode: int, x: Any, wd: Any, y: Any, res: Any) -> Any:
         m, k = x.shape
         n = wd.shape[0]
-        _, bn, stages = KERNELS[kname]
-        codes = permuted[id(wd)] if stages else wd.wb
+        bn, stages = KERNELS[kname]
+        if stages:
+            return lw.linear_wgmma(x, wd, y, res, form=(bn, stages), mode=mode)
         fns[kname]((n // bn, -(-m // 64)), (128,),
-                   (x, codes, wd.scale, res if res is not None else np.uint64(0), y,
-                    np.int32(m), np.int32(n), np.int32(k), np.int32(mode)),
-                   shared_mem=smem[kname])
+                   (x, wd.wb, wd.scale, res if res is not None else np.uint64(0), y,
+                    np.int32(m), np.int32(n), np.int32(k), np.int32(mode)))
         return y
 
     out: dict[str, Any] = {"exact": {}, "timing": {}}
     weights = {name: weight(*SHAPES[name][:2], rng) for name in LAYERS}
-    for wd, codes, _ in weights.values():
-        permuted[id(wd)] = cp.asarray(codes_wgmma(codes))
     right: dict[int, bool] = {0: True, 1: True}
     for name in LAYERS:
         wd, codes, scale = weights[name]
         n, k, has_res = SHAPES[name]
-        for m in EXACT_MS:
+        for m in (EXACT_MS[:2] if quick else EXACT_MS):
             xh = activations(m, k, rng)
             x = cp.asarray(xh)
             resh = rng.standard_normal((m, n)).astype(np.float32) if has_res else None
@@ -136,7 +120,7 @@ def run(rounds: int, seed: int) -> dict[str, Any]:
     out["mode_with_right_products"] = modes[0] if modes else None
     out["same_bits"] = bool(modes) and all(
         v["bits_differ"] == 0 for key, v in out["exact"].items() if f"mode={modes[0]} " in key)
-    if not modes:
+    if not modes or quick:
         return out
     stream = cp.cuda.Stream(non_blocking=True)
     for name in LAYERS:
@@ -166,13 +150,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--quick", action="store_true",
+                   help="two small M a shape and no timing: a run under compute-sanitizer")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if args.compile_only:
         with tempfile.TemporaryDirectory() as tmp:
             print("built " + ", ".join(p.name for p in build(Path(tmp)).values()))
         return
-    result = run(args.rounds, args.seed)
+    result = run(args.rounds, args.seed, args.quick)
     result["command"] = "python3 bench/wgmma_gemm.py " + " ".join(sys.argv[1:])
     print({k: result[k] for k in ("mode_with_right_products", "same_bits")})
     if args.json:

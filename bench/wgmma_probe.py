@@ -22,8 +22,8 @@ operands, under both readings of the descriptor's offset fields (``mode``). The 
 Reported per mode: the largest error against float64 relative to sum |terms| (a mode that
 reads B wrongly shows errors near 1), and per kind the elements whose wgmma and mma.sync
 bits differ. The verdict is ``same_bits`` for the mode whose products are right. Also
-recorded (``nvrtc``): whether CuPy's NVRTC, the product's compiler, builds the probe when
-given ``-arch=sm_90a`` and runs it to the nvcc build's bits.
+recorded (``nvrtc``): whether NVRTC, the product's compiler, builds the probe for sm_90a
+(through CuPy's RawModule, and directly to a cubin) and runs it to the nvcc build's bits.
 """
 
 from __future__ import annotations
@@ -115,11 +115,37 @@ def reference(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, 
     return av @ bv + c, np.abs(av) @ np.abs(bv) + np.abs(c)
 
 
-def nvrtc_check(cp: Any, fn: Any, case: tuple[np.ndarray, ...]) -> dict[str, Any]:
-    """Whether CuPy's NVRTC path (the product's: kernels/source.py) builds wgmma when asked
-    for sm_90a, and gives the nvcc build's outputs."""
+def nvrtc_direct(cp: Any) -> Any:
+    """The probe through NVRTC itself (cupy.cuda.nvrtc: -arch=sm_90a straight to a cubin),
+    loaded as a module: a way for the product to build wgmma kernels without nvcc."""
+    from cupy.cuda import function, nvrtc
+
+    prog = nvrtc.createProgram(SRC.read_text(), "wgmma_probe.cu", (), ())
     try:
-        alt = cp.RawModule(code=SRC.read_text(), options=("-arch=sm_90a",)).get_function("probe")
+        try:
+            nvrtc.compileProgram(prog, ("-arch=sm_90a", "-std=c++17"))
+        except nvrtc.NVRTCError as e:
+            raise RuntimeError(nvrtc.getProgramLog(prog)[-500:]) from e
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    mod = function.Module()
+    mod.load(cubin)
+    return mod.get_function("probe")
+
+
+def nvrtc_check(cp: Any, fn: Any, case: tuple[np.ndarray, ...]) -> dict[str, Any]:
+    """Whether NVRTC builds wgmma for sm_90a, two ways: CuPy's RawModule given
+    ``-arch=sm_90a`` (the product's path, kernels/source.py, adds its own -arch) and NVRTC
+    directly (``nvrtc_direct``); each run to the nvcc build's bits."""
+    return {"raw_module": _nvrtc_way(cp, fn, case, lambda: cp.RawModule(
+                code=SRC.read_text(), options=("-arch=sm_90a",)).get_function("probe")),
+            "direct": _nvrtc_way(cp, fn, case, lambda: nvrtc_direct(cp))}
+
+
+def _nvrtc_way(cp: Any, fn: Any, case: tuple[np.ndarray, ...], make: Any) -> dict[str, Any]:
+    try:
+        alt = make()
         outs = []
         for f in (fn, alt):
             a, b, c = (cp.asarray(v[None]) for v in case)

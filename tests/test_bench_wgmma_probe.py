@@ -1,8 +1,7 @@
 """The wgmma benches' host side. bench/wgmma_probe.py: the operands it builds are what its
 docstring says (exact bf16 parts, a cancelling kind whose exact sum is its one surviving
 term), its float64 reference is A B + C in the layouts the kernel reads. bench/wgmma_gemm.cu:
-its codes' shared-memory layout puts every k in the slot linear_mma.cu's order gives it, and
-bench/wgmma_pipe.cu's pre-permuted codes are the image its comment states.
+its codes' shared-memory layout puts every k in the slot linear_mma.cu's order gives it.
 Both sources build for sm_90a (skipped without nvcc). The comparisons need an H200."""
 
 from __future__ import annotations
@@ -93,15 +92,3 @@ def test_wgmma_gemm_codes_layout_puts_each_k_in_its_mma_slot() -> None:
                 k = 16 * ((p % 8) // 2) + 4 * j + (p % 2) + 2 * kc
                 assert buf[at // 2] == 1000 * n + k, (j, n, p)
 
-
-def test_pipe_codes_image_matches_its_stated_layout() -> None:
-    """bench/wgmma_gemm.py codes_wgmma (the pipelined kernel's pre-permuted codes) against
-    the element formula bench/wgmma_pipe.cu and tests/cuda_host/wgmma_driver.cpp state."""
-    import wgmma_gemm
-
-    codes = np.random.default_rng(3).integers(-127, 128, (16, 128)).astype(np.int8)
-    got = wgmma_gemm.codes_wgmma(codes).reshape(2, 2, 4, 2, 8, 8)
-    bits = (codes.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    for nc, c, j, kc, r, p in np.ndindex(got.shape):
-        k = 64 * c + 16 * (p // 2) + 4 * j + p % 2 + 2 * kc
-        assert got[nc, c, j, kc, r, p] == bits[8 * nc + r, k]

@@ -48,11 +48,11 @@ whole steps) is gpu-engine-check's.
   and q4-k64 with the page-table cache, over seven packed segments (prefill chunks of 4-70
   rows starting at 0, 5, 100, 127; decode rows), against the same reference (attn_ref.h),
   28 runs; the 24 whose rows have two positions or more must fail descending.
-- bench/wgmma_gemm.cu and bench/wgmma_pipe.cu (wgmma_driver.cpp; not routed: the
-  tensor-core order on the warpgroup MMA, candidates timed by bench/wgmma_gemm.py) against
+- cuda/linear_wgmma.cu and bench/wgmma_gemm.cu (wgmma_driver.cpp; the tensor-core order on
+  the warpgroup MMA, routed only under CRUCIBLE_WGMMA=1, timed by bench/wgmma_gemm.py) against
   mma_ref.h's spelling of that order, with wgmma_host.h's stand-ins for the warpgroup MMA
   (the descriptor read as the kernels' mode 0) and cp.async (copies at once): wgmma_gemm at
-  BN 32 and 64, wgmma_pipe at (32, 3), (32, 4) and (64, 3) stages, M = 1..100 over one and
+  BN 32 and 64, linear_wgmma at (32, 3), (32, 4) and (64, 3) stages, M = 1..100 over one and
   two 64-row tiles, K of one to three blocks, the residual on and off, 180 runs; the 60 with
   three blocks must fail descending.
 """

@@ -1,11 +1,9 @@
-"""The CuPy backend: the same forward on our own CUDA kernels (cuda/*.cu).
-
-Every stage is one of our kernels, in a canonical order that does not depend on the batch
-(see cuda/linear.cu for the GEMM order, cuda/model_ops.cu for the row kernels and
-cuda/attention.cu for attention). No cuBLAS, no CuPy generic reductions on this path.
-Step metadata goes up in one bulk copy; only the final rows' logits come back. Weights (f32,
-or int8 and scales) live on the device (kernels/device_weight.DeviceWeight). The bindings
-are crucible/kernels (a wrapper per .cu); a launch that can use PDL gets options.pdl.
+"""The CuPy backend: the same forward on our own CUDA kernels (cuda/*.cu), each in a
+canonical order that does not depend on the batch (cuda/linear.cu and linear_mma.cu for the
+GEMMs, cuda/model_ops.cu for the row kernels, cuda/attention.cu for attention). No cuBLAS,
+no CuPy generic reductions on this path. Step metadata goes up in one bulk copy; only the
+final rows' logits come back. Weights live on the device (kernels/device_weight.py); the
+bindings are crucible/kernels (a wrapper per .cu); a launch that can use PDL gets options.pdl.
 """
 
 from __future__ import annotations
@@ -45,10 +43,10 @@ class CupyBackend:
         self.options = options or BackendOptions()
         self.variant: Variant = parse_variant(self.options.attention)
         self.use_stack = self.options.decode_stack  # kernels/decode_stack.py (both orders)
+        self.wgmma = self.mma and self.options.wgmma  # large GEMMs: kernels/linear_wgmma.py
         self.cfg: Geometry | None = None
         self.graphs = None  # DecodeGraphs once the pool exists (decode_graphs off: None)
-        self.prefill_graphs = None  # PrefillGraphs likewise
-        self.mixed_graphs = None  # MixedGraphs likewise
+        self.prefill_graphs = self.mixed_graphs = None  # PrefillGraphs, MixedGraphs likewise
         self._linear: dict[str, DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
@@ -58,8 +56,8 @@ class CupyBackend:
         return self.options.gemm == "mma"
 
     @property
-    def arithmetic(self) -> str:
-        return f"cupy-{self.variant.name}" + ("-mma" if self.mma else "")
+    def arithmetic(self) -> str:  # -wgmma until the GPU shows that kernel gives mma's bits
+        return f"cupy-{self.variant.name}" + ("-mma" if self.mma else "") + "-wgmma" * self.wgmma
 
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
         cp = _cp()
@@ -68,8 +66,10 @@ class CupyBackend:
         self.embedding = cp.asarray(weights.embedding)
         cos, sin = rope_table(cfg.max_context, cfg.head_dim, cfg.rope_theta)
         self._cos, self._sin = cp.asarray(cos), cp.asarray(sin)
+        if self.wgmma:
+            lm.lw.require_device()
         for name, lw in weights.linears.items():  # mma: the codes as bf16 too (its tile GEMM)
-            self._linear[name] = upload_weight(lw.w, lw.scale, bf16=self.mma)
+            self._linear[name] = upload_weight(lw.w, lw.scale, bf16=self.mma, wgmma=self.wgmma)
         self._norms = {name: cp.asarray(v) for name, v in weights.norms.items()}
 
     def weight(self, name: str) -> DeviceWeight:
@@ -205,7 +205,7 @@ class CupyBackend:
               tiled: bool = False) -> Any:
         out = self.new((x.shape[0], wd.shape[0])) if out is None else out
         if self.mma and wd.dtype_name == "int8" and lm.supports(*wd.shape):
-            return lm.linear_mma(x, wd, out, residual, pdl=self.options.pdl)
+            return lm.linear_mma(x, wd, out, residual, pdl=self.options.pdl, wgmma=self.wgmma)
         return ck.linear(x, wd, out, residual=residual, tiled=tiled, pdl=self.options.pdl)
 
     # -- fused stage groups (stages.py composes the primitives).

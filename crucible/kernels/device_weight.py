@@ -43,6 +43,7 @@ class DeviceWeight:
     w: Any
     scale: Any | None
     wb: Any | None = None  # int8 only, on request: the codes as bf16 [N, K] (uint16)
+    wg: Any | None = None  # int8 only, on request: the same as wgmma reads them (codes_wgmma)
 
     @property
     def shape(self) -> tuple[int, int]:  # (N, K), as the weight is written
@@ -56,22 +57,38 @@ class DeviceWeight:
 
 
 def upload_weight(w: np.ndarray, scale: np.ndarray | None = None,
-                  bf16: bool = False) -> DeviceWeight:
+                  bf16: bool = False, wgmma: bool = False) -> DeviceWeight:
     """``w``: [N, K] f32 values, or int8 codes with ``scale`` [N]. ``bf16`` (int8 only): also
     the codes as bf16 [N, K] (each exact), for linear_mma.cu's BW forms: twice the codes'
-    bytes, which the tensor-core tile GEMM loads instead of converting codes."""
+    bytes, which the tensor-core tile GEMM loads instead of converting codes. ``wgmma``
+    (int8, a shape linear_wgmma.cu takes: N % 8 == 0, K % 64 == 0): the same bf16 codes in
+    the order linear_wgmma.cu reads them (``codes_wgmma``), twice the codes' bytes again."""
     cp = cupy()
     dt = np.int8 if scale is not None else np.float32
     w = np.ascontiguousarray(w, dtype=dt)
-    wb = cp.asarray(codes_bf16(w)) if bf16 and scale is not None else None
+    int8 = scale is not None
+    wb = cp.asarray(codes_bf16(w)) if bf16 and int8 else None
+    n, k = w.shape
+    wg = (cp.asarray(codes_wgmma(w)) if wgmma and int8 and n % 8 == 0 and k % 64 == 0
+          else None)
     return DeviceWeight(cp.asarray(np.ascontiguousarray(w.T)), cp.asarray(w),
-                        None if scale is None else cp.asarray(scale.astype(np.float32)), wb)
+                        None if scale is None else cp.asarray(scale.astype(np.float32)), wb, wg)
 
 
 def codes_bf16(codes: np.ndarray) -> np.ndarray:
     """int8 codes as bf16 bit patterns (uint16): an int8 code's bf16 is its f32's top half,
     exactly."""
     return (codes.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def codes_wgmma(codes: np.ndarray) -> np.ndarray:
+    """int8 codes [N, K] (N % 8 == 0, K % 64 == 0) as bf16 bits in the shared-memory image
+    cuda/linear_wgmma.cu copies 16 bytes at a time, [N/8][K/64][step j][core kc][column
+    r][slot p]: element code[8 nc + r][64 c + 16 (p // 2) + 4 j + p % 2 + 2 kc], the k
+    that linear_mma.cu's order puts in slot 8 kc + p of step j (flat, uint16)."""
+    n, k = codes.shape
+    b = codes_bf16(codes).reshape(n // 8, 8, k // 64, 4, 4, 2, 2)  # [nc][r][c][t][j][kc][p%2]
+    return np.ascontiguousarray(b.transpose(0, 2, 4, 5, 1, 3, 6)).reshape(-1)
 
 
 def check_x(x: Any, k: int) -> None:

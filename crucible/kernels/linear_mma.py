@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from crucible.kernels import linear_wgmma as lw
 from crucible.kernels.device_weight import DeviceWeight, check_linear, check_out, check_x, need
 from crucible.kernels.launch import launch
 from crucible.kernels.source import cached_module
@@ -178,7 +179,7 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
                form: tuple[int, ...] | None = None, one_acc: bool = False,
                pdl: bool = False, norm: Any = None, eps: float = 0.0,
                swiglu: bool = False, prefetch: bool | None = None,
-               bf16: bool | None = None) -> Any:
+               bf16: bool | None = None, wgmma: bool = False) -> Any:
     """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights only. ``pdl``: launch
     with programmatic dependent launch (launch.py); the bits are the same either way.
     ``norm`` (f32 [K]) and ``eps``: RMSNorm x first, as rmsnorm_rows does; ``swiglu``: the
@@ -186,7 +187,10 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     needs a rows form, and ``norm`` alone may take the one-row form (``fused_form``); they
     give the bits of the separate kernels. ``prefetch``: the tile kernel's loads a block
     ahead or not (None: by the grid's size, PF_MAX_CTAS); ``bf16``: the tile kernel reads
-    ``wd.wb``, the codes as bf16 (None: where it pays, bw_wanted); the same bits either way."""
+    ``wd.wb``, the codes as bf16 (None: where it pays, bw_wanted); the same bits either way.
+    ``wgmma``: a plain GEMM (no form, fusion or control asked for) that
+    ``linear_wgmma.routes`` takes runs on the warpgroup-MMA kernel, meant to give these bits
+    (experimental: CRUCIBLE_WGMMA)."""
     import cupy as cp
 
     if swiglu:  # out is [M, F]: check_linear's [M, N] does not apply
@@ -198,6 +202,9 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     else:
         m, n, k = check_linear(x, wd, out, residual)
     need(wd.dtype_name == "int8", "linear_mma: int8 weights only")
+    if (wgmma and norm is None and not swiglu and not one_acc and form is None
+            and prefetch is None and bf16 is None and lw.routes(m, wd)):
+        return lw.linear_wgmma(x, wd, out, residual, pdl=pdl)
     if norm is not None or swiglu:  # the compiled fused forms: NORM, EPI or both (ROW_FUSED)
         need(norm is None or (tuple(norm.shape) == (k,) and norm.dtype == np.float32
                               and norm.flags.c_contiguous),

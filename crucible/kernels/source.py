@@ -52,3 +52,55 @@ def cached_module(name: str, names: tuple[str, ...] = ()) -> Any:
     """``compile_module``, once per process for each source and set of instantiations (the
     kernel wrappers' compile cache)."""
     return compile_module(name, names)
+
+
+# What CuPy's RawModule gives every module besides ours (cupy.cuda.compiler appends
+# -ftz=true): an arch-specific build must round as the rest do, or the same order would
+# give other bits around denormals.
+CUPY_IMPLIED_OPTIONS = ("-ftz=true",)
+
+
+def _nvrtc() -> Any:
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError:  # older layouts
+        from cupy.cuda import nvrtc
+    return nvrtc
+
+
+@functools.cache
+def cached_arch_module(name: str, arch: str) -> Any:
+    """``name`` built by NVRTC for an arch-specific target (``sm_90a``: wgmma needs it, and
+    CuPy's RawModule always sets its own -arch), with the project's options and CuPy's
+    implied ones, straight to a cubin; kept under CuPy's kernel cache by a digest of the
+    source (headers included), the options and NVRTC's version, and loaded as a RawModule.
+    Once per process per source. A build error is a RuntimeError with NVRTC's log."""
+    import os
+    import tempfile
+
+    import cupy
+    from cupy.cuda import compiler
+
+    nvrtc = _nvrtc()
+    src = module_source(name)
+    options = ("-std=c++17", f"-I{cuda_source_dir()}", f"-arch={arch}") + CUPY_IMPLIED_OPTIONS
+    key = hashlib.sha256(repr((src, options, nvrtc.getVersion())).encode()).hexdigest()
+    cache = Path(compiler.get_cache_dir())
+    path = cache / f"crucible-{Path(name).stem}-{arch}-{key[:32]}.cubin"
+    if not path.exists():
+        prog = nvrtc.createProgram(src, name, (), ())
+        try:
+            try:
+                nvrtc.compileProgram(prog, options)
+            except nvrtc.NVRTCError as e:
+                raise RuntimeError(f"NVRTC could not build {name} for {arch}:\n"
+                                   f"{nvrtc.getProgramLog(prog)[-4000:]}") from e
+            cubin = nvrtc.getCUBIN(prog)
+        finally:
+            nvrtc.destroyProgram(prog)
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        os.replace(tmp, path)  # atomic: a concurrent process reads the whole file or none
+    return cupy.RawModule(path=str(path))

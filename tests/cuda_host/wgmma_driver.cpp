@@ -1,10 +1,10 @@
-// wgmma_driver.cpp: bench/wgmma_gemm.cu and bench/wgmma_pipe.cu (linear_mma.cu's order on
-// the warpgroup MMA; the second with its loads through a cp.async pipeline from the codes
-// pre-permuted into wgmma's shared-memory image) run on the host (prelude.h, wgmma_host.h's
+// wgmma_driver.cpp: cuda/linear_wgmma.cu and bench/wgmma_gemm.cu (linear_mma.cu's order on
+// the warpgroup MMA; the first with its loads through a cp.async pipeline from the codes
+// pre-permuted into wgmma's shared-memory image, the second through registers) run on the host (prelude.h, wgmma_host.h's
 // stand-ins, descriptor mode 0) against mma_ref.h's spelling of the order, bit for bit
 // (tests/test_kernels_on_host.py builds it).
 //
-// Sweep: wgmma_gemm at BN 32 and 64, wgmma_pipe at (BN, stages) (32, 3), (32, 4), (64, 3);
+// Sweep: wgmma_gemm at BN 32 and 64, linear_wgmma at (BN, stages) (32, 3), (32, 4), (64, 3);
 // M = 1, 7, 63, 64, 65, 100 (row tails in and past a 64-row tile,
 // two CTAs down M); N = 2 BN (two CTAs across); K = 64, 128, 192 (one to three blocks, so
 // the double buffer turns over); with and without the residual. y starts as a sentinel, so
@@ -13,8 +13,8 @@
 // three blocks (two add the same either way).
 #include "prelude.h"
 #include "wgmma_host.h"
+#include "linear_wgmma.cu"
 #include "../../bench/wgmma_gemm.cu"
-#include "../../bench/wgmma_pipe.cu"
 #include "mma_ref.h"
 
 #include <cstdio>
@@ -24,8 +24,8 @@
 
 static bool descending = false;
 
-// bench/wgmma_pipe.cu's wp: element (nc, c, j, kc, r, p) = code[8 nc + r][64 c + 16 (p / 2)
-// + 4 j + p % 2 + 2 kc], as bf16 (bench/wgmma_gemm.py codes_wgmma builds the same).
+// linear_wgmma.cu's wp: element (nc, c, j, kc, r, p) = code[8 nc + r][64 c + 16 (p / 2)
+// + 4 j + p % 2 + 2 kc], as bf16 (kernels/device_weight.py codes_wgmma builds the same).
 static std::vector<unsigned short> codes_wgmma(const std::vector<unsigned short>& wb, int N,
                                                int K) {
     std::vector<unsigned short> out(wb.size());
@@ -41,7 +41,7 @@ static std::vector<unsigned short> codes_wgmma(const std::vector<unsigned short>
     return out;
 }
 
-// BN: the CTA's columns; S: 0 for wgmma_gemm, else wgmma_pipe's stages.
+// BN: the CTA's columns; S: 0 for wgmma_gemm, else linear_wgmma's stages.
 template <int BN, int S>
 static int run_case(int M, int K, bool with_res, std::mt19937& gen) {
     const int N = 2 * BN;
@@ -64,8 +64,7 @@ static int run_case(int M, int K, bool with_res, std::mt19937& gen) {
             wgmma_gemm_body<BN>(x.data(), reinterpret_cast<const uint16_t*>(wb.data()),
                                 sc.data(), r, y.data(), M, N, K, 0);
         else
-            wgmma_pipe_body<BN, S>(x.data(), reinterpret_cast<const uint16_t*>(wp.data()),
-                                   sc.data(), r, y.data(), M, N, K, 0);
+            linear_wgmma_body<BN, S>(x.data(), wp.data(), sc.data(), r, y.data(), M, N, K, 0);
     });
     int bad = 0;
     for (int m = 0; m < M; ++m)
@@ -77,7 +76,7 @@ static int run_case(int M, int K, bool with_res, std::mt19937& gen) {
             bad += std::memcmp(&want, &y[(size_t)m * N + n], 4) != 0;
         }
     if (bad)
-        printf("FAIL %s BN=%d M=%d K=%d residual=%d: %d wrong\n", S ? "pipe" : "gemm", BN, M,
+        printf("FAIL %s BN=%d M=%d K=%d residual=%d: %d wrong\n", S ? "linear_wgmma" : "gemm", BN, M,
                K, (int)with_res, bad);
     return bad != 0;
 }

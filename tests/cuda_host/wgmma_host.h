@@ -1,4 +1,5 @@
-// wgmma_host.h: host stand-ins for the warpgroup MMA that bench/wgmma_gemm.cu uses
+// wgmma_host.h: host stand-ins for the warpgroup MMA that cuda/wgmma_ops.cuh declares for
+// cuda/linear_wgmma.cu and bench/wgmma_gemm.cu
 // (wgmma.mma_async m64nNk16, bf16 in, f32 accumulate; A in registers, B in shared memory
 // through a no-swizzle descriptor), for prelude.h's one-CTA-at-a-time threads.
 //
@@ -55,7 +56,7 @@ inline void wg_mma(float (&d)[N], const unsigned (&a)[4], uint64_t desc, bool ac
     __syncthreads();  // every thread has read the fragments before they are replaced
 }
 
-// bench/wgmma_pipe.cu's cp.async: the copy (or the zero fill) happens at once.
+// cuda/linear_wgmma.cu's cp.async: the copy (or the zero fill) happens at once.
 inline void wp_cp16(void* dst, const void* src, int bytes) {
     if (bytes) std::memcpy(dst, src, 16);
     else std::memset(dst, 0, 16);

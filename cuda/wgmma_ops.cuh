@@ -1,29 +1,42 @@
-// wgmma_ops.cuh (bench only): the warpgroup-MMA operations the wgmma GEMMs use
-// (bench/wgmma_gemm.cu, bench/wgmma_pipe.cu): fence, commit, wait, the generic-to-async
-// proxy fence, a no-swizzle shared-memory descriptor, and m64nNk16 bf16 -> f32 with A in
-// registers (mma.sync's m16n8k16 A layout per warp) and B through the descriptor, D per
-// 8-column group i as (row g, cols 8 i + 2 t, + 1), (row g + 8, the same).
+// wgmma_ops.cuh: the warpgroup-MMA operations of the wgmma GEMMs (cuda/linear_wgmma.cu,
+// bench/wgmma_gemm.cu): fence, commit, wait, the generic-to-async proxy fence, a no-swizzle
+// shared-memory descriptor, and m64nNk16 bf16 -> f32 with A in registers (mma.sync's
+// m16n8k16 A layout per warp: warp w of the warpgroup holds rows 16 w ..) and B through the
+// descriptor; D per 8-column group i as (row g, cols 8 i + 2 t, + 1), (row g + 8, the same),
+// lane = 4 g + t.
+// wgmma exists only in the arch-specific target (sm_90a; kernels/source.py builds these
+// files for it). Built for anything else, the operations trap, so a kernel cannot run
+// silently wrong (tests/test_attention_nvcc.py still compiles every file for sm_90).
 // tests/cuda_host/wgmma_host.h supplies host stand-ins for all of them (CRU_HOST_SHIM).
+// No standard headers (NVRTC).
 #pragma once
-#include <stdint.h>
 
 #ifndef CRU_HOST_SHIM
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CRU_WG_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define CRU_WG_ASM(...) __trap()
+#endif
+__device__ __forceinline__ void wg_fence() { CRU_WG_ASM("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    CRU_WG_ASM("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void wg_wait0() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    CRU_WG_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
 // Generic-proxy stores to shared memory before the async proxy (wgmma) reads them.
 __device__ __forceinline__ void wg_proxy_fence() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    CRU_WG_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-__device__ __forceinline__ uint64_t wg_desc(const void* smem, unsigned lbo, unsigned sbo) {
+// Start address, leading and stride byte offsets (each >> 4 in 14 bits), base offset 0,
+// no swizzle.
+__device__ __forceinline__ unsigned long long wg_desc(const void* smem, unsigned lbo,
+                                                      unsigned sbo) {
     const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
-           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32);
+    return (unsigned long long)((a & 0x3FFFF) >> 4) |
+           ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
 }
 
 // d = A B (+ d when acc) for one m64nBNk16 step (A: this thread's four registers; B: the
@@ -31,9 +44,9 @@ __device__ __forceinline__ uint64_t wg_desc(const void* smem, unsigned lbo, unsi
 // into d between wgmmas would make ptxas serialise them (C7519). It differs from adding to
 // +0 at most in the sign of an exactly-zero part, which the block sums then remove: a
 // total starts as 0.0f and x + (-0) == x, +0 + -0 == +0 (round to nearest).
-__device__ __forceinline__ void wg_mma(float (&d)[16], const unsigned (&a)[4], uint64_t b,
+__device__ __forceinline__ void wg_mma(float (&d)[16], const unsigned (&a)[4], unsigned long long b,
                                        bool acc) {
-    asm volatile(
+    CRU_WG_ASM(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, "
@@ -44,9 +57,9 @@ __device__ __forceinline__ void wg_mma(float (&d)[16], const unsigned (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"((int)acc));
 }
 
-__device__ __forceinline__ void wg_mma(float (&d)[32], const unsigned (&a)[4], uint64_t b,
+__device__ __forceinline__ void wg_mma(float (&d)[32], const unsigned (&a)[4], unsigned long long b,
                                        bool acc) {
-    asm volatile(
+    CRU_WG_ASM(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,"

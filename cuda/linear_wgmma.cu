@@ -1,0 +1,158 @@
+// linear_wgmma.cu: linear_mma.cu's tensor-core GEMM order on the warpgroup MMA (wgmma,
+// sm_90a), for large M: y[m, n] = scale[n] * sum_k x[m, k] * code[n, k] (+ residual[m, n]
+// last). Not routed unless CRUCIBLE_WGMMA=1 (kernels/linear_wgmma.py): its bits must first
+// be shown equal to linear_mma's on the GPU (bench/wgmma_probe.py, bench/wgmma_gemm.py).
+//
+// The order is linear_mma.cu's, step for step: K in 64-blocks; block c's value (lo + mid) +
+// hi, three part accumulators over the block's four steps j ascending, step j's slots
+// holding the same k as there (lane group t's slots 2t, 2t+1, 2t+8, 2t+9 hold k = 64 c +
+// 16 t + 4 j + 0..3); total = 0 + b_0 + b_1 + ...; * scale; residual + that. A part's chain
+// starts with wgmma's scale-d 0 instead of adding to +0, which can only change the sign of
+// an exactly-zero part, and the block sums remove that (wgmma_ops.cuh). So it gives
+// linear_mma's bits wherever wgmma sums a step as mma.sync does.
+//
+// Why: linear_mma's warps issue ~630 instructions a 64-block besides their mmas (x's split,
+// the codes' conversion, B fragments, an mma per 8 columns and part) and hold three part
+// accumulators in registers (docs/throughput.md: occupancy-bound). Here one wgmma a part and
+// step covers a warpgroup's 64 rows x BN columns, B is read from shared memory, and the
+// loads run S - 1 blocks ahead through cp.async, in no registers.
+//
+// Layout: x f32 [M, K]; wp: the codes as bf16, pre-permuted into the shared-memory image
+// wgmma reads (DeviceWeight.wg, kernels/device_weight.py codes_wgmma), [N / 8][K / 64][step
+// j][core kc][column r][8 slots], so that each 16-byte piece is one core-matrix row: element
+// (nc, c, j, kc, r, p) = code[8 nc + r][64 c + 16 (p / 2) + 4 j + p % 2 + 2 kc]. scale f32
+// [N]; y, residual f32 [M, N]. K % 64 == 0, N % BN == 0 (the host checks).
+// Thread mapping: CTA = one warpgroup (128 threads), rows 64 blockIdx.y .. + 63, columns BN
+// blockIdx.x .. + BN - 1; warp w holds rows 16 w .. 16 w + 15, lane = 4 g + t holds A (rows
+// g, g + 8) and D as wgmma_ops.cuh states. Grid (N / BN, ceil(M / 64)).
+// Dynamic shared memory, S stages of: x's 64 x 64 block (16 KB; row r's 16-byte chunk ch at
+// chunk ((ch & 7) ^ ((ch >> 3) << 1) ^ (r & 1)) | (ch & 8), so that the split's float4 reads,
+// chunks 4 t + j of rows g and g + 1 in a quarter warp, hit eight distinct bank groups), then
+// the codes' BN x 64 bf16 in core matrices (step j at j * 32 BN bytes, column group nc at
+// nc * 256, kc at 128: descriptor leading offset 128, stride 256; `mode` 1 swaps the two
+// fields, for bench/wgmma_gemm.py to find the reading the hardware uses). Rows past M load
+// as zeros. Stage s is refilled with block c + S - 1 only after every thread passed block
+// c - 1's wgmma wait (the barrier at the top of block c).
+// PDL (pdl.cuh): the first S - 1 blocks' codes are in flight before cru_pdl_wait; x and
+// the residual are read after it.
+#include "mma_common.cuh"
+#include "pdl.cuh"
+#include "wgmma_ops.cuh"
+
+#ifndef CRU_HOST_SHIM
+#define CRU_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
+// dst (shared) = 16 bytes at src, or zeros when bytes == 0.
+__device__ __forceinline__ void wp_cp16(void* dst, const void* src, int bytes) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void wp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+#endif
+
+__device__ __forceinline__ int wp_swizzle(int r, int ch) {
+    return (((ch & 7) ^ ((ch >> 3) << 1) ^ (r & 1)) & 7) | (ch & 8);
+}
+
+// Block c's x (64 rows x 16 chunks of 16 bytes) into a stage.
+__device__ __forceinline__ void wp_issue_x(float* xs, const float* x, int m0, int M, int K, int c) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        const int i = threadIdx.x + 128 * r, row = i >> 4, ch = i & 15, gr = m0 + row;
+        const float* src = x + (size_t)(gr < M ? gr : 0) * K + 64 * c + 4 * ch;
+        wp_cp16(xs + row * 64 + 4 * wp_swizzle(row, ch), src, gr < M ? 16 : 0);
+    }
+}
+
+// Block c's codes of the CTA's BN columns (BN / 8 groups x 64 pieces of 16 bytes).
+template <int BN>
+__device__ __forceinline__ void wp_issue_codes(unsigned short* cs, const unsigned short* wp,
+                                               int n0, int K, int c) {
+#pragma unroll
+    for (int r = 0; r < BN / 16; ++r) {
+        const int i = threadIdx.x + 128 * r, nc = i >> 6, piece = i & 63;
+        const int j = piece >> 4, kc = (piece >> 3) & 1, row = piece & 7;
+        const unsigned short* src = wp + ((size_t)(n0 / 8 + nc) * (K / 64) + c) * 512 + piece * 8;
+        wp_cp16(cs + j * 16 * BN + nc * 128 + kc * 64 + row * 8, src, 16);
+    }
+}
+
+template <int BN, int S>
+__device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
+                                                  const unsigned short* __restrict__ wp,
+                                                  const float* __restrict__ scale,
+                                                  const float* __restrict__ residual,
+                                                  float* __restrict__ y, int M, int N, int K,
+                                                  int mode) {
+    CRU_DYNAMIC_SMEM(float4, wp_smem4);
+    constexpr int XS = 64 * 64, CS = BN * 64;  // floats, bf16 a stage
+    float* xs0 = reinterpret_cast<float*>(wp_smem4);
+    unsigned short* cs0 = reinterpret_cast<unsigned short*>(xs0 + S * XS);
+    constexpr int D = BN / 2;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * 64, nblocks = K / 64;
+    const int l0 = 16 * w + g, l1 = l0 + 8;  // the thread's rows in the tile
+    const unsigned lbo = mode == 0 ? 128u : 256u, sbo = mode == 0 ? 256u : 128u;
+    float part[3][D], total[D];
+#pragma unroll
+    for (int e = 0; e < D; ++e) total[e] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s)  // weights: never written by a step
+        if (s < nblocks) wp_issue_codes<BN>(cs0 + s * CS, wp, n0, K, s);
+    cru_pdl_wait();
+    cru_pdl_trigger();
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {  // group s: block s's x (group 0 also the codes above)
+        if (s < nblocks) wp_issue_x(xs0 + s * XS, x, m0, M, K, s);
+        wp_commit();
+    }
+    for (int c = 0; c < nblocks; ++c) {
+        wp_wait<S - 2>();  // block c's stage has landed (this thread's copies)
+        wg_proxy_fence();
+        __syncthreads();   // ... and every thread's; block c - 1's stage is free again
+        const int next = c + S - 1, st = c % S;
+        if (next < nblocks) {
+            wp_issue_codes<BN>(cs0 + (next % S) * CS, wp, n0, K, next);
+            wp_issue_x(xs0 + (next % S) * XS, x, m0, M, K, next);
+        }
+        wp_commit();
+        const float* xs = xs0 + st * XS;
+        unsigned a[4][3][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float4 v0 = *reinterpret_cast<const float4*>(xs + l0 * 64 + 4 * wp_swizzle(l0, 4 * t + j));
+            const float4 v1 = *reinterpret_cast<const float4*>(xs + l1 * 64 + 4 * wp_swizzle(l1, 4 * t + j));
+            cru_split_a(v0, v1, a[j]);
+        }
+        const unsigned short* cs = cs0 + st * CS;
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const unsigned long long desc = wg_desc(cs + j * 16 * BN, lbo, sbo);
+#pragma unroll
+            for (int s = 0; s < 3; ++s) wg_mma(part[s], a[j][s], desc, j > 0);
+        }
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int e = 0; e < D; ++e)
+            total[e] = __fadd_rn(total[e], __fadd_rn(__fadd_rn(part[2][e], part[1][e]), part[0][e]));
+    }
+    wg_store_tile<BN>(total, y, residual, scale, m0 + l0, n0, t, M, N);
+}
+
+#ifndef CRU_HOST_SHIM
+// The forms kernels/linear_wgmma.py launches: linear_wgmma_<BN>_<S>, dynamic shared memory
+// S * (16384 + 128 BN) bytes.
+#define CRU_LINEAR_WGMMA(BN, S)                                                             \
+    extern "C" __global__ void __launch_bounds__(128) linear_wgmma_##BN##_##S(              \
+        const float* x, const unsigned short* wp, const float* scale, const float* residual, \
+        float* y, int M, int N, int K, int mode) {                                          \
+        linear_wgmma_body<BN, S>(x, wp, scale, residual, y, M, N, K, mode);                 \
+    }
+CRU_LINEAR_WGMMA(32, 3)
+CRU_LINEAR_WGMMA(32, 4)
+CRU_LINEAR_WGMMA(64, 3)
+#endif

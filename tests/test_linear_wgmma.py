@@ -1,0 +1,65 @@
+"""The warpgroup-MMA GEMM's host side (kernels/linear_wgmma.py, CRUCIBLE_WGMMA): the codes'
+pre-permuted image puts every k where cuda/linear_wgmma.cu reads the slot linear_mma.cu's
+order gives it; which GEMMs route there; the switch is strict and needs the mma order; the
+backend names it in its arithmetic (so the prefix cache keeps the two apart). The kernel's
+index arithmetic runs on the host in tests/test_kernels_on_host.py; its bits on the GPU in
+tests/test_gpu_linear_wgmma.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from crucible.backend.cupy_backend import CupyBackend
+from crucible.backend.options import BackendOptions
+from crucible.engine.settings import Settings
+from crucible.errors import ConfigError
+from crucible.kernels import linear_wgmma as lw
+from crucible.kernels.device_weight import codes_bf16, codes_wgmma
+
+
+def test_codes_image_holds_each_k_in_its_mma_slot() -> None:
+    """Element (nc, c, j, kc, r, p) = code[8 nc + r][64 c + 16 (p // 2) + 4 j + p % 2 +
+    2 kc]: step j's slot 8 kc + p of column 8 nc + r, as mma_common.cuh's fragments hold
+    k = 16 t + 4 j + 0..3 in the slots 2t, 2t+1, 2t+8, 2t+9."""
+    codes = np.random.default_rng(3).integers(-127, 128, (16, 128)).astype(np.int8)
+    got = codes_wgmma(codes).reshape(2, 2, 4, 2, 8, 8)
+    bits = codes_bf16(codes)
+    for nc, c, j, kc, r, p in np.ndindex(got.shape):
+        slot = 8 * kc + p
+        t, s = (slot % 8) // 2, slot % 2 + 2 * (slot // 8)  # the slot's lane group, k offset
+        assert got[nc, c, j, kc, r, p] == bits[8 * nc + r, 64 * c + 16 * t + 4 * j + s]
+    assert sorted(got.ravel().tolist()) == sorted(bits.ravel().tolist())  # a permutation
+
+
+def test_routes_large_m_with_the_image_and_a_fitting_shape() -> None:
+    wd = SimpleNamespace(shape=(960, 576), wg=object())
+    assert lw.routes(lw.FROM_M, wd) and lw.routes(2048, wd)
+    assert not lw.routes(lw.FROM_M - 1, wd)  # a 64-row tile would leave SMs idle
+    assert not lw.routes(2048, SimpleNamespace(shape=(960, 576), wg=None))  # not uploaded
+    assert not lw.routes(2048, SimpleNamespace(shape=(960, 576 + 32), wg=object()))
+    assert not lw.routes(2048, SimpleNamespace(shape=(960 + 16, 576), wg=object()))
+    assert lw.smem_bytes((32, 3)) == 3 * (16384 + 32 * 128)
+
+
+def test_switch_is_strict_and_needs_the_mma_order() -> None:
+    assert Settings.from_env({}).wgmma is False
+    s = Settings.from_env({"CRUCIBLE_WGMMA": "1"})
+    assert s.wgmma and s.backend_options().wgmma
+    for bad in ("on", "2", ""):
+        with pytest.raises(ConfigError, match="CRUCIBLE_WGMMA must be 0 or 1"):
+            Settings.from_env({"CRUCIBLE_WGMMA": bad})
+    with pytest.raises(ConfigError, match="needs gemm 'mma'"):
+        Settings.from_env({"CRUCIBLE_WGMMA": "1", "CRUCIBLE_GEMM": "fma"})
+    # f32 weights take linear.cu's order: the switch does not reach the backend there
+    assert not Settings(wgmma=True, weights="f32").backend_options().wgmma
+
+
+def test_backend_names_the_kernel_in_its_arithmetic() -> None:
+    on = CupyBackend(BackendOptions(gemm="mma", wgmma=True))
+    off = CupyBackend(BackendOptions(gemm="mma"))
+    assert on.wgmma and not off.wgmma
+    assert on.arithmetic == off.arithmetic + "-wgmma"
+    assert not CupyBackend(BackendOptions(gemm="fma", wgmma=True)).wgmma
