@@ -118,7 +118,11 @@ def reference(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, 
 def nvrtc_direct(cp: Any) -> Any:
     """The probe through NVRTC itself (cupy.cuda.nvrtc: -arch=sm_90a straight to a cubin),
     loaded as a module: a way for the product to build wgmma kernels without nvcc."""
-    from cupy.cuda import function, nvrtc
+    from cupy.cuda import function
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError:  # older layouts
+        from cupy.cuda import nvrtc
 
     prog = nvrtc.createProgram(SRC.read_text(), "wgmma_probe.cu", (), ())
     try:
