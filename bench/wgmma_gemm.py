@@ -36,8 +36,8 @@ from common import stat, write_json
 HERE = Path(__file__).resolve().parent
 SOURCES = ("wgmma_gemm.cu",)
 # name: (BN, stages; 0: bench/wgmma_gemm.cu's register double buffer, else linear_wgmma.cu)
-KERNELS = {"gemm_32": (32, 0), "gemm_64": (64, 0), "pipe_32_3": (32, 3),
-           "pipe_32_4": (32, 4), "pipe_64_3": (64, 3)}
+KERNELS = {"gemm_32": (32, 0), "gemm_64": (64, 0), "pipe_16_4": (16, 4),
+           "pipe_32_3": (32, 3), "pipe_32_4": (32, 4), "pipe_64_3": (64, 3)}
 LAYERS = ("qkv", "o", "gate_up", "down")
 EXACT_MS = (1, 37, 64, 256, 1024)
 QUICK_MS = (37, 65)  # --quick (under compute-sanitizer): a row tail, and two row tiles

@@ -23,7 +23,7 @@
 // (nc, c, j, kc, r, p) = code[8 nc + r][64 c + 16 (p / 2) + 4 j + p % 2 + 2 kc]. scale f32
 // [N]; y, residual f32 [M, N]. K % 64 == 0, N % BN == 0 (the host checks).
 // Thread mapping: CTA = one warpgroup (128 threads), rows 64 blockIdx.y .. + 63, columns BN
-// blockIdx.x .. + BN - 1; warp w holds rows 16 w .. 16 w + 15, lane = 4 g + t holds A (rows
+// (16, 32 or 64) blockIdx.x .. + BN - 1; warp w holds rows 16 w .. 16 w + 15, lane = 4 g + t holds A (rows
 // g, g + 8) and D as wgmma_ops.cuh states. Grid (N / BN, ceil(M / 64)).
 // Dynamic shared memory, S stages of: x's 64 x 64 block (16 KB; row r's 16-byte chunk ch at
 // chunk ((ch & 7) ^ ((ch >> 3) << 1) ^ (r & 1)) | (ch & 8), so that the split's float4 reads,
@@ -152,6 +152,7 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
         float* y, int M, int N, int K, int mode) {                                          \
         linear_wgmma_body<BN, S>(x, wp, scale, residual, y, M, N, K, mode);                 \
     }
+CRU_LINEAR_WGMMA(16, 4)
 CRU_LINEAR_WGMMA(32, 3)
 CRU_LINEAR_WGMMA(32, 4)
 CRU_LINEAR_WGMMA(64, 3)

@@ -44,6 +44,17 @@ __device__ __forceinline__ unsigned long long wg_desc(const void* smem, unsigned
 // into d between wgmmas would make ptxas serialise them (C7519). It differs from adding to
 // +0 at most in the sign of an exactly-zero part, which the block sums then remove: a
 // total starts as 0.0f and x + (-0) == x, +0 + -0 == +0 (round to nearest).
+__device__ __forceinline__ void wg_mma(float (&d)[8], const unsigned (&a)[4], unsigned long long b,
+                                       bool acc) {
+    CRU_WG_ASM(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"((int)acc));
+}
+
 __device__ __forceinline__ void wg_mma(float (&d)[16], const unsigned (&a)[4], unsigned long long b,
                                        bool acc) {
     CRU_WG_ASM(

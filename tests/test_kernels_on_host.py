@@ -52,9 +52,9 @@ whole steps) is gpu-engine-check's.
   the warpgroup MMA, routed only under CRUCIBLE_WGMMA=1, timed by bench/wgmma_gemm.py) against
   mma_ref.h's spelling of that order, with wgmma_host.h's stand-ins for the warpgroup MMA
   (the descriptor read as the kernels' mode 0) and cp.async (copies at once): wgmma_gemm at
-  BN 32 and 64, linear_wgmma at (32, 3), (32, 4) and (64, 3) stages, M = 1..100 over one and
-  two 64-row tiles, K of one to three blocks, the residual on and off, 180 runs; the 60 with
-  three blocks must fail descending.
+  BN 32 and 64, linear_wgmma at (16, 4), (32, 3), (32, 4) and (64, 3) stages, M = 1..100
+  over one and two 64-row tiles, K of one to three blocks, the residual on and off, 216
+  runs; the 72 with three blocks must fail descending.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from host_driver import build, run
 CASES = {"chunks_driver.cpp": (720, 144), "stack_driver.cpp": (144, 96),
          "mma_driver.cpp": (80, 49), "mma_stack_driver.cpp": (36, 30),
          "mma_qkv_driver.cpp": (24, 18), "decode_attn_driver.cpp": (50, 42),
-         "prefill_attn_driver.cpp": (28, 24), "wgmma_driver.cpp": (180, 60)}
+         "prefill_attn_driver.cpp": (28, 24), "wgmma_driver.cpp": (216, 72)}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

@@ -21,8 +21,9 @@ from crucible.kernels.launch import launch
 
 # (BN, S): columns a CTA (one warpgroup, 64 rows) and cp.async stages. The first is routed
 # until bench/wgmma_gemm.py has timed them: 127 registers, four CTAs an SM by registers and
-# three by shared memory (60 KiB each).
-FORMS: tuple[tuple[int, int], ...] = ((32, 3), (32, 4), (64, 3))
+# three by shared memory (60 KiB each). BN 16 doubles the CTAs of a mid-M grid (qkv at 256
+# rows: 240 instead of 120) for the same x traffic a CTA.
+FORMS: tuple[tuple[int, int], ...] = ((32, 3), (16, 4), (32, 4), (64, 3))
 # Rows from which a GEMM routes here: below, a 64-row tile leaves most SMs idle (N / 32
 # CTAs a 64 rows), where linear_mma's rows kernel splits K instead.
 FROM_M = 128

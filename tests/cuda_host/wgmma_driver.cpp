@@ -4,7 +4,8 @@
 // stand-ins, descriptor mode 0) against mma_ref.h's spelling of the order, bit for bit
 // (tests/test_kernels_on_host.py builds it).
 //
-// Sweep: wgmma_gemm at BN 32 and 64, linear_wgmma at (BN, stages) (32, 3), (32, 4), (64, 3);
+// Sweep: wgmma_gemm at BN 32 and 64, linear_wgmma at (BN, stages) (16, 4), (32, 3), (32, 4),
+// (64, 3);
 // M = 1, 7, 63, 64, 65, 100 (row tails in and past a 64-row tile,
 // two CTAs down M); N = 2 BN (two CTAs across); K = 64, 128, 192 (one to three blocks, so
 // the double buffer turns over); with and without the residual. y starts as a sentinel, so
@@ -90,8 +91,8 @@ int main(int argc, char** argv) {
             for (bool with_res : {false, true}) {
                 failed += run_case<32, 0>(M, K, with_res, gen) + run_case<64, 0>(M, K, with_res, gen);
                 failed += run_case<32, 3>(M, K, with_res, gen) + run_case<32, 4>(M, K, with_res, gen);
-                failed += run_case<64, 3>(M, K, with_res, gen);
-                runs += 5;
+                failed += run_case<64, 3>(M, K, with_res, gen) + run_case<16, 4>(M, K, with_res, gen);
+                runs += 6;
             }
     printf("%d runs, %d failed\n", runs, failed);
     return failed ? 1 : 0;
