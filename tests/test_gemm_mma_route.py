@@ -12,6 +12,7 @@ import pytest
 
 from crucible.engine.settings import ConfigError, Settings
 from crucible.kernels import linear_mma as lm
+from crucible.kernels.device_weight import DeviceWeight
 from tests.test_linear_chunks import dev, fake_cupy, weight  # noqa: F401 - fixture
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576))  # SmolLM2-135M
@@ -249,3 +250,48 @@ def test_serve_takes_the_flag_too() -> None:
 
     assert serve_parser().parse_args(["--gemm", "mma"]).gemm == "mma"
     assert serve_parser().parse_args([]).gemm is None  # CRUCIBLE_GEMM or mma decides
+
+
+def test_launch_plans_are_made_once_and_launch_what_the_rules_say(
+        fake_cupy: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """linear_mma's launch (kernel, grid, block, shared memory, codes array, extra
+    arguments) per the rules, for the tile, rows and one-row forms and a fused rows form; a
+    repeated call reuses its plan (lm._plan: no second kernel lookup), and a changed
+    ROW1_ROUTED is a new plan, never a stale one."""
+    made, launched = [], []
+    monkeypatch.setattr(lm, "kernel", lambda *a, **kw: made.append((a, kw)) or (a, tuple(
+        sorted(kw.items()))))
+    monkeypatch.setattr(lm, "launch", lambda fn, grid, block, args, smem=0, pdl=False:
+                        launched.append((fn, grid, block, args, smem)))
+    lm._plan.cache_clear()
+    qkv = DeviceWeight(None, dev((960, 576), np.int8), dev((960,)), dev((960, 576), np.uint16))
+    for m, wb in ((300, False), (1024, True)):  # the tile kernel; bf16 codes from 512 rows
+        x, out = dev((m, 576)), dev((m, 960))
+        lm.linear_mma(x, qkv, out)
+        mt, nt, wm, wn = form = lm.pick_form(m, 960, 576)
+        fn, grid, block, args, smem = launched[-1]
+        assert fn[0][0] == form and grid == (960 // (8 * nt * wn), -(-m // (16 * mt * wm)))
+        assert block == (32 * wm * wn,) and smem == 0 and len(args) == 8
+        assert (args[1] is qkv.wb) == wb and (args[1] is qkv.w) == (not wb)
+        assert args[0] is x and args[4] is out and [int(v) for v in args[5:]] == [m, 960, 576]
+    n_made = len(made)
+    lm.linear_mma(dev((300, 576)), qkv, dev((300, 960)))  # the same shape: the plan again
+    assert len(made) == n_made and launched[-1][1:3] == launched[0][1:3]
+    x, out = dev((40, 576)), dev((40, 960))  # the rows kernel: K blocks over warps
+    lm.linear_mma(x, qkv, out)
+    nt, warps = lm.pick_form(40, 960, 576)
+    fn, grid, block, args, smem = launched[-1]
+    assert grid == (960 // (8 * nt), 3) and block == (32 * min(warps, 9),)
+    assert smem == lm.row_smem(576, nt) and len(args) == 10 and int(args[8]) == 0
+    head = DeviceWeight(None, dev((49152, 576), np.int8), dev((49152,)))
+    norm = dev((576,))
+    lm.linear_mma(dev((1, 576)), head, dev((1, 49152)), norm=norm, eps=1e-5)  # one-row form
+    fn, grid, block, args, smem = launched[-1]
+    assert fn[0][0] == (2,) and block == (lm.ROW1_THREADS,) and smem == 384 * 9
+    assert args[7] is norm and [int(v) for v in args[5:7]] == [49152, 576]
+    lm.linear_mma(dev((1, 576)), head, dev((1, 49152)))
+    assert launched[-1][0][0][0] == (2,)
+    monkeypatch.setattr(lm, "ROW1_ROUTED", False)  # the same call, now the tile kernel
+    lm.linear_mma(dev((1, 576)), head, dev((1, 49152)))
+    assert len(launched[-1][0][0][0]) == 4
+    lm._plan.cache_clear()

@@ -11,6 +11,7 @@ GEMMs, and the CuPy backend calls this for every int8 GEMM under ``gemm="mma"``.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -214,39 +215,61 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
         need(form is not None and len(form) in (1, 2) and not (swiglu and (
             len(form) == 1 or form[0] % 2)), f"linear_mma: no fused rows form for M={m}, "
              f"N={n}, K={k}")
-    form = form or pick_form(m, n, k)
-    need(fits(n, k, form, norm is not None, m),
-         f"linear_mma: form {form} does not fit N={n}, K={k}")
     for a in (x, wd.w, out, residual, norm):
         need(a is None or a.data.ptr % 16 == 0, "linear_mma: arrays must be 16-byte aligned")
-    need(len(form) != 1 or (m <= 1 and not one_acc),
-         f"linear_mma: the one-row form {form} takes one row and no control, got M={m}")
+    plan = _plan(m, n, k, form, one_acc, norm is not None, swiglu, prefetch, bf16,
+                 wd.wb is not None, ROW1_ROUTED)
     if m == 0:
         return out
     res = residual if residual is not None else np.uint64(0)  # a null pointer
+    nw = norm if norm is not None else np.uint64(0)
+    if plan.kind == 1:
+        args = (x, wd.w, wd.scale, res, out, cp.int32(n), cp.int32(k), nw, np.float32(eps))
+    else:
+        args = (x, wd.wb if plan.bf16 else wd.w, wd.scale, res, out, cp.int32(m),
+                cp.int32(n), cp.int32(k)) + ((nw, np.float32(eps)) if plan.kind == 2 else ())
+    launch(plan.fn, plan.grid, plan.block, args, plan.smem, pdl=pdl)
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A launch's kernel and shape: kind 1 (the one-row form), 2 (rows), 4 (tile); bf16:
+    the tile kernel reads ``wd.wb``."""
+
+    fn: Any
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+    smem: int
+    kind: int
+    bf16: bool
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(m: int, n: int, k: int, form: tuple[int, ...] | None, one_acc: bool, norm: bool,
+          swiglu: bool, prefetch: bool | None, bf16: bool | None, has_wb: bool,
+          row1_routed: bool) -> Plan:
+    """What linear_mma launches for these arguments, once per distinct set (an eager step's
+    ~120 GEMMs repeat a few shapes; the rules and the kernel lookup cost host time).
+    ``row1_routed``: ROW1_ROUTED when asked, which pick_form reads (a bench may switch it),
+    so that a cached plan never outlives the routing it was made under."""
+    form = form or pick_form(m, n, k)
+    need(fits(n, k, form, norm, m), f"linear_mma: form {form} does not fit N={n}, K={k}")
+    need(len(form) != 1 or (m <= 1 and not one_acc),
+         f"linear_mma: the one-row form {form} takes one row and no control, got M={m}")
     if len(form) == 1:
-        nw = norm if norm is not None else np.uint64(0)
         warps = ROW1_THREADS // 32
-        launch(kernel(form, norm=norm is not None), (-(-(n // 16) // warps),),
-               (ROW1_THREADS,), (x, wd.w, wd.scale, res, out, cp.int32(n), cp.int32(k), nw,
-                                 np.float32(eps)), 384 * (k // 64), pdl=pdl)
-        return out
-    args = (x, wd.w, wd.scale, res, out, cp.int32(m), cp.int32(n), cp.int32(k))
+        return Plan(kernel(form, norm=norm), (-(-(n // 16) // warps),), (ROW1_THREADS,),
+                    384 * (k // 64), 1, False)
     if len(form) == 2:
         nt, warps = form
-        nw = norm if norm is not None else np.uint64(0)
-        launch(kernel(form, one_acc, norm is not None, swiglu), (n // (8 * nt), -(-m // 16)),
-               (32 * min(warps, k // 64),), args + (nw, np.float32(eps)),
-               row_smem(k, nt, m if norm is not None else 0), pdl=pdl)
-        return out
+        return Plan(kernel(form, one_acc, norm, swiglu), (n // (8 * nt), -(-m // 16)),
+                    (32 * min(warps, k // 64),), row_smem(k, nt, m if norm else 0), 2, False)
     mt, nt, wm, wn = form
     grid = (n // (8 * nt * wn), -(-m // (16 * mt * wm)))
     pf = not one_acc and (grid[0] * grid[1] <= PF_MAX_CTAS if prefetch is None else prefetch)
-    has_wb = wd.wb is not None and not one_acc  # the codes as bf16: loaded, not converted
+    has_wb = has_wb and not one_acc  # the codes as bf16: loaded, not converted
     need(has_wb or not bf16,
          "linear_mma: bf16=True needs a weight uploaded with bf16=True and no control")
     bw = has_wb and (bw_wanted(m, n) if bf16 is None else bf16)
-    if bw:
-        args = (x, wd.wb, *args[2:])
-    launch(kernel(form, one_acc, pf=pf, bw=bw), grid, (32 * wm * wn,), args, pdl=pdl)
-    return out
+    return Plan(kernel(form, one_acc, pf=pf, bw=bw), grid, (32 * wm * wn,), 0, 4, bw)
