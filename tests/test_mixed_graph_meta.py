@@ -54,10 +54,11 @@ def decode(g: MixedGraphs, key: tuple, out: np.ndarray) -> dict:
                 feed=part(7), tables=out[offs[8]:].reshape(used, w), w=w, rows=rows)
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(45))
 def test_every_real_row_sees_its_eager_inputs(seed: int) -> None:
-    # Seeds from 30: steps past 512 rows, as CRUCIBLE_MIXED_GRAPH_ROWS=1024 lets through.
-    max_tokens = 1024 if seed >= 30 else MAX_TOKENS
+    # Seeds from 30: steps past 512 rows, as CRUCIBLE_MIXED_GRAPH_ROWS=1024 lets through;
+    # from 40, past 1,024 (=2048).
+    max_tokens = 2048 if seed >= 40 else 1024 if seed >= 30 else MAX_TOKENS
     rng = np.random.default_rng(seed)
     batch = random_step(rng, max_tokens)
     assert is_mixed_graph_step(batch, max_tokens)
@@ -151,6 +152,10 @@ def test_steps_outside_the_graphs_run_eagerly() -> None:
     big = step([1] * 900 + [50])  # serving's shape past 512 rows
     assert not is_mixed_graph_step(big) and is_mixed_graph_step(big, 1024)
     assert not is_mixed_graph_step(step([1] * 1000 + [50]), 1024)
+    huge = step([1] * 500 + [700, 800])  # the offline budget's: 2,000 rows, two slices
+    assert not is_mixed_graph_step(huge, 1024) and is_mixed_graph_step(huge, 2048)
+    assert MixedGraphs.key(graphs(), huge)[0] == 2048
+    assert MixedGraphs.key(graphs(), step([1] * 500 + [700]))[0] == 1280
 
 
 class _Cap:

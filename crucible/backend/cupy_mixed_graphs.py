@@ -41,7 +41,10 @@ Steps of more than ``max_tokens`` rows run eagerly: their GPU time (~24 ms for 1
 with 500 decodes) hides the launches, and each graph of that size costs a capture of a
 whole step. Serving makes steps just past 512 rows (a few hundred decodes beside a prompt's
 slice), which launch eagerly without PDL between kernels; 1,024 covers them (measured
-choice pending: docs/throughput.md).
+choice pending: docs/throughput.md). Up to 2,048 rows (the offline default's token budget)
+is allowed for when those steps' GPU time falls below their eager launches (a faster GEMM:
+docs/throughput.md, "The warpgroup MMA"); each such graph holds a 2,048-row forward's
+working set, and a capture that runs out of memory drops the graphs as above.
 
 Captures are bounded, so a stream of ever-new shapes can never make every step a capture:
 a key is captured the ``CAPTURE_AFTER``-th time it is seen (a one-off shape runs eagerly),
@@ -67,7 +70,7 @@ MAX_TOKENS = 512  # the default max_tokens
 MAX_SLICES = 4
 MAX_GRAPHS = 32
 CAPTURE_AFTER = 2  # sightings of a key before it is captured
-TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 640, 768, 1024)
+TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 640, 768, 1024, 1280, 1536, 2048)
 FINAL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 assert set(MIXED_GRAPH_ROWS) <= set(TOKEN_BUCKETS)  # what max_tokens may be: buckets
 SLICE_BUCKETS = (1, 2, 4)

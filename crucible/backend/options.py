@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from crucible.kernels.variants import DEFAULT_VARIANT
 
 # What mixed_graph_rows may be: the mixed graphs' row buckets from 128 (cupy_mixed_graphs).
-MIXED_GRAPH_ROWS = (128, 192, 256, 384, 512, 640, 768, 1024)
+MIXED_GRAPH_ROWS = (128, 192, 256, 384, 512, 640, 768, 1024, 1280, 1536, 2048)
 # The largest decode step a CUDA graph replays (cupy_graphs.BUCKETS' last): past it a
 # decode step launches eagerly, ~9 ms of host launches at hundreds of rows.
 DECODE_GRAPH_ROWS = 512
