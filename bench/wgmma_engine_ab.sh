@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The engine with CRUCIBLE_WGMMA=0 against =1, alternating in fresh processes
+# (bench/env_ab.py), once bench/wgmma_checks.sh has shown the kernel gives linear_mma's
+# bits: the random 1,000-request workload (#15's 80,000 tok/s) and 256 and 512 streaming
+# clients (#16's 30,000 tok/s), the default model, int8, library defaults.
+#
+#     OUT=/some/dir MODEL=/path/to/smollm2.gguf bash bench/wgmma_engine_ab.sh
+#
+# About eight minutes on an H200. Each A/B leaves one summary JSON under OUT.
+set -u
+OUT=${OUT:?set OUT to a directory for the results}
+MODEL=${MODEL:?set MODEL to the path of the default model GGUF}
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$OUT"
+python3 bench/env_ab.py --a CRUCIBLE_WGMMA=0 --b CRUCIBLE_WGMMA=1 --rounds 2 \
+    --metric summary.total_tok_per_s.median --metric summary.output_tok_per_s.median \
+    --metric probes.0.identical --json "$OUT/wgmma-throughput-h200.json" \
+    --drop-runs -- python3 bench/throughput.py --model "$MODEL" --device cuda --plot none \
+    --json '{json}'
+python3 bench/env_ab.py --a CRUCIBLE_WGMMA=0 --b CRUCIBLE_WGMMA=1 --rounds 2 \
+    --metric levels.clients=256.tok_per_s --metric levels.clients=512.tok_per_s \
+    --metric levels.clients=256.gap_p50_ms --metric levels.clients=256.ttft_p50_ms \
+    --metric levels.clients=256.errors --metric levels.clients=512.errors \
+    --json "$OUT/wgmma-serve-h200.json" --drop-runs -- python3 bench/serve_clients.py \
+    --model "$MODEL" --device cuda --mix issue --clients 256,512 --seconds 6 \
+    --ramp-seconds 1 --warmup-seconds 4 --no-engine-batch1 --plot none --json '{json}'
