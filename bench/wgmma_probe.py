@@ -20,8 +20,9 @@ operands, under both readings of the descriptor's offset fields (``mode``). The 
            the exact sum is tiny against its terms (alignment and truncation inside the
            sum show here first).
 Reported per mode: the largest error against float64 relative to sum |terms| (a mode that
-reads B wrongly shows errors near 1), and per kind the elements whose wgmma and mma.sync
-bits differ. The verdict is ``same_bits`` for the mode whose products are right. Also
+reads B wrongly shows errors near 1), per kind the elements whose wgmma and mma.sync bits
+differ, and an index case (row r picks k = r % 16, code[n][k] = k + 16 n) whose output
+names the (k, n) each row and column really got, to diagnose a layout that is wrong. The verdict is ``same_bits`` for the mode whose products are right. Also
 recorded (``nvrtc``): whether NVRTC, the product's compiler, builds the probe for sm_90a
 (through CuPy's RawModule, and directly to a cubin) and runs it to the nvcc build's bits.
 """
@@ -162,6 +163,30 @@ def _nvrtc_way(cp: Any, fn: Any, case: tuple[np.ndarray, ...], make: Any) -> dic
         return {"builds": False, "error": f"{type(e).__name__}: {str(e)[:500]}"}
 
 
+def index_case() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One step (the rest zero) where row r picks k = r % 16 and code[n][k] = k + 16 n (exact
+    small integers), so D[r][n] = r % 16 + 16 n when A's and B's layouts are read as this
+    file assumes; any other value names the (k, n) that row r and column n really got."""
+    a = np.zeros((64, 16 * STEPS), np.float32)
+    a[np.arange(64), np.arange(64) % 16] = 1.0
+    b = np.zeros((STEPS, 8, 16), np.float32)
+    b[0] = np.arange(16)[None, :] + 16 * np.arange(8)[:, None]
+    return bf16_bits(a), bf16_bits(b), np.zeros((64, 8), np.float32)
+
+
+def index_map(cp: Any, fn: Any, mode: int) -> dict[str, Any]:
+    """The index case under one descriptor reading: whether it is right, and the first rows
+    of what wgmma returned (the layout's diagnosis when it is not)."""
+    a, b, c = (cp.asarray(v[None]) for v in index_case())
+    d_wg, d_mma = cp.zeros((1, 64, 8), cp.float32), cp.zeros((1, 64, 8), cp.float32)
+    fn((1,), (128,), (a, b, c, d_wg, d_mma, np.int32(STEPS), np.int32(mode)))
+    want = (np.arange(64) % 16)[:, None] + 16 * np.arange(8)[None, :]
+    wg, mm = d_wg.get()[0], d_mma.get()[0]
+    return {"wgmma_right": bool(np.array_equal(wg, want)),
+            "mma_sync_right": bool(np.array_equal(mm, want)),
+            "wgmma_rows_0_17": wg[:18].astype(int).tolist()}
+
+
 def run(cases: int, seed: int) -> dict[str, Any]:
     import cupy as cp
 
@@ -193,6 +218,7 @@ def run(cases: int, seed: int) -> dict[str, Any]:
                                   "max_rel_err_wgmma": err_wg, "max_rel_err_mma_sync": err_mma}
             print(f"mode {mode} {kind:8s} differ {differ:7d} of {wg.size}  err wgmma "
                   f"{err_wg:.3g}  mma.sync {err_mma:.3g}", flush=True)
+        rec["index_case"] = index_map(cp, fn, mode)
         rec["products_right"] = all(k["max_rel_err_wgmma"] < 1e-5 for k in rec["kinds"].values())
         rec["same_bits"] = all(k["bits_differ"] == 0 for k in rec["kinds"].values())
         out["modes"][str(mode)] = rec

@@ -92,3 +92,10 @@ def test_wgmma_gemm_codes_layout_puts_each_k_in_its_mma_slot() -> None:
                 k = 16 * ((p % 8) // 2) + 4 * j + (p % 2) + 2 * kc
                 assert buf[at // 2] == 1000 * n + k, (j, n, p)
 
+
+
+def test_index_case_spells_each_rows_k_and_each_columns_n() -> None:
+    a, b, c = wp.index_case()
+    ref, _ = wp.reference(a, b, c)
+    want = (np.arange(64) % 16)[:, None] + 16 * np.arange(8)[None, :]
+    assert np.array_equal(ref, want)  # exact small integers: any wrong slot shows
