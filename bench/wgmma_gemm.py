@@ -1,8 +1,9 @@
 """wgmma GEMMs in the mma order against the routed tensor-core GEMM (kernels/linear_mma.py):
 their bits, their error against float64, their speed. The kernels: bench/wgmma_gemm.cu (a
 register double buffer, bench only, built here with nvcc) and the product's
-cuda/linear_wgmma.cu forms (a cp.async pipeline; kernels/linear_wgmma.py, through its own
-NVRTC sm_90a build, as CRUCIBLE_WGMMA=1 runs them).
+cuda/linear_wgmma.cu forms (a cp.async pipeline) and cuda/linear_wgmma_rows.cu forms (K
+blocks over warpgroups, for few rows), through kernels/linear_wgmma.py's own NVRTC sm_90a
+build, as CRUCIBLE_WGMMA=1 runs them.
 
     PYTHONPATH=$PWD python3 bench/wgmma_gemm.py [--rounds 5] [--json bench/wgmma-gemm-h200.json]
     python3 bench/wgmma_gemm.py --compile-only     # nvcc -arch=sm_90a, no GPU needed
@@ -35,13 +36,17 @@ from common import stat, write_json
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("wgmma_gemm.cu",)
-# name: (BN, stages; 0: bench/wgmma_gemm.cu's register double buffer, else linear_wgmma.cu)
-KERNELS = {"gemm_32": (32, 0), "gemm_64": (64, 0), "pipe_16_4": (16, 4),
-           "pipe_32_3": (32, 3), "pipe_32_4": (32, 4), "pipe_64_3": (64, 3)}
+# name: (kind, BN, stages or warpgroups): "bench" bench/wgmma_gemm.cu's register double
+# buffer, "tile" linear_wgmma.cu's forms, "rows" linear_wgmma_rows.cu's (K over warpgroups)
+KERNELS = {"gemm_32": ("bench", 32, 0), "gemm_64": ("bench", 64, 0),
+           "pipe_16_4": ("tile", 16, 4), "pipe_32_3": ("tile", 32, 3),
+           "pipe_32_4": ("tile", 32, 4), "pipe_64_3": ("tile", 64, 3),
+           "rows_16_3": ("rows", 16, 3), "rows_16_2": ("rows", 16, 2)}
+ROWS_TIMED = 256  # the rows kernels are timed up to here (a CTA walks 64 rows at a time)
 LAYERS = ("qkv", "o", "gate_up", "down")
 EXACT_MS = (1, 37, 64, 256, 1024)
 QUICK_MS = (37, 65)  # --quick (under compute-sanitizer): a row tail, and two row tiles
-TIME_MS = (64, 128, 256, 512, 1024, 2048)
+TIME_MS = (16, 64, 128, 256, 512, 1024, 2048)
 
 
 def build(out_dir: Path) -> dict[str, Path]:
@@ -82,14 +87,16 @@ def run(rounds: int, seed: int, quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         mod = cp.RawModule(path=str(build(Path(tmp))["wgmma_gemm.cu"]))
     fns = {name: mod.get_function(f"wgmma_gemm_{bn}")
-           for name, (bn, stages) in KERNELS.items() if not stages}
+           for name, (kind, bn, _) in KERNELS.items() if kind == "bench"}
 
     def wgmma(kname: str, mode: int, x: Any, wd: Any, y: Any, res: Any) -> Any:
         m, k = x.shape
         n = wd.shape[0]
-        bn, stages = KERNELS[kname]
-        if stages:
-            return lw.linear_wgmma(x, wd, y, res, form=(bn, stages), mode=mode)
+        kind, bn, extra = KERNELS[kname]
+        if kind == "tile":
+            return lw.linear_wgmma(x, wd, y, res, form=(bn, extra), mode=mode)
+        if kind == "rows":
+            return lw.linear_wgmma_rows(x, wd, y, res, form=(bn, extra), mode=mode)
         fns[kname]((n // bn, -(-m // 64)), (128,),
                    (x, wd.wb, wd.scale, res if res is not None else np.uint64(0), y,
                     np.int32(m), np.int32(n), np.int32(k), np.int32(mode)))
@@ -132,8 +139,9 @@ def run(rounds: int, seed: int, quick: bool = False) -> dict[str, Any]:
             res = cp.asarray(rng.standard_normal((m, n)).astype(np.float32)) if has_res else None
             y = cp.empty((m, n), cp.float32)
             cands = {"linear_mma": lambda: lm.linear_mma(x, wd, y, res)}
-            for kname in KERNELS:
-                cands[kname] = (lambda kname=kname: wgmma(kname, modes[0], x, wd, y, res))
+            for kname, (kind, _, _) in KERNELS.items():
+                if kind != "rows" or m <= ROWS_TIMED:
+                    cands[kname] = (lambda kname=kname: wgmma(kname, modes[0], x, wd, y, res))
             ms = measure(cands, rounds, 2.0, stream)
             rec = {c: stat([t * 1e3 for t in v]) for c, v in ms.items()}
             for c in cands:

@@ -37,47 +37,7 @@
 // the residual are read after it.
 #include "mma_common.cuh"
 #include "pdl.cuh"
-#include "wgmma_ops.cuh"
-
-#ifndef CRU_HOST_SHIM
-#define CRU_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
-// dst (shared) = 16 bytes at src, or zeros when bytes == 0.
-__device__ __forceinline__ void wp_cp16(void* dst, const void* src, int bytes) {
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void wp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-#endif
-
-__device__ __forceinline__ int wp_swizzle(int r, int ch) {
-    return (((ch & 7) ^ ((ch >> 3) << 1) ^ (r & 1)) & 7) | (ch & 8);
-}
-
-// Block c's x (64 rows x 16 chunks of 16 bytes) into a stage.
-__device__ __forceinline__ void wp_issue_x(float* xs, const float* x, int m0, int M, int K, int c) {
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-        const int i = threadIdx.x + 128 * r, row = i >> 4, ch = i & 15, gr = m0 + row;
-        const float* src = x + (size_t)(gr < M ? gr : 0) * K + 64 * c + 4 * ch;
-        wp_cp16(xs + row * 64 + 4 * wp_swizzle(row, ch), src, gr < M ? 16 : 0);
-    }
-}
-
-// Block c's codes of the CTA's BN columns (BN / 8 groups x 64 pieces of 16 bytes).
-template <int BN>
-__device__ __forceinline__ void wp_issue_codes(unsigned short* cs, const unsigned short* wp,
-                                               int n0, int K, int c) {
-#pragma unroll
-    for (int r = 0; r < BN / 16; ++r) {
-        const int i = threadIdx.x + 128 * r, nc = i >> 6, piece = i & 63;
-        const int j = piece >> 4, kc = (piece >> 3) & 1, row = piece & 7;
-        const unsigned short* src = wp + ((size_t)(n0 / 8 + nc) * (K / 64) + c) * 512 + piece * 8;
-        wp_cp16(cs + j * 16 * BN + nc * 128 + kc * 64 + row * 8, src, 16);
-    }
-}
+#include "wgmma_stage.cuh"
 
 template <int BN, int S>
 __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
@@ -93,19 +53,19 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
     constexpr int D = BN / 2;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * BN, m0 = blockIdx.y * 64, nblocks = K / 64;
-    const int l0 = 16 * w + g, l1 = l0 + 8;  // the thread's rows in the tile
+    const int l0 = 16 * w + g;  // the thread's rows in the tile: l0 and l0 + 8
     const unsigned lbo = mode == 0 ? 128u : 256u, sbo = mode == 0 ? 256u : 128u;
     float part[3][D], total[D];
 #pragma unroll
     for (int e = 0; e < D; ++e) total[e] = 0.0f;
 #pragma unroll
     for (int s = 0; s < S - 1; ++s)  // weights: never written by a step
-        if (s < nblocks) wp_issue_codes<BN>(cs0 + s * CS, wp, n0, K, s);
+        if (s < nblocks) wp_issue_codes<BN>(cs0 + s * CS, wp, n0, K, s, threadIdx.x);
     cru_pdl_wait();
     cru_pdl_trigger();
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) {  // group s: block s's x (group 0 also the codes above)
-        if (s < nblocks) wp_issue_x(xs0 + s * XS, x, m0, M, K, s);
+        if (s < nblocks) wp_issue_x(xs0 + s * XS, x, m0, M, K, s, threadIdx.x);
         wp_commit();
     }
     for (int c = 0; c < nblocks; ++c) {
@@ -114,28 +74,11 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
         __syncthreads();   // ... and every thread's; block c - 1's stage is free again
         const int next = c + S - 1, st = c % S;
         if (next < nblocks) {
-            wp_issue_codes<BN>(cs0 + (next % S) * CS, wp, n0, K, next);
-            wp_issue_x(xs0 + (next % S) * XS, x, m0, M, K, next);
+            wp_issue_codes<BN>(cs0 + (next % S) * CS, wp, n0, K, next, threadIdx.x);
+            wp_issue_x(xs0 + (next % S) * XS, x, m0, M, K, next, threadIdx.x);
         }
         wp_commit();
-        const float* xs = xs0 + st * XS;
-        unsigned a[4][3][4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const float4 v0 = *reinterpret_cast<const float4*>(xs + l0 * 64 + 4 * wp_swizzle(l0, 4 * t + j));
-            const float4 v1 = *reinterpret_cast<const float4*>(xs + l1 * 64 + 4 * wp_swizzle(l1, 4 * t + j));
-            cru_split_a(v0, v1, a[j]);
-        }
-        const unsigned short* cs = cs0 + st * CS;
-        wg_fence();
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const unsigned long long desc = wg_desc(cs + j * 16 * BN, lbo, sbo);
-#pragma unroll
-            for (int s = 0; s < 3; ++s) wg_mma(part[s], a[j][s], desc, j > 0);
-        }
-        wg_commit();
-        wg_wait0();
+        wg_block_value<BN>(xs0 + st * XS, cs0 + st * CS, l0, t, lbo, sbo, part);
 #pragma unroll
         for (int e = 0; e < D; ++e)
             total[e] = __fadd_rn(total[e], __fadd_rn(__fadd_rn(part[2][e], part[1][e]), part[0][e]));

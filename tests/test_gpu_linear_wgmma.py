@@ -1,6 +1,7 @@
-"""cuda/linear_wgmma.cu on a real GPU (skipped without CuPy or a device; sm_90 only): every
-form gives linear_mma's bits at every M, with and without the residual, on the model's
-shapes and small edges, and so does linear_mma's routing to it (CRUCIBLE_WGMMA=1's path).
+"""cuda/linear_wgmma.cu and linear_wgmma_rows.cu on a real GPU (skipped without CuPy or a
+device; sm_90 only): every form gives linear_mma's bits at every M, with and without the
+residual, on the model's shapes and small edges, and so does linear_mma's routing to them
+(CRUCIBLE_WGMMA=1's path).
 Negative controls: the one-accumulator form (another order of the same products) must
 differ, and so must the kernel with its descriptor's offset fields swapped (mode 1), which
 reads the codes wrongly."""
@@ -56,7 +57,13 @@ def test_every_form_and_m_gives_linear_mmas_bits(n: int, k: int, with_res: bool)
             r = None if res is None else res[:m]
             got = lw.linear_wgmma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r, form=form)
             assert same(got, ref[:m]), f"form {form} M={m}"
-    for m in (lw.FROM_M, 1024):  # the routed path
+    for form in [f for f in lw.ROW_FORMS if lw.rows_fits(n, k, f)]:  # K over warpgroups
+        for m in (1, 16, 63, 64, 65, 128):
+            r = None if res is None else res[:m]
+            got = lw.linear_wgmma_rows(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r,
+                                       form=form)
+            assert same(got, ref[:m]), f"rows form {form} M={m}"
+    for m in (lw.ROWS_FROM_M, 64, lw.FROM_M, 1024):  # the routed path
         r = None if res is None else res[:m]
         got = lm.linear_mma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r, wgmma=True)
         assert same(got, ref[:m]), f"routed M={m}"

@@ -48,13 +48,15 @@ whole steps) is gpu-engine-check's.
   and q4-k64 with the page-table cache, over seven packed segments (prefill chunks of 4-70
   rows starting at 0, 5, 100, 127; decode rows), against the same reference (attn_ref.h),
   28 runs; the 24 whose rows have two positions or more must fail descending.
-- cuda/linear_wgmma.cu and bench/wgmma_gemm.cu (wgmma_driver.cpp; the tensor-core order on
-  the warpgroup MMA, routed only under CRUCIBLE_WGMMA=1, timed by bench/wgmma_gemm.py) against
+- cuda/linear_wgmma.cu, linear_wgmma_rows.cu and bench/wgmma_gemm.cu (wgmma_driver.cpp; the
+  tensor-core order on the warpgroup MMA, routed only under CRUCIBLE_WGMMA=1, timed by
+  bench/wgmma_gemm.py) against
   mma_ref.h's spelling of that order, with wgmma_host.h's stand-ins for the warpgroup MMA
   (the descriptor read as the kernels' mode 0) and cp.async (copies at once): wgmma_gemm at
-  BN 32 and 64, linear_wgmma at (16, 4), (32, 3), (32, 4) and (64, 3) stages, M = 1..100
-  over one and two 64-row tiles, K of one to three blocks, the residual on and off, 216
-  runs; the 72 with three blocks must fail descending.
+  BN 32 and 64, linear_wgmma at (16, 4), (32, 3), (32, 4) and (64, 3) stages,
+  linear_wgmma_rows at 3 and 2 warpgroups taking the K blocks in turn, M = 1..100 over one
+  and two 64-row tiles, K of one to three blocks (and seven for the rows kernel), the
+  residual on and off, 296 runs; the 104 with three or seven blocks must fail descending.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ from host_driver import build, run
 CASES = {"chunks_driver.cpp": (720, 144), "stack_driver.cpp": (144, 96),
          "mma_driver.cpp": (80, 49), "mma_stack_driver.cpp": (36, 30),
          "mma_qkv_driver.cpp": (24, 18), "decode_attn_driver.cpp": (50, 42),
-         "prefill_attn_driver.cpp": (28, 24), "wgmma_driver.cpp": (216, 72)}
+         "prefill_attn_driver.cpp": (28, 24), "wgmma_driver.cpp": (296, 104)}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

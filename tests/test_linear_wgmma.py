@@ -34,14 +34,30 @@ def test_codes_image_holds_each_k_in_its_mma_slot() -> None:
     assert sorted(got.ravel().tolist()) == sorted(bits.ravel().tolist())  # a permutation
 
 
-def test_routes_large_m_with_the_image_and_a_fitting_shape() -> None:
+def test_routes_by_rows_with_the_image_and_a_fitting_shape(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """From FROM_M rows the tile kernel, from ROWS_FROM_M the rows kernel (K over
+    warpgroups), below that neither; each only for a weight uploaded in its order and a
+    shape its routed form takes (the rows kernel's block values must fit shared memory)."""
     wd = SimpleNamespace(shape=(960, 576), wg=object())
     assert lw.routes(lw.FROM_M, wd) and lw.routes(2048, wd)
-    assert not lw.routes(lw.FROM_M - 1, wd)  # a 64-row tile would leave SMs idle
+    assert lw.routes(lw.ROWS_FROM_M, wd) and lw.routes(lw.FROM_M - 1, wd)
+    assert not lw.routes(lw.ROWS_FROM_M - 1, wd) and not lw.routes(1, wd)
     assert not lw.routes(2048, SimpleNamespace(shape=(960, 576), wg=None))  # not uploaded
+    assert not lw.routes(64, SimpleNamespace(shape=(960, 576), wg=None))
     assert not lw.routes(2048, SimpleNamespace(shape=(960, 576 + 32), wg=object()))
     assert not lw.routes(2048, SimpleNamespace(shape=(960 + 16, 576), wg=object()))
+    assert lw.routes(64, SimpleNamespace(shape=(960 + 16, 576), wg=object()))  # BN 16 takes it
     assert lw.smem_bytes((32, 3)) == 3 * (16384 + 32 * 128)
+    # down (K = 1,536) at three warpgroups: 6 stages and 24 blocks' values, under 227 KiB
+    assert lw.rows_smem((16, 3), 1536) == 6 * (16384 + 16 * 128) + 24 * 64 * 16 * 4
+    assert lw.rows_fits(576, 1536) and not lw.rows_fits(576, 64 * 30)
+    calls: list = []
+    monkeypatch.setattr(lw, "linear_wgmma", lambda *a, **k: calls.append("tile"))
+    monkeypatch.setattr(lw, "linear_wgmma_rows", lambda *a, **k: calls.append("rows"))
+    for m in (lw.ROWS_FROM_M, lw.FROM_M - 1, lw.FROM_M, 4096):
+        lw.run(SimpleNamespace(shape=(m, 576)), wd, None)
+    assert calls == ["rows", "rows", "tile", "tile"]
 
 
 def test_switch_is_strict_and_needs_the_mma_order() -> None:

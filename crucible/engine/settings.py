@@ -135,7 +135,7 @@ class Settings:
     # The CUDA int8 GEMMs' order: mma (linear_mma.cu, tensor cores; the default since its
     # batch-1 decode caught up: docs/throughput.md) or fma (linear.cu, the CPU's bits).
     gemm: str = "mma"
-    # mma's GEMMs of 128 rows and more on the warpgroup MMA (kernels/linear_wgmma.py): meant
+    # mma's GEMMs of 16 rows and more on the warpgroup MMA (kernels/linear_wgmma.py): meant
     # to give the same bits, not yet shown to on the GPU, so off (an experiment's switch).
     wgmma: bool = False
     graph_warmup: bool = True  # capture the decode graphs at start-up (engine factory)

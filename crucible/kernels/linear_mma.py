@@ -205,7 +205,7 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     need(wd.dtype_name == "int8", "linear_mma: int8 weights only")
     if (wgmma and norm is None and not swiglu and not one_acc and form is None
             and prefetch is None and bf16 is None and lw.routes(m, wd)):
-        return lw.linear_wgmma(x, wd, out, residual, pdl=pdl)
+        return lw.run(x, wd, out, residual, pdl=pdl)
     if norm is not None or swiglu:  # the compiled fused forms: NORM, EPI or both (ROW_FUSED)
         need(norm is None or (tuple(norm.shape) == (k,) and norm.dtype == np.float32
                               and norm.flags.c_contiguous),

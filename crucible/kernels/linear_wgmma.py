@@ -1,10 +1,10 @@
-"""The tensor-core GEMM order of linear_mma.cu on the warpgroup MMA (cuda/linear_wgmma.cu,
-sm_90a), for large M. Experimental and off by default (``CRUCIBLE_WGMMA=1``): it is meant to
+"""The tensor-core GEMM order of linear_mma.cu on the warpgroup MMA (sm_90a): cuda/linear_wgmma.cu
+from FROM_M rows, cuda/linear_wgmma_rows.cu (K blocks over warpgroups) from ROWS_FROM_M. Experimental and off by default (``CRUCIBLE_WGMMA=1``): it is meant to
 give linear_mma's bits (same blocks, steps, slots, parts and sums), which only the GPU can
 confirm (bench/wgmma_probe.py, bench/wgmma_gemm.py, tests/test_gpu_linear_wgmma.py); until
 then the backend names it in its arithmetic, so the prefix cache never mixes the two.
 
-``linear_mma.linear_mma(..., wgmma=True)`` routes here where ``routes`` says so; a weight
+``linear_mma.linear_mma(..., wgmma=True)`` routes here (``run``) where ``routes`` says so; a weight
 needs its codes in the kernel's order (``upload_weight(..., wgmma=True)``: ``wd.wg``).
 """
 
@@ -24,9 +24,15 @@ from crucible.kernels.launch import launch
 # three by shared memory (60 KiB each). BN 16 doubles the CTAs of a mid-M grid (qkv at 256
 # rows: 240 instead of 120) for the same x traffic a CTA.
 FORMS: tuple[tuple[int, int], ...] = ((32, 3), (16, 4), (32, 4), (64, 3))
-# Rows from which a GEMM routes here: below, a 64-row tile leaves most SMs idle (N / 32
-# CTAs a 64 rows), where linear_mma's rows kernel splits K instead.
+# Rows from which a GEMM takes linear_wgmma.cu: below, its grid (N / BN CTAs a 64 rows) walks
+# all of K in each CTA, and linear_wgmma_rows.cu spreads the K blocks over warpgroups.
 FROM_M = 128
+# (BN, W): linear_wgmma_rows.cu's columns a CTA and warpgroups taking the K blocks in turn.
+ROW_FORMS: tuple[tuple[int, int], ...] = ((16, 3), (16, 2))
+# Rows from which a GEMM takes the rows kernel: fewer leave its 64-row tile mostly padding,
+# and linear_mma's own rows kernel (16 rows a tile) keeps them.
+ROWS_FROM_M = 16
+SMEM_OPTIN = 227 * 1024  # the H200's dynamic shared memory a CTA may opt into
 ARCH = "sm_90a"
 
 
@@ -62,11 +68,74 @@ def fits(n: int, k: int, form: tuple[int, int] = FORMS[0]) -> bool:
     return k % 64 == 0 and n % form[0] == 0
 
 
+def rows_smem(form: tuple[int, int], k: int) -> int:
+    """linear_wgmma_rows' dynamic shared memory: two stages a warpgroup, the block values."""
+    bn, warpgroups = form
+    return 2 * warpgroups * (64 * 64 * 4 + bn * 64 * 2) + 64 * bn * 4 * (k // 64)
+
+
+def rows_fits(n: int, k: int, form: tuple[int, int] = ROW_FORMS[0]) -> bool:
+    return k % 64 == 0 and n % form[0] == 0 and rows_smem(form, k) <= SMEM_OPTIN
+
+
 def routes(m: int, wd: DeviceWeight) -> bool:
-    """Whether an M-row GEMM of ``wd`` runs here: enough rows, its codes uploaded in the
-    kernel's order, a shape the routed form takes."""
+    """Whether an M-row GEMM of ``wd`` runs on a wgmma kernel: its codes uploaded in their
+    order, and the tile kernel's rows (FROM_M) or the rows kernel's (ROWS_FROM_M) with a
+    shape that kernel's routed form takes."""
+    if wd.wg is None:
+        return False
     n, k = wd.shape
-    return m >= FROM_M and wd.wg is not None and fits(n, k)
+    return fits(n, k) if m >= FROM_M else m >= ROWS_FROM_M and rows_fits(n, k)
+
+
+def run(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *, pdl: bool = False) -> Any:
+    """The routed kernel for x's rows (``routes`` said yes): the tile kernel or the rows one."""
+    if x.shape[0] >= FROM_M:
+        return linear_wgmma(x, wd, out, residual, pdl=pdl)
+    return linear_wgmma_rows(x, wd, out, residual, pdl=pdl)
+
+
+@functools.cache
+def rows_kernel(form: tuple[int, int]) -> Any:
+    from crucible.kernels.source import cached_arch_module
+
+    bn, warpgroups = form
+    return cached_arch_module("linear_wgmma_rows.cu", ARCH).get_function(
+        f"linear_wgmma_rows_{bn}_{warpgroups}")
+
+
+def linear_wgmma_rows(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
+                      form: tuple[int, int] = ROW_FORMS[0], pdl: bool = False,
+                      mode: int = 0) -> Any:
+    """linear_wgmma's product for few rows: K blocks over W warpgroups a CTA, their values
+    added from the first once all are in (cuda/linear_wgmma_rows.cu); the same bits."""
+    import cupy as cp
+
+    from crucible.kernels.loader import ensure_dynamic_smem
+
+    m, n, k = _checked(x, wd, out, residual, mode)
+    need(form in ROW_FORMS, f"linear_wgmma_rows: form {form} is not one of {ROW_FORMS}")
+    need(rows_fits(n, k, form), f"linear_wgmma_rows: form {form} does not fit N={n}, K={k}")
+    if m == 0:
+        return out
+    fn = rows_kernel(form)
+    smem = rows_smem(form, k)
+    ensure_dynamic_smem(fn, smem)
+    res = residual if residual is not None else np.uint64(0)  # a null pointer
+    launch(fn, (n // form[0], -(-m // 64)), (128 * form[1],),
+           (x, wd.wg, wd.scale, res, out, cp.int32(m), cp.int32(n), cp.int32(k),
+            cp.int32(mode)), smem, pdl=pdl)
+    return out
+
+
+def _checked(x: Any, wd: DeviceWeight, out: Any, residual: Any, mode: int) -> tuple[int, ...]:
+    m, n, k = check_linear(x, wd, out, residual)
+    need(wd.dtype_name == "int8" and wd.wg is not None,
+         "linear_wgmma: int8 weights uploaded with wgmma=True only")
+    need(mode in (0, 1), f"linear_wgmma: mode must be 0 or 1, got {mode!r}")
+    for a in (x, out, residual):
+        need(a is None or a.data.ptr % 16 == 0, "linear_wgmma: arrays must be 16-byte aligned")
+    return m, n, k
 
 
 def linear_wgmma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
@@ -76,14 +145,9 @@ def linear_wgmma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     manual's reading; 1 swaps them: bench/wgmma_gemm.py's check of that reading)."""
     import cupy as cp
 
-    m, n, k = check_linear(x, wd, out, residual)
-    need(wd.dtype_name == "int8" and wd.wg is not None,
-         "linear_wgmma: int8 weights uploaded with wgmma=True only")
+    m, n, k = _checked(x, wd, out, residual, mode)
     need(form in FORMS, f"linear_wgmma: form {form} is not one of {FORMS}")
     need(fits(n, k, form), f"linear_wgmma: form {form} does not fit N={n}, K={k}")
-    need(mode in (0, 1), f"linear_wgmma: mode must be 0 or 1, got {mode!r}")
-    for a in (x, out, residual):
-        need(a is None or a.data.ptr % 16 == 0, "linear_wgmma: arrays must be 16-byte aligned")
     if m == 0:
         return out
     res = residual if residual is not None else np.uint64(0)  # a null pointer

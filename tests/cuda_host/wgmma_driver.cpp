@@ -5,7 +5,9 @@
 // (tests/test_kernels_on_host.py builds it).
 //
 // Sweep: wgmma_gemm at BN 32 and 64, linear_wgmma at (BN, stages) (16, 4), (32, 3), (32, 4),
-// (64, 3);
+// (64, 3), linear_wgmma_rows at (BN, warpgroups) (16, 3) and (16, 2), whose warpgroups take
+// the K blocks in turn (one block: the others idle; three over two: uneven; and seven blocks,
+// K = 448, at M 7 and 100);
 // M = 1, 7, 63, 64, 65, 100 (row tails in and past a 64-row tile,
 // two CTAs down M); N = 2 BN (two CTAs across); K = 64, 128, 192 (one to three blocks, so
 // the double buffer turns over); with and without the residual. y starts as a sentinel, so
@@ -15,6 +17,7 @@
 #include "prelude.h"
 #include "wgmma_host.h"
 #include "linear_wgmma.cu"
+#include "linear_wgmma_rows.cu"
 #include "../../bench/wgmma_gemm.cu"
 #include "mma_ref.h"
 
@@ -42,8 +45,9 @@ static std::vector<unsigned short> codes_wgmma(const std::vector<unsigned short>
     return out;
 }
 
-// BN: the CTA's columns; S: 0 for wgmma_gemm, else linear_wgmma's stages.
-template <int BN, int S>
+// BN: the CTA's columns; S: 0 for wgmma_gemm, else linear_wgmma's stages; W: warpgroups of
+// linear_wgmma_rows (0: not it).
+template <int BN, int S, int W = 0>
 static int run_case(int M, int K, bool with_res, std::mt19937& gen) {
     const int N = 2 * BN;
     std::normal_distribution<float> normal;
@@ -60,8 +64,10 @@ static int run_case(int M, int K, bool with_res, std::mt19937& gen) {
     const std::vector<unsigned short> wb = codes_bf16(w);
     const float* r = with_res ? res.data() : nullptr;
     const std::vector<unsigned short> wp = codes_wgmma(wb, N, K);
-    run_grid({(unsigned)(N / BN), (unsigned)((M + 63) / 64), 1}, {128, 1, 1}, [&] {
-        if constexpr (S == 0)
+    run_grid({(unsigned)(N / BN), (unsigned)((M + 63) / 64), 1}, {128 * (W ? W : 1), 1, 1}, [&] {
+        if constexpr (W > 0)
+            linear_wgmma_rows_body<BN, W>(x.data(), wp.data(), sc.data(), r, y.data(), M, N, K, 0);
+        else if constexpr (S == 0)
             wgmma_gemm_body<BN>(x.data(), reinterpret_cast<const uint16_t*>(wb.data()),
                                 sc.data(), r, y.data(), M, N, K, 0);
         else
@@ -77,7 +83,8 @@ static int run_case(int M, int K, bool with_res, std::mt19937& gen) {
             bad += std::memcmp(&want, &y[(size_t)m * N + n], 4) != 0;
         }
     if (bad)
-        printf("FAIL %s BN=%d M=%d K=%d residual=%d: %d wrong\n", S ? "linear_wgmma" : "gemm", BN, M,
+        printf("FAIL %s BN=%d M=%d K=%d residual=%d: %d wrong\n",
+               W ? "linear_wgmma_rows" : S ? "linear_wgmma" : "gemm", BN, M,
                K, (int)with_res, bad);
     return bad != 0;
 }
@@ -92,8 +99,14 @@ int main(int argc, char** argv) {
                 failed += run_case<32, 0>(M, K, with_res, gen) + run_case<64, 0>(M, K, with_res, gen);
                 failed += run_case<32, 3>(M, K, with_res, gen) + run_case<32, 4>(M, K, with_res, gen);
                 failed += run_case<64, 3>(M, K, with_res, gen) + run_case<16, 4>(M, K, with_res, gen);
-                runs += 6;
+                failed += run_case<16, 0, 3>(M, K, with_res, gen) + run_case<16, 0, 2>(M, K, with_res, gen);
+                runs += 8;
             }
+    for (int M : {7, 100})  // the rows kernel over seven blocks: 3, 2, 2 and 4, 3 a warpgroup
+        for (bool with_res : {false, true}) {
+            failed += run_case<16, 0, 3>(M, 448, with_res, gen) + run_case<16, 0, 2>(M, 448, with_res, gen);
+            runs += 2;
+        }
     printf("%d runs, %d failed\n", runs, failed);
     return failed ? 1 : 0;
 }

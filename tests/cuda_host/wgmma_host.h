@@ -11,7 +11,7 @@
 // question, not this file's. Each output's step is prelude.h's cru_host_mma_elem (the
 // stand-in sum the mma.sync kernels' host runs and mma_ref.h use), so a mismatch against
 // mma_ref.h is an index, never a rounding. Completion is immediate: fence, commit and wait
-// are no-ops. The CTA must be exactly one warpgroup (128 threads).
+// are no-ops.
 #pragma once
 #include <cstdint>
 
@@ -32,16 +32,29 @@ inline void wg_commit() {}
 inline void wg_wait0() {}
 inline void wg_proxy_fence() {}
 
-inline unsigned cru_wg_frag[128][4];
+// A CTA may hold several warpgroups (linear_wgmma_rows.cu), each calling these on its own
+// schedule: a warpgroup meets at its own barrier (as bar.sync 1 + w does on the GPU), and
+// its fragments sit at its own 128 entries.
+inline std::barrier<>& cru_wg_barrier(int w) {
+    static std::barrier<> bars[8] = {std::barrier<>(128), std::barrier<>(128),
+                                     std::barrier<>(128), std::barrier<>(128),
+                                     std::barrier<>(128), std::barrier<>(128),
+                                     std::barrier<>(128), std::barrier<>(128)};
+    return bars[w];
+}
+inline void wg_bar(int w) { cru_wg_barrier(w).arrive_and_wait(); }
+
+inline unsigned cru_wg_frag[1024][4];
 template <int N>
 inline void wg_mma(float (&d)[N], const unsigned (&a)[4], uint64_t desc, bool acc) {
     const CruWgDesc b = cru_wg_descs[desc & 63];
-    const int lane = t_flat & 31, w = t_flat >> 5, g = lane >> 2, t = lane & 3;
+    const int wg = t_flat >> 7, lane = t_flat & 31, w = (t_flat & 127) >> 5;
+    const int g = lane >> 2, t = lane & 3;
     for (int i = 0; i < 4; ++i) cru_wg_frag[t_flat][i] = a[i];
-    __syncthreads();
+    wg_bar(wg);
     for (int e = 0; e < N; ++e) {
         const int row = 16 * w + g + 8 * ((e % 4) >> 1), col = 8 * (e / 4) + 2 * t + (e & 1);
-        const int base = 32 * (row / 16), r = row % 16;
+        const int base = 128 * wg + 32 * (row / 16), r = row % 16;
         float av[16], bv[16];
         for (int kk = 0; kk < 16; ++kk) {  // slot kk: lane group (kk % 8) / 2, half kk % 2
             const int tt = (kk % 8) / 2, half = kk % 2, kc = kk / 8;
@@ -53,7 +66,7 @@ inline void wg_mma(float (&d)[N], const unsigned (&a)[4], uint64_t desc, bool ac
         }
         d[e] = cru_host_mma_elem(acc ? d[e] : 0.0f, av, bv);
     }
-    __syncthreads();  // every thread has read the fragments before they are replaced
+    wg_bar(wg);  // every thread has read the fragments before they are replaced
 }
 
 // cuda/linear_wgmma.cu's cp.async: the copy (or the zero fill) happens at once.
