@@ -79,3 +79,33 @@ def test_backend_names_the_kernel_in_its_arithmetic() -> None:
     assert on.wgmma and not off.wgmma
     assert on.arithmetic == off.arithmetic + "-wgmma"
     assert not CupyBackend(BackendOptions(gemm="fma", wgmma=True)).wgmma
+
+
+def test_start_up_refuses_another_gpu_or_a_failed_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CRUCIBLE_WGMMA=1 is checked when the weights load: another GPU generation, or an
+    NVRTC that cannot build sm_90a, is a ConfigError naming the setting, not a failure at
+    the first GEMM of 16 rows."""
+    import sys
+    import types
+
+    cc = {"value": "80"}
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(
+        compute_capability=cc["value"]))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    built: list = []
+    monkeypatch.setattr(lw, "kernel", lambda form: built.append(form))
+    monkeypatch.setattr(lw, "rows_kernel", lambda form: built.append(form))
+    with pytest.raises(ConfigError, match="CRUCIBLE_WGMMA=1: .*needs an sm_90 GPU.*sm_80"):
+        lw.require_device()
+    assert built == []
+    cc["value"] = "90"
+    lw.require_device()
+    assert built == [lw.FORMS[0], lw.ROW_FORMS[0]]  # both built at start-up
+
+    def broken(form: tuple) -> None:
+        raise RuntimeError("NVRTC could not build linear_wgmma.cu for sm_90a:\nlog")
+
+    monkeypatch.setattr(lw, "kernel", broken)
+    with pytest.raises(ConfigError, match="CRUCIBLE_WGMMA=1: NVRTC could not build"):
+        lw.require_device()

@@ -54,14 +54,20 @@ def kernel(form: tuple[int, int]) -> Any:
 
 
 def require_device() -> None:
-    """A ConfigError naming the setting unless this GPU runs the kernel (its cubin is
-    sm_90a: Hopper only)."""
+    """At start-up, a ConfigError naming the setting unless this GPU runs the kernels (their
+    cubins are sm_90a: Hopper only) and NVRTC builds them (else the first GEMM of 16 rows
+    would fail mid-run)."""
     import cupy
 
     cc = str(cupy.cuda.Device().compute_capability)
     if cc != "90":
         raise ConfigError(f"CRUCIBLE_WGMMA=1: the wgmma GEMM needs an sm_90 GPU (Hopper); "
                           f"this one is sm_{cc}")
+    try:
+        kernel(FORMS[0])
+        rows_kernel(ROW_FORMS[0])
+    except RuntimeError as e:  # cached_arch_module's build error, with NVRTC's log
+        raise ConfigError(f"CRUCIBLE_WGMMA=1: {e}") from e
 
 
 def fits(n: int, k: int, form: tuple[int, int] = FORMS[0]) -> bool:
