@@ -81,7 +81,7 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
         wg_block_value<BN>(xs0 + st * XS, cs0 + st * CS, l0, t, lbo, sbo, part);
 #pragma unroll
         for (int e = 0; e < D; ++e)
-            total[e] = __fadd_rn(total[e], __fadd_rn(__fadd_rn(part[2][e], part[1][e]), part[0][e]));
+            total[e] = __fadd_rn(total[e], wg_block_sum(part, e));
     }
     wg_store_tile<BN>(total, y, residual, scale, m0 + l0, n0, t, M, N);
 }

@@ -74,14 +74,9 @@ __device__ __forceinline__ void linear_wgmma_rows_body(const float* __restrict__
         for (int q = 0; q < BN / 8; ++q)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // rows l0 and l0 + 8, columns 8 q + 2 t, + 1
-                float v[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int d = 4 * q + 2 * h + e;
-                    v[e] = __fadd_rn(__fadd_rn(part[2][d], part[1][d]), part[0][d]);
-                }
+                const int d = 4 * q + 2 * h;
                 *reinterpret_cast<float2*>(out + (l0 + 8 * h) * BN + 8 * q + 2 * t) =
-                    make_float2(v[0], v[1]);
+                    make_float2(wg_block_sum(part, d), wg_block_sum(part, d + 1));
             }
         wg_bar(wg);  // every thread of the warpgroup is done with stage i & 1
     }

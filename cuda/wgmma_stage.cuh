@@ -40,8 +40,9 @@ __device__ __forceinline__ void wp_issue_x(float* xs, const float* x, int m0, in
 template <int BN>
 __device__ __forceinline__ void wp_issue_codes(unsigned short* cs, const unsigned short* wp,
                                                int n0, int K, int c, int tid) {
+    static_assert(BN % 16 == 0, "a thread copies BN / 16 pieces");
 #pragma unroll
-    for (int r = 0; r < (BN >= 16 ? BN / 16 : 1); ++r) {
+    for (int r = 0; r < BN / 16; ++r) {
         const int i = tid + 128 * r, nc = i >> 6, piece = i & 63;
         const int j = piece >> 4, kc = (piece >> 3) & 1, row = piece & 7;
         const unsigned short* src = wp + ((size_t)(n0 / 8 + nc) * (K / 64) + c) * 512 + piece * 8;
@@ -72,4 +73,11 @@ __device__ __forceinline__ void wg_block_value(const float* xs, const unsigned s
     }
     wg_commit();
     wg_wait0();
+}
+
+// A block's value at element e of the thread's D: (lo + mid) + hi, as linear_mma.cu's
+// cru_block_add forms it (without its running total: the callers add it to theirs).
+template <int D>
+__device__ __forceinline__ float wg_block_sum(const float (&part)[3][D], int e) {
+    return __fadd_rn(__fadd_rn(part[2][e], part[1][e]), part[0][e]);
 }

@@ -53,8 +53,9 @@ def test_routes_by_rows_with_the_image_and_a_fitting_shape(monkeypatch: pytest.M
     assert lw.rows_smem((16, 3), 1536) == 6 * (16384 + 16 * 128) + 24 * 64 * 16 * 4
     assert lw.rows_fits(576, 1536) and not lw.rows_fits(576, 64 * 30)
     calls: list = []
-    monkeypatch.setattr(lw, "linear_wgmma", lambda *a, **k: calls.append("tile"))
-    monkeypatch.setattr(lw, "linear_wgmma_rows", lambda *a, **k: calls.append("rows"))
+    monkeypatch.setattr(lw, "kernel", lambda form: form)
+    monkeypatch.setattr(lw, "_launch", lambda *a, **k: calls.append("tile"))
+    monkeypatch.setattr(lw, "_launch_rows", lambda *a, **k: calls.append("rows"))
     for m in (lw.ROWS_FROM_M, lw.FROM_M - 1, lw.FROM_M, 4096):
         lw.run(SimpleNamespace(shape=(m, 576)), wd, None)
     assert calls == ["rows", "rows", "tile", "tile"]

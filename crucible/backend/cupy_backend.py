@@ -21,7 +21,7 @@ from crucible.backend.protocol import BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
 from crucible.kernels import linear as ck
 from crucible.kernels import linear_chunks as cc
-from crucible.kernels import linear_mma as lm
+from crucible.kernels import linear_mma as lm, linear_wgmma
 from crucible.kernels import linear_rows as cf
 from crucible.kernels.device_weight import DeviceWeight, upload_weight
 from crucible.kernels.model_ops import flat_launch, rows_launch
@@ -67,7 +67,7 @@ class CupyBackend:
         cos, sin = rope_table(cfg.max_context, cfg.head_dim, cfg.rope_theta)
         self._cos, self._sin = cp.asarray(cos), cp.asarray(sin)
         if self.wgmma:
-            lm.lw.require_device()
+            linear_wgmma.require_device()
         for name, lw in weights.linears.items():  # mma: the codes as bf16 too (its tile GEMM)
             self._linear[name] = upload_weight(lw.w, lw.scale, bf16=self.mma, wgmma=self.wgmma)
         self._norms = {name: cp.asarray(v) for name, v in weights.norms.items()}

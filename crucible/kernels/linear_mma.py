@@ -203,9 +203,6 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     else:
         m, n, k = check_linear(x, wd, out, residual)
     need(wd.dtype_name == "int8", "linear_mma: int8 weights only")
-    if (wgmma and norm is None and not swiglu and not one_acc and form is None
-            and prefetch is None and bf16 is None and lw.routes(m, wd)):
-        return lw.run(x, wd, out, residual, pdl=pdl)
     if norm is not None or swiglu:  # the compiled fused forms: NORM, EPI or both (ROW_FUSED)
         need(norm is None or (tuple(norm.shape) == (k,) and norm.dtype == np.float32
                               and norm.flags.c_contiguous),
@@ -217,6 +214,9 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
              f"N={n}, K={k}")
     for a in (x, wd.w, out, residual, norm):
         need(a is None or a.data.ptr % 16 == 0, "linear_mma: arrays must be 16-byte aligned")
+    if (wgmma and norm is None and not swiglu and not one_acc and form is None
+            and prefetch is None and bf16 is None and lw.routes(m, wd)):
+        return lw.run(x, wd, out, residual, pdl=pdl)  # checked above: it only launches
     plan = _plan(m, n, k, form, one_acc, norm is not None, swiglu, prefetch, bf16,
                  wd.wb is not None, ROW1_ROUTED)
     if m == 0:

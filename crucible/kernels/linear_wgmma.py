@@ -1,11 +1,13 @@
-"""The tensor-core GEMM order of linear_mma.cu on the warpgroup MMA (sm_90a): cuda/linear_wgmma.cu
-from FROM_M rows, cuda/linear_wgmma_rows.cu (K blocks over warpgroups) from ROWS_FROM_M. Experimental and off by default (``CRUCIBLE_WGMMA=1``): it is meant to
+"""The tensor-core GEMM order of linear_mma.cu on the warpgroup MMA (sm_90a):
+cuda/linear_wgmma.cu from FROM_M rows, cuda/linear_wgmma_rows.cu (K blocks over warpgroups)
+from ROWS_FROM_M. Experimental and off by default (``CRUCIBLE_WGMMA=1``): it is meant to
 give linear_mma's bits (same blocks, steps, slots, parts and sums), which only the GPU can
 confirm (bench/wgmma_probe.py, bench/wgmma_gemm.py, tests/test_gpu_linear_wgmma.py); until
 then the backend names it in its arithmetic, so the prefix cache never mixes the two.
 
-``linear_mma.linear_mma(..., wgmma=True)`` routes here (``run``) where ``routes`` says so; a weight
-needs its codes in the kernel's order (``upload_weight(..., wgmma=True)``: ``wd.wg``).
+``linear_mma.linear_mma(..., wgmma=True)`` routes here (``run``) where ``routes`` says so;
+a weight needs its codes in the kernel's order (``upload_weight(..., wgmma=True)``:
+``wd.wg``).
 """
 
 from __future__ import annotations
@@ -36,10 +38,15 @@ SMEM_OPTIN = 227 * 1024  # the H200's dynamic shared memory a CTA may opt into
 ARCH = "sm_90a"
 
 
+def _stage_bytes(bn: int) -> int:
+    """One cp.async stage (cuda/wgmma_stage.cuh): x's 64 x 64 f32 block and BN x 64 bf16."""
+    return 64 * 64 * 4 + bn * 64 * 2
+
+
 def smem_bytes(form: tuple[int, int]) -> int:
-    """Dynamic shared memory of a launch: S stages of x's 64 x 64 f32 and BN x 64 bf16."""
+    """linear_wgmma's dynamic shared memory: S stages."""
     bn, stages = form
-    return stages * (64 * 64 * 4 + bn * 64 * 2)
+    return stages * _stage_bytes(bn)
 
 
 @functools.cache
@@ -77,7 +84,7 @@ def fits(n: int, k: int, form: tuple[int, int] = FORMS[0]) -> bool:
 def rows_smem(form: tuple[int, int], k: int) -> int:
     """linear_wgmma_rows' dynamic shared memory: two stages a warpgroup, the block values."""
     bn, warpgroups = form
-    return 2 * warpgroups * (64 * 64 * 4 + bn * 64 * 2) + 64 * bn * 4 * (k // 64)
+    return 2 * warpgroups * _stage_bytes(bn) + 64 * bn * 4 * (k // 64)
 
 
 def rows_fits(n: int, k: int, form: tuple[int, int] = ROW_FORMS[0]) -> bool:
@@ -95,10 +102,13 @@ def routes(m: int, wd: DeviceWeight) -> bool:
 
 
 def run(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *, pdl: bool = False) -> Any:
-    """The routed kernel for x's rows (``routes`` said yes): the tile kernel or the rows one."""
-    if x.shape[0] >= FROM_M:
-        return linear_wgmma(x, wd, out, residual, pdl=pdl)
-    return linear_wgmma_rows(x, wd, out, residual, pdl=pdl)
+    """The routed kernel for x's rows, where ``routes`` said yes, for linear_mma: it has
+    checked the arrays already, so this only launches."""
+    m = x.shape[0]
+    if m >= FROM_M:
+        return _launch(kernel(FORMS[0]), FORMS[0][0], 128, smem_bytes(FORMS[0]), x, wd, out,
+                       residual, 0, pdl)
+    return _launch_rows(ROW_FORMS[0], x, wd, out, residual, 0, pdl)
 
 
 @functools.cache
@@ -110,54 +120,58 @@ def rows_kernel(form: tuple[int, int]) -> Any:
         f"linear_wgmma_rows_{bn}_{warpgroups}")
 
 
-def linear_wgmma_rows(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
-                      form: tuple[int, int] = ROW_FORMS[0], pdl: bool = False,
-                      mode: int = 0) -> Any:
-    """linear_wgmma's product for few rows: K blocks over W warpgroups a CTA, their values
-    added from the first once all are in (cuda/linear_wgmma_rows.cu); the same bits."""
-    import cupy as cp
-
-    from crucible.kernels.loader import ensure_dynamic_smem
-
-    m, n, k = _checked(x, wd, out, residual, mode)
-    need(form in ROW_FORMS, f"linear_wgmma_rows: form {form} is not one of {ROW_FORMS}")
-    need(rows_fits(n, k, form), f"linear_wgmma_rows: form {form} does not fit N={n}, K={k}")
-    if m == 0:
-        return out
-    fn = rows_kernel(form)
-    smem = rows_smem(form, k)
-    ensure_dynamic_smem(fn, smem)
-    res = residual if residual is not None else np.uint64(0)  # a null pointer
-    launch(fn, (n // form[0], -(-m // 64)), (128 * form[1],),
-           (x, wd.wg, wd.scale, res, out, cp.int32(m), cp.int32(n), cp.int32(k),
-            cp.int32(mode)), smem, pdl=pdl)
-    return out
-
-
-def _checked(x: Any, wd: DeviceWeight, out: Any, residual: Any, mode: int) -> tuple[int, ...]:
-    m, n, k = check_linear(x, wd, out, residual)
-    need(wd.dtype_name == "int8" and wd.wg is not None,
-         "linear_wgmma: int8 weights uploaded with wgmma=True only")
-    need(mode in (0, 1), f"linear_wgmma: mode must be 0 or 1, got {mode!r}")
-    for a in (x, out, residual):
-        need(a is None or a.data.ptr % 16 == 0, "linear_wgmma: arrays must be 16-byte aligned")
-    return m, n, k
-
-
 def linear_wgmma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
                  form: tuple[int, int] = FORMS[0], pdl: bool = False, mode: int = 0) -> Any:
     """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights uploaded with ``wgmma``.
     ``mode``: which descriptor field carries the core matrices' K distance (0, the PTX
     manual's reading; 1 swaps them: bench/wgmma_gemm.py's check of that reading)."""
-    import cupy as cp
-
-    m, n, k = _checked(x, wd, out, residual, mode)
+    n, k = _checked(x, wd, out, residual, mode)
     need(form in FORMS, f"linear_wgmma: form {form} is not one of {FORMS}")
     need(fits(n, k, form), f"linear_wgmma: form {form} does not fit N={n}, K={k}")
+    return _launch(kernel(form), form[0], 128, smem_bytes(form), x, wd, out, residual, mode,
+                   pdl)
+
+
+def linear_wgmma_rows(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
+                      form: tuple[int, int] = ROW_FORMS[0], pdl: bool = False,
+                      mode: int = 0) -> Any:
+    """linear_wgmma's product for few rows: K blocks over W warpgroups a CTA, their values
+    added from the first once all are in (cuda/linear_wgmma_rows.cu); the same bits."""
+    n, k = _checked(x, wd, out, residual, mode)
+    need(form in ROW_FORMS, f"linear_wgmma_rows: form {form} is not one of {ROW_FORMS}")
+    need(rows_fits(n, k, form), f"linear_wgmma_rows: form {form} does not fit N={n}, K={k}")
+    return _launch_rows(form, x, wd, out, residual, mode, pdl)
+
+
+def _checked(x: Any, wd: DeviceWeight, out: Any, residual: Any, mode: int) -> tuple[int, int]:
+    _, n, k = check_linear(x, wd, out, residual)
+    need(wd.dtype_name == "int8" and wd.wg is not None,
+         "linear_wgmma: int8 weights uploaded with wgmma=True only")
+    need(mode in (0, 1), f"linear_wgmma: mode must be 0 or 1, got {mode!r}")
+    for a in (x, out, residual):
+        need(a is None or a.data.ptr % 16 == 0, "linear_wgmma: arrays must be 16-byte aligned")
+    return n, k
+
+
+def _launch_rows(form: tuple[int, int], x: Any, wd: DeviceWeight, out: Any, residual: Any,
+                 mode: int, pdl: bool) -> Any:
+    from crucible.kernels.loader import ensure_dynamic_smem
+
+    fn, smem = rows_kernel(form), rows_smem(form, wd.shape[1])
+    ensure_dynamic_smem(fn, smem)  # the block values' share grows with K
+    return _launch(fn, form[0], 128 * form[1], smem, x, wd, out, residual, mode, pdl)
+
+
+def _launch(fn: Any, bn: int, threads: int, smem: int, x: Any, wd: DeviceWeight, out: Any,
+            residual: Any, mode: int, pdl: bool) -> Any:
+    """Either kernel's launch: grid (N / BN, ceil(M / 64)), the same arguments."""
+    import cupy as cp
+
+    m, (n, k) = x.shape[0], wd.shape
     if m == 0:
         return out
     res = residual if residual is not None else np.uint64(0)  # a null pointer
-    launch(kernel(form), (n // form[0], -(-m // 64)), (128,),
+    launch(fn, (n // bn, -(-m // 64)), (threads,),
            (x, wd.wg, wd.scale, res, out, cp.int32(m), cp.int32(n), cp.int32(k),
-            cp.int32(mode)), smem_bytes(form), pdl=pdl)
+            cp.int32(mode)), smem, pdl=pdl)
     return out
