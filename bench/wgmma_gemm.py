@@ -85,9 +85,10 @@ def run(rounds: int, seed: int, quick: bool = False) -> dict[str, Any]:
 
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory() as tmp:
+        # RawModule loads its file on the first get_function: fetch them while it exists
         mod = cp.RawModule(path=str(build(Path(tmp))["wgmma_gemm.cu"]))
-    fns = {name: mod.get_function(f"wgmma_gemm_{bn}")
-           for name, (kind, bn, _) in KERNELS.items() if kind == "bench"}
+        fns = {name: mod.get_function(f"wgmma_gemm_{bn}")
+               for name, (kind, bn, _) in KERNELS.items() if kind == "bench"}
 
     def wgmma(kname: str, mode: int, x: Any, wd: Any, y: Any, res: Any) -> Any:
         m, k = x.shape

@@ -128,7 +128,9 @@ def nvrtc_direct(cp: Any) -> Any:
     prog = nvrtc.createProgram(SRC.read_text(), "wgmma_probe.cu", (), ())
     try:
         try:
-            nvrtc.compileProgram(prog, ("-arch=sm_90a", "-std=c++17"))
+            # NVRTC searches no system directory: cuda_bf16.h comes from nvcc's toolkit
+            include = Path(shutil.which("nvcc") or "/").resolve().parent.parent / "include"
+            nvrtc.compileProgram(prog, ("-arch=sm_90a", "-std=c++17", f"-I{include}"))
         except nvrtc.NVRTCError as e:
             raise RuntimeError(nvrtc.getProgramLog(prog)[-500:]) from e
         cubin = nvrtc.getCUBIN(prog)

@@ -76,11 +76,10 @@ def _fake_cupy(monkeypatch: pytest.MonkeyPatch, cache: Path) -> list[str]:
     cupy = types.ModuleType("cupy")
     cupy.RawModule = lambda path: loaded.append(path) or ("module", path)
     cuda = types.ModuleType("cupy.cuda")
-    compiler = types.ModuleType("cupy.cuda.compiler")
-    compiler.get_cache_dir = lambda: str(cache)
-    cupy.cuda, cuda.compiler = cuda, compiler
-    for name, mod in (("cupy", cupy), ("cupy.cuda", cuda), ("cupy.cuda.compiler", compiler)):
+    cupy.cuda = cuda
+    for name, mod in (("cupy", cupy), ("cupy.cuda", cuda)):
         monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(cache))
     return loaded
 
 

@@ -68,6 +68,14 @@ def _nvrtc() -> Any:
     return nvrtc
 
 
+def kernel_cache_dir() -> Path:
+    """CuPy's kernel cache directory by CuPy's documented rule (``CUPY_CACHE_DIR``, else
+    ``~/.cupy/kernel_cache``): CuPy 14 keeps no public accessor for it."""
+    import os
+
+    return Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+
+
 @functools.cache
 def cached_arch_module(name: str, arch: str) -> Any:
     """``name`` built by NVRTC for an arch-specific target (``sm_90a``: wgmma needs it, and
@@ -79,13 +87,12 @@ def cached_arch_module(name: str, arch: str) -> Any:
     import tempfile
 
     import cupy
-    from cupy.cuda import compiler
 
     nvrtc = _nvrtc()
     src = module_source(name)
     options = ("-std=c++17", f"-I{cuda_source_dir()}", f"-arch={arch}") + CUPY_IMPLIED_OPTIONS
     key = hashlib.sha256(repr((src, options, nvrtc.getVersion())).encode()).hexdigest()
-    cache = Path(compiler.get_cache_dir())
+    cache = kernel_cache_dir()
     path = cache / f"crucible-{Path(name).stem}-{arch}-{key[:32]}.cubin"
     if not path.exists():
         prog = nvrtc.createProgram(src, name, (), ())
