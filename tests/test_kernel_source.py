@@ -79,14 +79,14 @@ def _fake_cupy(monkeypatch: pytest.MonkeyPatch, cache: Path) -> list[str]:
     cupy.cuda = cuda
     for name, mod in (("cupy", cupy), ("cupy.cuda", cuda)):
         monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setenv("CUPY_CACHE_DIR", str(cache))
+    monkeypatch.setattr(source, "kernel_cache_dir", lambda: cache)
     return loaded
 
 
 def test_arch_module_builds_once_with_cupys_options_and_reuses_the_cubin(
         cuda_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An sm_90a build: NVRTC gets the project's options, the arch and CuPy's implied
-    -ftz=true; the cubin lands in CuPy's cache and a new process (the function's cache
+    -ftz=true; the cubin lands in the kernel cache and a new process (the function's cache
     cleared) loads it without compiling; a changed header builds again."""
     loaded = _fake_cupy(monkeypatch, tmp_path / "cache")
     fake = _FakeNvrtc()

@@ -43,12 +43,14 @@ def run_workload(model: Any, prompts: list[list[int]], params: list[SamplingPara
                  device: str = "cpu", attention: str | None = None, budget: int = 1024,
                  chunk_cap: int | None = None, num_pages: int = 128,
                  order: list[int] | None = None, aborts: dict[int, list[str]] | None = None,
-                 max_running: int = 256, gemm: str = "fma"
+                 max_running: int = 256, gemm: str = "fma", wgmma: bool = False
                  ) -> tuple[dict[str, Outcome], dict[str, int]]:
     """Run requests ``str(i)`` to the end; abort ``aborts[step]`` before that step.
-    ``gemm``: the int8 GEMMs' order (CRUCIBLE_GEMM), the same for both sides of a check."""
+    ``gemm``: the int8 GEMMs' order (CRUCIBLE_GEMM), the same for both sides of a check;
+    ``wgmma`` (CRUCIBLE_WGMMA) only on the packed side, so that side's warpgroup-MMA GEMMs
+    are checked against the plain mma ones run alone."""
     runner = ModelRunner(model, num_pages=num_pages, device=device, attention=attention,
-                         settings=Settings(gemm=gemm))
+                         settings=Settings(gemm=gemm, wgmma=wgmma))
     eng = LLMEngine(runner, model.tokenizer, SchedulerConfig(
         token_budget=budget, chunk_cap=chunk_cap, max_running=max_running,
         max_queue=max(64, len(prompts))))
@@ -159,7 +161,7 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     rnd = random.Random(args.seed)
     rep = Report()
-    kw = dict(device=args.device, attention=selected, gemm=env.gemm)
+    kw = dict(device=args.device, attention=selected, gemm=env.gemm, wgmma=env.wgmma)
 
     def alone(prompts: list[list[int]], params: list[SamplingParams]) -> dict[str, Outcome]:
         return one_at_a_time(model, prompts, params, device=args.device, attention="reference",

@@ -69,18 +69,16 @@ def _nvrtc() -> Any:
 
 
 def kernel_cache_dir() -> Path:
-    """CuPy's kernel cache directory by CuPy's documented rule (``CUPY_CACHE_DIR``, else
-    ``~/.cupy/kernel_cache``): CuPy 14 keeps no public accessor for it."""
-    import os
-
-    return Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+    """Where the sm_90a cubins are kept: ``~/.cache/crucible/kernels``, beside CuPy's own
+    cache rather than in it (CuPy 14 keeps no public accessor for its directory)."""
+    return Path.home() / ".cache" / "crucible" / "kernels"
 
 
 @functools.cache
 def cached_arch_module(name: str, arch: str) -> Any:
     """``name`` built by NVRTC for an arch-specific target (``sm_90a``: wgmma needs it, and
     CuPy's RawModule always sets its own -arch), with the project's options and CuPy's
-    implied ones, straight to a cubin; kept under CuPy's kernel cache by a digest of the
+    implied ones, straight to a cubin; kept under ``kernel_cache_dir()`` by a digest of the
     source (headers included), the options and NVRTC's version, and loaded as a RawModule.
     Once per process per source. A build error is a RuntimeError with NVRTC's log."""
     import os
