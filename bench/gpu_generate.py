@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="bench/gpu-generate.json")
     p.add_argument("--gemm", default="fma", choices=("fma", "mma"),
                    help="the int8 GEMMs' order (CRUCIBLE_GEMM)")
+    p.add_argument("--wgmma", action="store_true",
+                   help="mma's GEMMs of 16 rows and more on the warpgroup MMA (CRUCIBLE_WGMMA)")
     p.add_argument("--parts", default="decode,engine,prefill,profile",
                    help="comma-separated subset of decode,engine,sampled,prefill,profile "
                         "(sampled: the engine's decode greedy, at temperature 0.7, and at "
@@ -203,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             linear_mma.ROW1_FORMS = (pb,) + tuple(f for f in linear_mma.ROW1_FORMS if f != pb)
     model = load_model(args.model, args.weights)
     runner = ModelRunner(model, num_pages=1100, device="cuda",
-                         settings=Settings(device="cuda", gemm=args.gemm))
+                         settings=Settings(device="cuda", gemm=args.gemm, wgmma=args.wgmma))
     rng = np.random.default_rng(0)
     res: dict[str, list[float]] = {}
     graphs = runner.backend.graphs

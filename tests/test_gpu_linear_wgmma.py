@@ -63,7 +63,7 @@ def test_every_form_and_m_gives_linear_mmas_bits(n: int, k: int, with_res: bool)
             got = lw.linear_wgmma_rows(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r,
                                        form=form)
             assert same(got, ref[:m]), f"rows form {form} M={m}"
-    for m in (lw.ROWS_FROM_M, 64, lw.FROM_M, 1024):  # the routed path
+    for m in (64, lw.FROM_M, 256, 300, 512, 1024):  # the routed path (and below it)
         r = None if res is None else res[:m]
         got = lm.linear_mma(x[:m], wd, cp.full((m, n), cp.nan, cp.float32), r, wgmma=True)
         assert same(got, ref[:m]), f"routed M={m}"

@@ -34,31 +34,36 @@ def test_codes_image_holds_each_k_in_its_mma_slot() -> None:
     assert sorted(got.ravel().tolist()) == sorted(bits.ravel().tolist())  # a permutation
 
 
-def test_routes_by_rows_with_the_image_and_a_fitting_shape(monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
-    """From FROM_M rows the tile kernel, from ROWS_FROM_M the rows kernel (K over
-    warpgroups), below that neither; each only for a weight uploaded in its order and a
-    shape its routed form takes (the rows kernel's block values must fit shared memory)."""
-    wd = SimpleNamespace(shape=(960, 576), wg=object())
-    assert lw.routes(lw.FROM_M, wd) and lw.routes(2048, wd)
-    assert lw.routes(lw.ROWS_FROM_M, wd) and lw.routes(lw.FROM_M - 1, wd)
-    assert not lw.routes(lw.ROWS_FROM_M - 1, wd) and not lw.routes(1, wd)
-    assert not lw.routes(2048, SimpleNamespace(shape=(960, 576), wg=None))  # not uploaded
-    assert not lw.routes(64, SimpleNamespace(shape=(960, 576), wg=None))
-    assert not lw.routes(2048, SimpleNamespace(shape=(960, 576 + 32), wg=object()))
-    assert not lw.routes(2048, SimpleNamespace(shape=(960 + 16, 576), wg=object()))
-    assert lw.routes(64, SimpleNamespace(shape=(960 + 16, 576), wg=object()))  # BN 16 takes it
+def test_routes_by_rows_and_width_with_the_image_and_a_fitting_shape(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """ROUTE's first matching entry: below FROM_M rows none (linear_mma, the rows kernel is
+    not routed); from 128 rows only a wide N (gate_up); from 256 every layer, BN 64 for a
+    wide N; from 512 BN 64. Only for a weight uploaded in the kernel's order and a shape
+    the form takes (else the next entry, or none)."""
+    def wd(n: int, k: int = 576, wg: object | None = object()) -> SimpleNamespace:
+        return SimpleNamespace(shape=(n, k), wg=wg)
+
+    assert lw.FROM_M == 128
+    for m in (1, 16, 64, 127):
+        assert lw.route(m, wd(3072)) is None and lw.route(m, wd(960)) is None
+    assert lw.route(128, wd(3072)) == (64, 3) and lw.route(255, wd(960)) is None
+    assert lw.route(256, wd(960)) == (32, 3) and lw.route(256, wd(3072)) == (64, 3)
+    assert lw.route(511, wd(576, 1536)) == (32, 3)
+    assert lw.route(512, wd(960)) == (64, 3) and lw.route(4096, wd(576, 1536)) == (64, 3)
+    assert lw.route(2048, wd(960, wg=None)) is None  # not uploaded in the kernel's order
+    assert lw.route(2048, wd(960, 576 + 32)) is None  # K not whole 64-blocks
+    assert lw.route(2048, wd(960 + 32)) == (32, 3)  # BN 64 does not divide N: the next entry
+    assert lw.route(2048, wd(960 + 16)) is None  # no routed form does
     assert lw.smem_bytes((32, 3)) == 3 * (16384 + 32 * 128)
     # down (K = 1,536) at three warpgroups: 6 stages and 24 blocks' values, under 227 KiB
     assert lw.rows_smem((16, 3), 1536) == 6 * (16384 + 16 * 128) + 24 * 64 * 16 * 4
     assert lw.rows_fits(576, 1536) and not lw.rows_fits(576, 64 * 30)
     calls: list = []
     monkeypatch.setattr(lw, "kernel", lambda form: form)
-    monkeypatch.setattr(lw, "_launch", lambda *a, **k: calls.append("tile"))
-    monkeypatch.setattr(lw, "_launch_rows", lambda *a, **k: calls.append("rows"))
-    for m in (lw.ROWS_FROM_M, lw.FROM_M - 1, lw.FROM_M, 4096):
-        lw.run(SimpleNamespace(shape=(m, 576)), wd, None)
-    assert calls == ["rows", "rows", "tile", "tile"]
+    monkeypatch.setattr(lw, "_launch", lambda fn, bn, *a: calls.append((fn, bn)))
+    for form in lw.FORMS:
+        lw.run(SimpleNamespace(shape=(512, 576)), wd(960), None, None, form)
+    assert calls == [(f, f[0]) for f in lw.FORMS]
 
 
 def test_switch_is_strict_and_needs_the_mma_order() -> None:
@@ -85,7 +90,7 @@ def test_backend_names_the_kernel_in_its_arithmetic() -> None:
 def test_start_up_refuses_another_gpu_or_a_failed_build(monkeypatch: pytest.MonkeyPatch) -> None:
     """CRUCIBLE_WGMMA=1 is checked when the weights load: another GPU generation, or an
     NVRTC that cannot build sm_90a, is a ConfigError naming the setting, not a failure at
-    the first GEMM of 16 rows."""
+    the first GEMM of 128 rows."""
     import sys
     import types
 
@@ -96,13 +101,12 @@ def test_start_up_refuses_another_gpu_or_a_failed_build(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "cupy", fake)
     built: list = []
     monkeypatch.setattr(lw, "kernel", lambda form: built.append(form))
-    monkeypatch.setattr(lw, "rows_kernel", lambda form: built.append(form))
     with pytest.raises(ConfigError, match="CRUCIBLE_WGMMA=1: .*needs an sm_90 GPU.*sm_80"):
         lw.require_device()
     assert built == []
     cc["value"] = "90"
     lw.require_device()
-    assert built == [lw.FORMS[0], lw.ROW_FORMS[0]]  # both built at start-up
+    assert built == [(64, 3), (32, 3)]  # every routed form built at start-up
 
     def broken(form: tuple) -> None:
         raise RuntimeError("NVRTC could not build linear_wgmma.cu for sm_90a:\nlog")

@@ -190,7 +190,7 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     ahead or not (None: by the grid's size, PF_MAX_CTAS); ``bf16``: the tile kernel reads
     ``wd.wb``, the codes as bf16 (None: where it pays, bw_wanted); the same bits either way.
     ``wgmma``: a plain GEMM (no form, fusion or control asked for) that
-    ``linear_wgmma.routes`` takes runs on the warpgroup-MMA kernel, meant to give these bits
+    ``linear_wgmma.route`` takes runs on the warpgroup-MMA kernel, meant to give these bits
     (experimental: CRUCIBLE_WGMMA)."""
     import cupy as cp
 
@@ -215,8 +215,8 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     for a in (x, wd.w, out, residual, norm):
         need(a is None or a.data.ptr % 16 == 0, "linear_mma: arrays must be 16-byte aligned")
     if (wgmma and norm is None and not swiglu and not one_acc and form is None
-            and prefetch is None and bf16 is None and lw.routes(m, wd)):
-        return lw.run(x, wd, out, residual, pdl=pdl)  # checked above: it only launches
+            and prefetch is None and bf16 is None and (wf := lw.route(m, wd)) is not None):
+        return lw.run(x, wd, out, residual, wf, pdl=pdl)  # checked above: it only launches
     plan = _plan(m, n, k, form, one_acc, norm is not None, swiglu, prefetch, bf16,
                  wd.wb is not None, ROW1_ROUTED)
     if m == 0:

@@ -1,11 +1,11 @@
 """The tensor-core GEMM order of linear_mma.cu on the warpgroup MMA (sm_90a):
-cuda/linear_wgmma.cu from FROM_M rows, cuda/linear_wgmma_rows.cu (K blocks over warpgroups)
-from ROWS_FROM_M. Experimental and off by default (``CRUCIBLE_WGMMA=1``): it is meant to
-give linear_mma's bits (same blocks, steps, slots, parts and sums), which only the GPU can
-confirm (bench/wgmma_probe.py, bench/wgmma_gemm.py, tests/test_gpu_linear_wgmma.py); until
-then the backend names it in its arithmetic, so the prefix cache never mixes the two.
+cuda/linear_wgmma.cu from FROM_M rows (``ROUTE``); cuda/linear_wgmma_rows.cu (K blocks over
+warpgroups, for fewer rows) is built and checked but not routed, being slower than
+linear_mma there. Off by default (``CRUCIBLE_WGMMA=1``). It gives linear_mma's bits (same
+blocks, steps, slots, parts and sums): on the H200, bench/wgmma-probe-h200.json (wgmma's
+step sums are mma.sync's), tests/test_gpu_linear_wgmma.py and bench/wgmma-gemm-h200.json.
 
-``linear_mma.linear_mma(..., wgmma=True)`` routes here (``run``) where ``routes`` says so;
+``linear_mma.linear_mma(..., wgmma=True)`` routes here (``run``) where ``route`` says so;
 a weight needs its codes in the kernel's order (``upload_weight(..., wgmma=True)``:
 ``wd.wg``).
 """
@@ -21,19 +21,20 @@ from crucible.errors import ConfigError
 from crucible.kernels.device_weight import DeviceWeight, check_linear, need
 from crucible.kernels.launch import launch
 
-# (BN, S): columns a CTA (one warpgroup, 64 rows) and cp.async stages. The first is routed
-# until bench/wgmma_gemm.py has timed them: 127 registers, four CTAs an SM by registers and
-# three by shared memory (60 KiB each). BN 16 doubles the CTAs of a mid-M grid (qkv at 256
-# rows: 240 instead of 120) for the same x traffic a CTA.
+# (BN, S): columns a CTA (one warpgroup, 64 rows) and cp.async stages. BN 16 doubles the
+# CTAs of a mid-M grid (qkv at 256 rows: 240 instead of 120) for the same x traffic a CTA.
 FORMS: tuple[tuple[int, int], ...] = ((32, 3), (16, 4), (32, 4), (64, 3))
-# Rows from which a GEMM takes linear_wgmma.cu: below, its grid (N / BN CTAs a 64 rows) walks
-# all of K in each CTA, and linear_wgmma_rows.cu spreads the K blocks over warpgroups.
-FROM_M = 128
+# Which form an M x N GEMM takes, the first entry with M >= from_m and N >= min_n: the
+# fastest per layer shape in bench/wgmma-gemm-h200.json (time over linear_mma's, H200). Below
+# 128 rows linear_mma stays faster (a 64-row tile then is mostly padding, or N / BN CTAs walk
+# all of K); from 128 rows a wide N (gate_up, 3,072) gains 0.81x, from 256 every layer
+# 0.79-0.93x, from 512 BN 64 0.67-0.92x.
+ROUTE: tuple[tuple[int, int, tuple[int, int]], ...] = (
+    (512, 0, (64, 3)), (256, 2048, (64, 3)), (256, 0, (32, 3)), (128, 2048, (64, 3)))
+FROM_M = min(from_m for from_m, _, _ in ROUTE)
 # (BN, W): linear_wgmma_rows.cu's columns a CTA and warpgroups taking the K blocks in turn.
+# Not routed: at 16-128 rows it took 1.2-2.8x linear_mma's time on the H200 (the same JSON).
 ROW_FORMS: tuple[tuple[int, int], ...] = ((16, 3), (16, 2))
-# Rows from which a GEMM takes the rows kernel: fewer leave its 64-row tile mostly padding,
-# and linear_mma's own rows kernel (16 rows a tile) keeps them.
-ROWS_FROM_M = 16
 SMEM_OPTIN = 227 * 1024  # the H200's dynamic shared memory a CTA may opt into
 ARCH = "sm_90a"
 
@@ -62,7 +63,7 @@ def kernel(form: tuple[int, int]) -> Any:
 
 def require_device() -> None:
     """At start-up, a ConfigError naming the setting unless this GPU runs the kernels (their
-    cubins are sm_90a: Hopper only) and NVRTC builds them (else the first GEMM of 16 rows
+    cubins are sm_90a: Hopper only) and NVRTC builds them (else the first GEMM of 128 rows
     would fail mid-run)."""
     import cupy
 
@@ -71,8 +72,8 @@ def require_device() -> None:
         raise ConfigError(f"CRUCIBLE_WGMMA=1: the wgmma GEMM needs an sm_90 GPU (Hopper); "
                           f"this one is sm_{cc}")
     try:
-        kernel(FORMS[0])
-        rows_kernel(ROW_FORMS[0])
+        for form in dict.fromkeys(form for _, _, form in ROUTE):
+            kernel(form)
     except RuntimeError as e:  # cached_arch_module's build error, with NVRTC's log
         raise ConfigError(f"CRUCIBLE_WGMMA=1: {e}") from e
 
@@ -91,24 +92,23 @@ def rows_fits(n: int, k: int, form: tuple[int, int] = ROW_FORMS[0]) -> bool:
     return k % 64 == 0 and n % form[0] == 0 and rows_smem(form, k) <= SMEM_OPTIN
 
 
-def routes(m: int, wd: DeviceWeight) -> bool:
-    """Whether an M-row GEMM of ``wd`` runs on a wgmma kernel: its codes uploaded in their
-    order, and the tile kernel's rows (FROM_M) or the rows kernel's (ROWS_FROM_M) with a
-    shape that kernel's routed form takes."""
+def route(m: int, wd: DeviceWeight) -> tuple[int, int] | None:
+    """The form an M-row GEMM of ``wd`` runs in on the tile kernel (``ROUTE``), or None for
+    linear_mma: also None unless its codes were uploaded in the kernel's order."""
     if wd.wg is None:
-        return False
+        return None
     n, k = wd.shape
-    return fits(n, k) if m >= FROM_M else m >= ROWS_FROM_M and rows_fits(n, k)
+    for from_m, min_n, form in ROUTE:
+        if m >= from_m and n >= min_n and fits(n, k, form):
+            return form
+    return None
 
 
-def run(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *, pdl: bool = False) -> Any:
-    """The routed kernel for x's rows, where ``routes`` said yes, for linear_mma: it has
-    checked the arrays already, so this only launches."""
-    m = x.shape[0]
-    if m >= FROM_M:
-        return _launch(kernel(FORMS[0]), FORMS[0][0], 128, smem_bytes(FORMS[0]), x, wd, out,
-                       residual, 0, pdl)
-    return _launch_rows(ROW_FORMS[0], x, wd, out, residual, 0, pdl)
+def run(x: Any, wd: DeviceWeight, out: Any, residual: Any, form: tuple[int, int], *,
+        pdl: bool = False) -> Any:
+    """The tile kernel in ``route``'s form, for linear_mma: it has checked the arrays
+    already, so this only launches."""
+    return _launch(kernel(form), form[0], 128, smem_bytes(form), x, wd, out, residual, 0, pdl)
 
 
 @functools.cache
