@@ -10,6 +10,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import warnings
+
 import pytest
 
 from crucible.backend.cupy_backend import CupyBackend
@@ -67,24 +69,35 @@ def test_routes_by_rows_and_width_with_the_image_and_a_fitting_shape(
 
 
 def test_switch_is_strict_and_needs_the_mma_order() -> None:
-    assert Settings.from_env({}).wgmma is False
+    assert Settings.from_env({}).wgmma is None  # auto: where the GPU runs it
+    assert Settings.from_env({}).backend_options().wgmma is None
+    assert Settings.from_env({"CRUCIBLE_WGMMA": "auto"}).wgmma is None
+    assert Settings.from_env({"CRUCIBLE_WGMMA": "0"}).backend_options().wgmma is False
     s = Settings.from_env({"CRUCIBLE_WGMMA": "1"})
     assert s.wgmma and s.backend_options().wgmma
-    for bad in ("on", "2", ""):
-        with pytest.raises(ConfigError, match="CRUCIBLE_WGMMA must be 0 or 1"):
+    for bad in ("on", "2", "", "AUTO"):
+        with pytest.raises(ConfigError, match="CRUCIBLE_WGMMA must be 0, 1 or auto"):
             Settings.from_env({"CRUCIBLE_WGMMA": bad})
+    with pytest.raises(ConfigError, match="wgmma must be True, False or None"):
+        Settings(wgmma=1)
+    # auto under fma is simply off; only an explicit 1 is a contradiction
+    assert Settings.from_env({"CRUCIBLE_GEMM": "fma"}).backend_options().wgmma is False
     with pytest.raises(ConfigError, match="needs gemm 'mma'"):
         Settings.from_env({"CRUCIBLE_WGMMA": "1", "CRUCIBLE_GEMM": "fma"})
     # f32 weights take linear.cu's order: the switch does not reach the backend there
     assert not Settings(wgmma=True, weights="f32").backend_options().wgmma
 
 
-def test_backend_names_the_kernel_in_its_arithmetic() -> None:
+def test_backend_keeps_one_arithmetic_with_or_without_the_kernel() -> None:
+    """The warpgroup-MMA GEMMs give linear_mma's bits (the H200's bitwise tests), so the
+    backend's arithmetic, which keys the prefix cache, is the same with them or without."""
     on = CupyBackend(BackendOptions(gemm="mma", wgmma=True))
     off = CupyBackend(BackendOptions(gemm="mma"))
-    assert on.wgmma and not off.wgmma
-    assert on.arithmetic == off.arithmetic + "-wgmma"
-    assert not CupyBackend(BackendOptions(gemm="fma", wgmma=True)).wgmma
+    auto = CupyBackend(BackendOptions(gemm="mma", wgmma=None))
+    assert on.wgmma is True and off.wgmma is False and auto.wgmma is None  # auto: at load
+    assert on.arithmetic == off.arithmetic == auto.arithmetic == "cupy-exact-q4-k64-mma"
+    assert CupyBackend(BackendOptions(gemm="fma", wgmma=True)).wgmma is False
+    assert CupyBackend(BackendOptions(gemm="fma", wgmma=None)).wgmma is False
 
 
 def test_start_up_refuses_another_gpu_or_a_failed_build(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,10 +120,24 @@ def test_start_up_refuses_another_gpu_or_a_failed_build(monkeypatch: pytest.Monk
     cc["value"] = "90"
     lw.require_device()
     assert built == [(64, 3), (32, 3)]  # every routed form built at start-up
+    built.clear()
+    assert lw.enable(True) and lw.enable(None) and built == [(64, 3), (32, 3)] * 2
+    cc["value"] = "80"  # auto elsewhere: off, quietly (mma's kernels give the same bits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lw.enable(None) is False
+    with pytest.raises(ConfigError, match="needs an sm_90 GPU"):
+        lw.enable(True)
 
     def broken(form: tuple) -> None:
         raise RuntimeError("NVRTC could not build linear_wgmma.cu for sm_90a:\nlog")
 
     monkeypatch.setattr(lw, "kernel", broken)
+    cc["value"] = "90"
     with pytest.raises(ConfigError, match="CRUCIBLE_WGMMA=1: NVRTC could not build"):
         lw.require_device()
+    # auto on a Hopper whose NVRTC fails: off, with a warning saying why
+    with pytest.warns(RuntimeWarning, match="warpgroup-MMA GEMMs are off: .*NVRTC could not"):
+        assert lw.enable(None) is False
+    with pytest.raises(ConfigError, match="NVRTC could not build"):
+        lw.enable(True)

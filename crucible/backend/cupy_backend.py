@@ -43,7 +43,7 @@ class CupyBackend:
         self.options = options or BackendOptions()
         self.variant: Variant = parse_variant(self.options.attention)
         self.use_stack = self.options.decode_stack  # kernels/decode_stack.py (both orders)
-        self.wgmma = self.mma and self.options.wgmma  # large GEMMs: kernels/linear_wgmma.py
+        self.wgmma = self.options.wgmma if self.mma else False  # None: auto, at load_weights
         self.cfg: Geometry | None = None
         self.graphs = None  # DecodeGraphs once the pool exists (decode_graphs off: None)
         self.prefill_graphs = self.mixed_graphs = None  # PrefillGraphs, MixedGraphs likewise
@@ -56,8 +56,8 @@ class CupyBackend:
         return self.options.gemm == "mma"
 
     @property
-    def arithmetic(self) -> str:  # -wgmma until the GPU shows that kernel gives mma's bits
-        return f"cupy-{self.variant.name}" + ("-mma" if self.mma else "") + "-wgmma" * self.wgmma
+    def arithmetic(self) -> str:  # linear_wgmma gives mma's bits (bench/wgmma-*-h200): no suffix
+        return f"cupy-{self.variant.name}" + ("-mma" if self.mma else "")
 
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
         cp = _cp()
@@ -66,8 +66,8 @@ class CupyBackend:
         self.embedding = cp.asarray(weights.embedding)
         cos, sin = rope_table(cfg.max_context, cfg.head_dim, cfg.rope_theta)
         self._cos, self._sin = cp.asarray(cos), cp.asarray(sin)
-        if self.wgmma:
-            linear_wgmma.require_device()
+        if self.wgmma is not False:
+            self.wgmma = linear_wgmma.enable(self.wgmma)
         for name, lw in weights.linears.items():  # mma: the codes as bf16 too (its tile GEMM)
             self._linear[name] = upload_weight(lw.w, lw.scale, bf16=self.mma, wgmma=self.wgmma)
         self._norms = {name: cp.asarray(v) for name, v in weights.norms.items()}

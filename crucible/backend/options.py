@@ -26,5 +26,5 @@ class BackendOptions:
     pdl: bool = True  # programmatic dependent launch inside decode graphs
     decode_stack: bool = True  # batch-1 decode as three kernels per layer (same bits)
     gemm: str = "fma"  # int8 GEMMs' order, one of GEMMS (mma: no fused row kernels, no stack)
-    wgmma: bool = False  # mma's large-M GEMMs on the warpgroup MMA (kernels/linear_wgmma.py)
+    wgmma: bool | None = False  # mma's large GEMMs on the warpgroup MMA; None: where it runs
     cpu_threads: int | None = None  # the CPU kernels' threads (None: the available cores)

@@ -43,12 +43,12 @@ def run_workload(model: Any, prompts: list[list[int]], params: list[SamplingPara
                  device: str = "cpu", attention: str | None = None, budget: int = 1024,
                  chunk_cap: int | None = None, num_pages: int = 128,
                  order: list[int] | None = None, aborts: dict[int, list[str]] | None = None,
-                 max_running: int = 256, gemm: str = "fma", wgmma: bool = False
+                 max_running: int = 256, gemm: str = "fma", wgmma: bool | None = False
                  ) -> tuple[dict[str, Outcome], dict[str, int]]:
     """Run requests ``str(i)`` to the end; abort ``aborts[step]`` before that step.
     ``gemm``: the int8 GEMMs' order (CRUCIBLE_GEMM), the same for both sides of a check;
-    ``wgmma`` (CRUCIBLE_WGMMA) only on the packed side, so that side's warpgroup-MMA GEMMs
-    are checked against the plain mma ones run alone."""
+    ``wgmma`` (CRUCIBLE_WGMMA; None: where the GPU runs it) only on the packed side, so
+    that side's warpgroup-MMA GEMMs are checked against the plain mma ones run alone."""
     runner = ModelRunner(model, num_pages=num_pages, device=device, attention=attention,
                          settings=Settings(gemm=gemm, wgmma=wgmma))
     eng = LLMEngine(runner, model.tokenizer, SchedulerConfig(
@@ -81,7 +81,7 @@ def one_at_a_time(model: Any, prompts: list[list[int]], params: list[SamplingPar
     out = {}
     for i in range(len(prompts)):
         r, _ = run_workload(model, [prompts[i]], [params[i]], device=device,
-                            attention=attention, num_pages=64, gemm=gemm)
+                            attention=attention, num_pages=64, gemm=gemm, wgmma=False)
         out[str(i)] = r["0"]
     return out
 

@@ -37,6 +37,16 @@ def _switch(name: str, raw: str) -> bool:
     return value == "1"
 
 
+def _auto_switch(name: str, raw: str) -> bool | None:
+    """0, 1 or auto (None: the backend decides from the hardware)."""
+    value = raw.strip()
+    if value == "auto":
+        return None
+    if value not in ("0", "1"):
+        raise ConfigError(f"{name} must be 0, 1 or auto, got {raw!r}")
+    return value == "1"
+
+
 def _whole(value: str) -> bool:
     """ASCII digits only: str.isdigit() also passes superscripts ('²'), which int() refuses
     (a traceback, not this module's error), and other scripts' digits nobody means here."""
@@ -109,7 +119,7 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_MIXED_GRAPH_ROWS": ("mixed_graph_rows", _graph_rows),
     "CRUCIBLE_GRAPH_WARMUP": ("graph_warmup", _switch),
     "CRUCIBLE_GEMM": ("gemm", _gemm),
-    "CRUCIBLE_WGMMA": ("wgmma", _switch),
+    "CRUCIBLE_WGMMA": ("wgmma", _auto_switch),
     "CRUCIBLE_PDL": ("pdl", _switch),
     "CRUCIBLE_DECODE_STACK": ("decode_stack", _switch),
     "CRUCIBLE_PIPELINE": ("pipeline", _switch),
@@ -135,9 +145,9 @@ class Settings:
     # The CUDA int8 GEMMs' order: mma (linear_mma.cu, tensor cores; the default since its
     # batch-1 decode caught up: docs/throughput.md) or fma (linear.cu, the CPU's bits).
     gemm: str = "mma"
-    # mma's GEMMs of 16 rows and more on the warpgroup MMA (kernels/linear_wgmma.py): meant
-    # to give the same bits, not yet shown to on the GPU, so off (an experiment's switch).
-    wgmma: bool = False
+    # mma's GEMMs of 128 rows and more on the warpgroup MMA (kernels/linear_wgmma.py, the
+    # same bits): None (auto) where the GPU is Hopper and NVRTC builds it, True insists.
+    wgmma: bool | None = None
     graph_warmup: bool = True  # capture the decode graphs at start-up (engine factory)
     pdl: bool = True
     decode_stack: bool = True
@@ -165,7 +175,7 @@ class Settings:
             raise ConfigError(f"weights must be 'int8' or 'f32', got {self.weights!r}")
         object.__setattr__(self, "attention", parse_variant(self.attention).name)
         for name in ("decode_graphs", "prefill_graphs", "mixed_graphs", "graph_warmup", "pdl",
-                     "decode_stack", "pipeline", "late_planning", "wgmma"):
+                     "decode_stack", "pipeline", "late_planning"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name, low in (("cpu_threads", 1), ("num_pages", 1), ("chunk_cap", 1),
@@ -181,6 +191,8 @@ class Settings:
                               f"{', '.join(map(str, MIXED_GRAPH_ROWS))}, got {r!r}")
         if self.gemm not in GEMMS:
             raise ConfigError(f"gemm must be one of {', '.join(GEMMS)}, got {self.gemm!r}")
+        if self.wgmma is not None and not isinstance(self.wgmma, bool):
+            raise ConfigError(f"wgmma must be True, False or None (auto), got {self.wgmma!r}")
         if self.wgmma and self.gemm != "mma":
             raise ConfigError("wgmma (CRUCIBLE_WGMMA=1) runs the mma GEMM order; it needs "
                               f"gemm 'mma', got {self.gemm!r}")
@@ -237,7 +249,7 @@ class Settings:
                               mixed_graphs=self.mixed_graphs,
                               mixed_graph_rows=self.mixed_graph_rows, pdl=self.pdl,
                               decode_stack=self.decode_stack, gemm=self.gemm_order(),
-                              wgmma=self.wgmma and self.gemm_order() == "mma",
+                              wgmma=self.wgmma if self.gemm_order() == "mma" else False,
                               cpu_threads=self.cpu_threads)
 
     def gemm_order(self, device: str = "cuda") -> str:

@@ -13,6 +13,7 @@ a weight needs its codes in the kernel's order (``upload_weight(..., wgmma=True)
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,8 @@ ROUTE: tuple[tuple[int, int, tuple[int, int]], ...] = (
     (512, 0, (64, 3)), (256, 2048, (64, 3)), (256, 0, (32, 3)), (128, 2048, (64, 3)))
 FROM_M = min(from_m for from_m, _, _ in ROUTE)
 # (BN, W): linear_wgmma_rows.cu's columns a CTA and warpgroups taking the K blocks in turn.
-# Not routed: at 16-128 rows it took 1.2-2.8x linear_mma's time on the H200 (the same JSON).
+# Not routed: at 16-64 rows it took 1.2-2.8x linear_mma's time on the H200 (the same JSON),
+# and at 128 0.92-1.33x, where the tile kernel's wide-N form does better.
 ROW_FORMS: tuple[tuple[int, int], ...] = ((16, 3), (16, 2))
 SMEM_OPTIN = 227 * 1024  # the H200's dynamic shared memory a CTA may opt into
 ARCH = "sm_90a"
@@ -76,6 +78,24 @@ def require_device() -> None:
             kernel(form)
     except RuntimeError as e:  # cached_arch_module's build error, with NVRTC's log
         raise ConfigError(f"CRUCIBLE_WGMMA=1: {e}") from e
+
+
+def enable(asked: bool | None) -> bool:
+    """Whether the backend routes GEMMs here: True insists (``require_device``'s errors);
+    None (auto) takes it where the GPU is sm_90 and NVRTC builds the kernels, else stays on
+    linear_mma with a warning: the bits are the same either way, only the speed differs."""
+    if asked:
+        require_device()
+        return True
+    try:
+        require_device()
+    except ConfigError as e:
+        import cupy
+
+        if str(cupy.cuda.Device().compute_capability) == "90":  # Hopper that should have
+            warnings.warn(f"the warpgroup-MMA GEMMs are off: {e}", RuntimeWarning, 2)
+        return False
+    return True
 
 
 def fits(n: int, k: int, form: tuple[int, int] = FORMS[0]) -> bool:
