@@ -190,8 +190,8 @@ def linear_mma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
     ahead or not (None: by the grid's size, PF_MAX_CTAS); ``bf16``: the tile kernel reads
     ``wd.wb``, the codes as bf16 (None: where it pays, bw_wanted); the same bits either way.
     ``wgmma``: a plain GEMM (no form, fusion or control asked for) that
-    ``linear_wgmma.route`` takes runs on the warpgroup-MMA kernel, meant to give these bits
-    (experimental: CRUCIBLE_WGMMA)."""
+    ``linear_wgmma.route`` takes runs on the warpgroup-MMA kernel, which gives these bits
+    (CRUCIBLE_WGMMA)."""
     import cupy as cp
 
     if swiglu:  # out is [M, F]: check_linear's [M, N] does not apply

@@ -1,9 +1,10 @@
 """The tensor-core GEMM order of linear_mma.cu on the warpgroup MMA (sm_90a):
 cuda/linear_wgmma.cu from FROM_M rows (``ROUTE``); cuda/linear_wgmma_rows.cu (K blocks over
 warpgroups, for fewer rows) is built and checked but not routed, being slower than
-linear_mma there. Off by default (``CRUCIBLE_WGMMA=1``). It gives linear_mma's bits (same
-blocks, steps, slots, parts and sums): on the H200, bench/wgmma-probe-h200.json (wgmma's
-step sums are mma.sync's), tests/test_gpu_linear_wgmma.py and bench/wgmma-gemm-h200.json.
+linear_mma there. On where the GPU is sm_90 (``CRUCIBLE_WGMMA``: auto; ``enable``). It
+gives linear_mma's bits (same blocks, steps, slots, parts and sums): on the H200,
+bench/wgmma-probe-h200.json (wgmma's step sums are mma.sync's),
+tests/test_gpu_linear_wgmma.py and bench/wgmma-gemm-h200.json.
 
 ``linear_mma.linear_mma(..., wgmma=True)`` routes here (``run``) where ``route`` says so;
 a weight needs its codes in the kernel's order (``upload_weight(..., wgmma=True)``:
