@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gemm", default="fma", choices=("fma", "mma"),
                    help="the int8 GEMMs' order (CRUCIBLE_GEMM)")
     p.add_argument("--wgmma", action="store_true",
-                   help="mma's GEMMs of 16 rows and more on the warpgroup MMA (CRUCIBLE_WGMMA)")
+                   help="mma's GEMMs of 128 rows and more on the warpgroup MMA (CRUCIBLE_WGMMA=1); "
+                   "without it, off (0), so both sides are explicit")
     p.add_argument("--parts", default="decode,engine,prefill,profile",
                    help="comma-separated subset of decode,engine,sampled,prefill,profile "
                         "(sampled: the engine's decode greedy, at temperature 0.7, and at "

@@ -84,16 +84,16 @@ def require_device() -> None:
 def enable(asked: bool | None) -> bool:
     """Whether the backend routes GEMMs here: True insists (``require_device``'s errors);
     None (auto) takes it where the GPU is sm_90 and NVRTC builds the kernels, else stays on
-    linear_mma with a warning: the bits are the same either way, only the speed differs."""
-    if asked:
-        require_device()
-        return True
+    linear_mma, with a warning on a Hopper whose build failed: the bits are the same either
+    way, only the speed differs."""
     try:
         require_device()
     except ConfigError as e:
+        if asked:
+            raise
         import cupy
 
-        if str(cupy.cuda.Device().compute_capability) == "90":  # Hopper that should have
+        if str(cupy.cuda.Device().compute_capability) == "90":
             warnings.warn(f"the warpgroup-MMA GEMMs are off: {e}", RuntimeWarning, 2)
         return False
     return True
@@ -116,9 +116,12 @@ def rows_fits(n: int, k: int, form: tuple[int, int] = ROW_FORMS[0]) -> bool:
 def route(m: int, wd: DeviceWeight) -> tuple[int, int] | None:
     """The form an M-row GEMM of ``wd`` runs in on the tile kernel (``ROUTE``), or None for
     linear_mma: also None unless its codes were uploaded in the kernel's order."""
-    if wd.wg is None:
-        return None
-    n, k = wd.shape
+    return None if wd.wg is None else _route(m, *wd.shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _route(m: int, n: int, k: int) -> tuple[int, int] | None:
+    # Cached like linear_mma's _plan: every eager GEMM launch asks, with few distinct shapes.
     for from_m, min_n, form in ROUTE:
         if m >= from_m and n >= min_n and fits(n, k, form):
             return form
