@@ -30,7 +30,7 @@ import numpy as np
 
 from common import SMOLLM2, stat, write_json
 
-from crucible.backend.cupy_graphs import BUCKETS
+from crucible.backend.cupy_graphs import BUCKETS, graph_capacity
 from crucible.step.rows import row_sampling
 from crucible.step.batch import SegmentSpec, build_packed_batch
 from crucible.engine.sampling import SamplingParams
@@ -56,8 +56,9 @@ def step_costs(runner: ModelRunner, b: int, steps: int, history: int) -> dict[st
     runner.forward_sample(batch(history), rows)  # captures both twins
     g = be.graphs
     bucket = next(x for x in BUCKETS if x >= b)
-    cap = g.graphs[(bucket, score_capacity(history + 1))][g.last]
-    meta = g.host_meta(batch(history), bucket, g.table_width(score_capacity(history + 1)))
+    capacity = graph_capacity(score_capacity(history + 1), g.ceiling)  # as run() keys it
+    cap = g.graphs[(bucket, capacity)][g.last]
+    meta = g.host_meta(batch(history), bucket, g.table_width(capacity))
     out: dict[str, float] = {}
 
     def timed(name: str, fn) -> None:
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--history", type=int, default=192)
     p.add_argument("--json", default="bench/gpu-step.json")
+    p.add_argument("--only", default=None, help="comma list of b1, b1 layers, b64 (all)")
     args = p.parse_args(argv)
     model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
     runner = ModelRunner(model, num_pages=64 * 16 + 16, device="cuda")
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     # "b1 layers": batch 1 with the decode stack off (five kernels per layer), the baseline
     # of the stack in the same run; the order alternates between rounds.
     configs = [("b1", 1, True), ("b1 layers", 1, False), ("b64", 64, True)]
+    if args.only:
+        configs = [c for c in configs if c[0] in args.only.split(",")]
     for r in range(args.rounds):
         for label, b, stack in configs if r % 2 == 0 else configs[::-1]:
             runner.backend.set_decode_stack(stack)

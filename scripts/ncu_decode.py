@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the int8 GEMMs' order (mma: the decode stack's MMA forms at one row)")
     args = p.parse_args(argv)
     model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
-    runner = ModelRunner(model, num_pages=64 * 20, device="cuda",
+    runner = ModelRunner(model, num_pages=max(64, args.rows) * 20, device="cuda",
                          settings=Settings(device="cuda", gemm=args.gemm))
     runner.backend.graphs = None
     for step in range(args.steps):

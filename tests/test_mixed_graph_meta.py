@@ -158,6 +158,27 @@ def test_steps_outside_the_graphs_run_eagerly() -> None:
     assert MixedGraphs.key(graphs(), step([1] * 500 + [700]))[0] == 1280
 
 
+def test_a_chat_cohort_step_replays() -> None:
+    """A chat server's turns arrive in cohorts: a step of a dozen or more ~100-row slices
+    beside the decodes qualifies (up to MAX_SLICES slices), with a row grid of at least
+    the step's rows in all (tokens / slices bucket a slice), while steps of up to four
+    slices keep their keys (a quarter of the rows a slice)."""
+    def step(decodes: int, lengths: list[int]) -> PackedBatch:
+        return build_packed_batch(
+            [SegmentSpec(f"d{i}", [1], 900, list(range(60)), [0]) for i in range(decodes)]
+            + [SegmentSpec(f"p{i}", [1] * n, 880, list(range(60)), [n - 1])
+               for i, n in enumerate(lengths)])
+
+    cohort = step(48, [60] * 15 + [75])  # 1,023 rows, 16 slices
+    assert is_mixed_graph_step(cohort, 1024) and not is_mixed_graph_step(cohort)
+    t, f, s, chunk, _, _ = MixedGraphs.key(graphs(), cohort)
+    assert (t, f, s, chunk) == (1024, 64, 16, 128)  # 75 rows -> 128; floor 1,024 / 16
+    assert MixedGraphs.key(graphs(), step(48, [60] * 7))[2:4] == (8, 64)  # 468 rows -> 512 / 8
+    assert MixedGraphs.key(graphs(), step(48, [60] * 9))[2:4] == (16, 64)  # 588 -> 640 / 16
+    assert MixedGraphs.key(graphs(), step(20, [30, 40, 50]))[2:4] == (4, 64)  # 192 / 4 < 64
+    assert not is_mixed_graph_step(step(8, [20] * (MAX_SLICES + 1)))
+
+
 class _Cap:
     seconds = 0.05  # the host time a capture took
 

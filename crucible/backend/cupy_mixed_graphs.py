@@ -12,8 +12,12 @@ A step qualifies when it has at most ``max_tokens`` rows (``MAX_TOKENS`` unless
 bucket. The buckets are coarse on purpose: chat traffic makes steps of every size, and each
 key costs a capture (a warm-up forward and the capture itself). So final rows round to a
 power of two, the slices' row grid covers at least a quarter of the rows (tiles past a
-slice's end exit), and the score capacity to a power of two (a larger score buffer changes
-no bits, only shared memory). One capacity, the step's longest history, sizes the decode
+slice's end exit; past four slices, at least the step's rows), and the score capacity to a
+power of two (a larger score buffer changes no bits, only shared memory).
+Up to 16 slices: a chat server's turns arrive in cohorts (the users whose replies ended in
+one step), so a step holds a dozen or more ~100-token slices beside the decodes; with at
+most 4 such steps ran eagerly, ~9.4 ms of host launches for ~5 ms of GPU work on the H200
+(bench/chat_timeline.py, docs/prefix-cache.md). One capacity, the step's longest history, sizes the decode
 rows' launch (the decode kernel keeps its two CTAs an SM up to 4,096); the slices' launch
 gets its own, their longest end but at least SLICE_CAPACITY_FLOOR, as an eager step sizes
 each launch by its own rows (cupy_meta.MixedSegments). Sized by the decode rows' longest
@@ -67,13 +71,13 @@ from crucible.backend.options import MIXED_GRAPH_ROWS
 from crucible.step.batch import PackedBatch
 
 MAX_TOKENS = 512  # the default max_tokens
-MAX_SLICES = 4
+MAX_SLICES = 16
 MAX_GRAPHS = 32
 CAPTURE_AFTER = 2  # sightings of a key before it is captured
 TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 640, 768, 1024, 1280, 1536, 2048)
 FINAL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 assert set(MIXED_GRAPH_ROWS) <= set(TOKEN_BUCKETS)  # what max_tokens may be: buckets
-SLICE_BUCKETS = (1, 2, 4)
+SLICE_BUCKETS = (1, 2, 4, 8, 16)
 CAPACITY_BUCKETS = tuple(256 << i for i in range(8))  # 256 .. 32,768
 # The slices' launch: every capacity up to 1,024 gives the exact tiled kernel its three CTAs
 # an SM (registers bind first), so below that one bucket does (fewer keys).
@@ -126,9 +130,11 @@ class MixedGraphs(GraphCache):
         multi = segs[segs[:, 1] > 1]
         t = _up(batch.num_rows, TOKEN_BUCKETS)
         f = min(t, _up(int(batch.final_rows.shape[0]), FINAL_BUCKETS))
-        chunk = min(t, max(t // 4, 1 << max(4, int(multi[:, 1].max() - 1).bit_length())))
+        s = _up(multi.shape[0], SLICE_BUCKETS)
+        floor = t // max(4, s)  # the grid: a quarter of the rows a slice, or t rows in all
+        chunk = min(t, max(floor, 1 << max(4, int(multi[:, 1].max() - 1).bit_length())))
         cap = _capacity(segs)
-        return (t, f, _up(multi.shape[0], SLICE_BUCKETS), chunk, cap,
+        return (t, f, s, chunk, cap,
                 min(cap, max(SLICE_CAPACITY_FLOOR, _capacity(multi))))
 
     def _sizes(self, key: Key) -> tuple[int, int, list[int]]:

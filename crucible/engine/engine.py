@@ -39,6 +39,18 @@ from crucible.engine.runner import ModelRunner
 __all__ = ["LLMEngine", "Logprobs", "RequestDelta"]  # the delta is imported from here
 
 
+
+def _out_of_vocab(ids: Sequence[int], vocab_size: int) -> list[int]:
+    """The ids outside [0, vocab_size), in order. A chat turn's prompt holds the whole
+    conversation (~1,000 ids): min and max scan it in C, and only a prompt that fails them
+    is walked in Python (checking each id was ~60 us of a cached turn's ~150 us intake)."""
+    try:
+        if 0 <= min(ids) and max(ids) < vocab_size:
+            return []
+    except TypeError:  # ids of mixed kinds: the walk below says which one is wrong
+        pass
+    return [t for t in ids if not 0 <= int(t) < vocab_size]
+
 class LLMEngine(StepUpdates):
     def __init__(self, runner: ModelRunner, tokenizer: Any = None,
                  config: SchedulerConfig | None = None, *, seed: int = 0,
@@ -78,7 +90,7 @@ class LLMEngine(StepUpdates):
         if n > self.max_context:
             raise RequestError(f"the prompt has {n} tokens, more than the model's context of "
                                f"{self.max_context} tokens")
-        bad = [t for t in prompt_token_ids if not 0 <= int(t) < self.vocab_size]
+        bad = _out_of_vocab(prompt_token_ids, self.vocab_size)
         if bad:
             raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary "
                                f"[0, {self.vocab_size})")
@@ -112,7 +124,7 @@ class LLMEngine(StepUpdates):
         seed = params.seed if params.seed is not None else derive_seed(self._seed_base, arrival)
         text = self.tokenizer if self.detokenize and (not final_only or params.stop) \
             else None
-        req = Request(rid, [int(t) for t in prompt_token_ids], params, seed=seed,
+        req = Request(rid, list(map(int, prompt_token_ids)), params, seed=seed,
                       arrival=arrival, eos_ids=self.eos_ids, tokenizer=text)
         req.final_only = final_only
         req.use_cache = use_prefix_cache and params.prompt_logprobs is None

@@ -1,0 +1,114 @@
+"""Where a cached chat turn's time to first token goes: the engine's steps around one
+turn's burst of arrivals (bench/prefix_cache_bench.py's chat workload, cache on).
+
+    python3 bench/chat_timeline.py --model /tmp/smollm2.gguf --device cuda [--turns 4]
+
+Runs the chat workload (``--users`` closed loops, the shared system prompt) once after a
+warm-up, with ``LLMEngine.step``, ``_launch`` and ``add_request`` wrapped to log host
+times, then prints the last turn: its TTFT spread, how long its arrivals took to reach
+the engine, and every step from the first arrival to the last first token (the step's
+host span, rows, prefill rows, requests waiting and running when it was planned).
+A diagnostic: nothing here is a target figure. ``--json`` keeps the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import prefix_cache_bench as pb  # noqa: E402
+
+from crucible.engine.engine import LLMEngine  # noqa: E402
+from crucible.engine.sampling import SamplingParams  # noqa: E402
+
+LOG: list[dict[str, Any]] = []
+T0 = [time.perf_counter()]
+
+
+def now() -> float:
+    return (time.perf_counter() - T0[0]) * 1e3
+
+
+def instrument() -> None:
+    step, launch, add = LLMEngine.step, LLMEngine._launch, LLMEngine.add_request
+
+    def w_step(self: LLMEngine) -> Any:
+        t = now()
+        waiting, running = len(self.scheduler.waiting), len(self.scheduler.running)
+        out = step(self)
+        LOG.append({"ev": "step", "t0": t, "t1": now(), "waiting": waiting,
+                    "running": running, "deltas": len(out)})
+        return out
+
+    def w_launch(self: LLMEngine, slices: Any, batch: Any, *a: Any, **k: Any) -> Any:
+        t = now()
+        out = launch(self, slices, batch, *a, **k)
+        LOG.append({"ev": "launch", "t0": t, "t1": now(), "rows": int(batch.num_rows),
+                    "prefill_rows": sum(s.length for s in slices if s.length > 1),
+                    "slices": len(slices)})
+        return out
+
+    def w_add(self: LLMEngine, *a: Any, **k: Any) -> Any:
+        t = now()
+        out = add(self, *a, **k)
+        LOG.append({"ev": "add", "t0": t, "t1": now()})
+        return out
+
+    LLMEngine.step, LLMEngine._launch, LLMEngine.add_request = w_step, w_launch, w_add
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=pb.TINY)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--users", type=int, default=64)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--token-budget", type=int, default=1024)
+    ap.add_argument("--reply-tokens", type=int, default=64)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    args = argparse.Namespace(model=a.model, device=a.device, weights=None, tiny_context=4096,
+                              num_pages=None, token_budget=a.token_budget, max_running=None,
+                              users=a.users, system_tokens=500, user_min=30, user_max=80,
+                              seed=0, reply_tokens=a.reply_tokens)
+    model = pb.load(args)
+    ids = list(range(3, model.config.vocab_size - 2))
+    instrument()
+    params = SamplingParams(max_tokens=a.reply_tokens, temperature=0, ignore_eos=True)
+    llm = pb.fresh_llm(model, args, pb.CONFIGS["on"])
+    asyncio.run(pb.chat_run(llm, *pb.conversations(args, ids, 7, 2), params))  # warm-up
+    LOG.clear()
+    T0[0] = time.perf_counter()
+    _, recs = asyncio.run(pb.chat_run(llm, *pb.conversations(args, ids, 0, a.turns), params))
+    last = [r for r in recs if r["turn"] == a.turns - 1]
+    ttft = sorted(r["ttft_s"] * 1e3 for r in last)
+    adds = [e for e in LOG if e["ev"] == "add"][-a.users:]
+    start = adds[0]["t0"]
+    print(f"turn {a.turns - 1}: ttft p50 {ttft[len(ttft) // 2]:.1f} ms, min {ttft[0]:.1f}, "
+          f"max {ttft[-1]:.1f}; its {a.users} arrivals over {adds[-1]['t0'] - start:.1f} ms, "
+          f"add_request {sum(e['t1'] - e['t0'] for e in adds) / len(adds) * 1e3:.0f} us each")
+    end = start + ttft[-1] + 5
+    for e in LOG:
+        if e["ev"] == "add" or not (start - 5 <= e["t1"] and e["t0"] <= end):
+            continue
+        if e["ev"] == "launch":
+            print(f"  launch {e['t0'] - start:8.2f} +{e['t1'] - e['t0']:.2f} ms  rows "
+                  f"{e['rows']:5d}  prefill {e['prefill_rows']:5d}  slices {e['slices']}")
+        else:
+            print(f"step   {e['t0'] - start:8.2f} .. {e['t1'] - start:8.2f} ms  waiting "
+                  f"{e['waiting']:3d} running {e['running']:3d} deltas {e['deltas']}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"command": "python3 bench/chat_timeline.py "
+                                            + " ".join(argv or sys.argv[1:]),
+                                            "ttft_ms_last_turn": ttft, "log": LOG}, indent=0))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""LLMEngine.add_request's intake of prompt ids: a conversation-long prompt is checked with
+two C scans (min, max), and only a failing one is walked, so the error still names the
+first bad id in prompt order; ids of any integer kind become Python ints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from crucible.api import LLM
+from crucible.engine.sampling import SamplingParams
+from crucible.engine.settings import Settings
+from crucible.errors import RequestError
+from crucible.model.tiny import tiny_random_model
+
+
+@pytest.fixture(scope="module")
+def engine():  # noqa: ANN201
+    llm = LLM(tiny_random_model(seed=0), settings=Settings(device="cpu", num_pages=256))
+    return llm.engine
+
+
+@pytest.mark.parametrize(("ids", "first_bad"), [
+    ([5, 999, -1, 7], 999),  # the first in order, not the smallest or the largest
+    ([5, -1, 999], -1),
+    ([271, 272], 272),  # the vocabulary's edge
+])
+def test_the_error_names_the_first_bad_id(engine, ids: list[int], first_bad: int) -> None:  # noqa: ANN001
+    vocab = engine.vocab_size
+    with pytest.raises(RequestError, match=rf"prompt token id {first_bad} is outside the "
+                                           rf"vocabulary \[0, {vocab}\)"):
+        engine.add_request(ids, SamplingParams(max_tokens=1))
+    assert not engine.scheduler.waiting  # nothing was queued
+
+
+def test_ids_of_any_integer_kind_become_python_ints(engine) -> None:  # noqa: ANN001
+    prompt = np.arange(3, 300, dtype=np.int64) % engine.vocab_size
+    rid = engine.add_request(prompt, SamplingParams(max_tokens=1))
+    req = engine.requests[rid]
+    assert req.token_ids == [int(t) for t in prompt]
+    assert all(type(t) is int for t in req.token_ids)
+    engine.abort(rid)
+
+
+def test_ids_that_are_not_numbers_are_refused(engine) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError):
+        engine.add_request([1, "x", 2], SamplingParams(max_tokens=1))
+    assert not engine.scheduler.waiting
+
+
+def test_the_vocabulary_edges_are_accepted(engine) -> None:  # noqa: ANN001
+    rid = engine.add_request([0, engine.vocab_size - 1, 0], SamplingParams(max_tokens=1))
+    assert engine.requests[rid].token_ids == [0, engine.vocab_size - 1, 0]
+    engine.abort(rid)
