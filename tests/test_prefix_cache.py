@@ -154,6 +154,30 @@ def test_d10_identity() -> None:
     assert page_key(root, page) == want == page_key(root, np.asarray(page, np.int64))
 
 
+def test_a_request_whose_chain_is_filled_still_hits() -> None:
+    """A request's keys are filled before its admission in two ways: publishing, before a
+    preemption sends it back to the queue, and an admission that found no free pages (the
+    next step matches it again). Either way the walk starts at the root: the same pages as
+    a fresh chain (a match that began at the chain's last key found nothing)."""
+    from crucible.engine.prefix_cache import PrefixCache
+
+    cache = PrefixCache(("test", "model", "int8"), "arith", max_pages=64)
+    toks = list(range(100, 100 + 16 * 5 + 3))
+    published: list[bytes] = []
+    for i in range(5):
+        cache.publish(10 + i, i, toks[i * 16 : (i + 1) * 16], None, published)
+    fresh: list[bytes] = []
+    want = [10, 11, 12, 13, 14]
+    assert cache.match(toks, None, fresh) == want and fresh == published
+    assert cache.match(toks, None, list(published)) == want  # back from a preemption
+    assert cache.match(toks, None, fresh) == want  # matched again after a blocked admission
+    assert cache.match(toks, None, published[:2]) == want  # a chain published in part
+    # Control: a chain whose keys are not this prompt's finds nothing, however it is held.
+    other = toks[:16] + [7] * 16 + toks[32:]
+    assert cache.match(other, None, []) == [10]
+    assert cache.match(other, None, published[:1]) == [10]
+
+
 def test_d10_namespace_covers_model_weights_and_arithmetic(model) -> None:
     from crucible.engine.factory import prefix_cache
 

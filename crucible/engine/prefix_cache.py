@@ -117,10 +117,12 @@ class PrefixCache:
     def match(self, tokens: Sequence[int], salt: str | None, chain: list[bytes]) -> list[int]:
         """The pages of ``tokens``' leading full pages that are cached, at most up to (not
         including) the page of the last token. ``chain`` (the request's keys so far) is
-        extended with the keys it computes."""
+        extended with the keys it computes; keys it already holds (from an admission that
+        found no free pages, or from publishing before a preemption) are reused, the walk
+        still starting at the root: page i's parent is key i - 1, however long the chain."""
         limit = min((len(tokens) - 1) // PAGE_SIZE, self.max_tokens // PAGE_SIZE)
         pages: list[int] = []
-        parent = chain[-1] if chain else self.root(salt)
+        parent = self.root(salt)
         for i in range(limit):
             ids = page_ids(tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
             if i < len(chain):
