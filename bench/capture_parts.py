@@ -42,7 +42,7 @@ from crucible.step.batch import PackedBatch, SegmentSpec, build_packed_batch
 CASES = (("joiner: 84-token slice + 63 decodes", 63, (84,)),
          ("cohort: 16 slices + 48 decodes", 48, (60,) * 15 + (75,)))
 HISTORY = 900
-PAGES_PER_ROW = 64  # 1,024 positions: every history above plus its slice
+PAGES_PER_ROW = 72  # 1,152 positions: a history of up to 963 plus a slice of up to 84
 
 
 def make_batch(rng: np.random.Generator, decodes: int, slices: tuple[int, ...],
