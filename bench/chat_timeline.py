@@ -19,7 +19,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prefix_cache_bench as pb  # noqa: E402
@@ -35,7 +35,8 @@ def now() -> float:
     return (time.perf_counter() - T0[0]) * 1e3
 
 
-def instrument() -> None:
+def instrument() -> Callable[[], None]:
+    """Wrap the engine's methods (on the class); returns the undo."""
     step, launch, add = LLMEngine.step, LLMEngine._launch, LLMEngine.add_request
 
     def w_step(self: LLMEngine) -> Any:
@@ -62,6 +63,11 @@ def instrument() -> None:
 
     LLMEngine.step, LLMEngine._launch, LLMEngine.add_request = w_step, w_launch, w_add
 
+    def undo() -> None:
+        LLMEngine.step, LLMEngine._launch, LLMEngine.add_request = step, launch, add
+
+    return undo
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -79,13 +85,17 @@ def main(argv: list[str] | None = None) -> int:
                               seed=0, reply_tokens=a.reply_tokens)
     model = pb.load(args)
     ids = list(range(3, model.config.vocab_size - 2))
-    instrument()
+    undo = instrument()
     params = SamplingParams(max_tokens=a.reply_tokens, temperature=0, ignore_eos=True)
-    llm = pb.fresh_llm(model, args, pb.CONFIGS["on"])
-    asyncio.run(pb.chat_run(llm, *pb.conversations(args, ids, 7, 2), params))  # warm-up
-    LOG.clear()
-    T0[0] = time.perf_counter()
-    _, recs = asyncio.run(pb.chat_run(llm, *pb.conversations(args, ids, 0, a.turns), params))
+    try:
+        llm = pb.fresh_llm(model, args, pb.CONFIGS["on"])
+        asyncio.run(pb.chat_run(llm, *pb.conversations(args, ids, 7, 2), params))  # warm-up
+        LOG.clear()
+        T0[0] = time.perf_counter()
+        _, recs = asyncio.run(pb.chat_run(llm, *pb.conversations(args, ids, 0, a.turns),
+                                          params))
+    finally:
+        undo()
     last = [r for r in recs if r["turn"] == a.turns - 1]
     ttft = sorted(r["ttft_s"] * 1e3 for r in last)
     adds = [e for e in LOG if e["ev"] == "add"][-a.users:]

@@ -1,0 +1,80 @@
+"""The diagnostic benches of 2026-12-05: bench/ncu_step_table.py (Nsight Compute's CSV of
+a decode step, kernel by kernel) and bench/chat_timeline.py (a cached chat turn's steps and
+arrivals). Both feed the docs' figures, so their arithmetic and their logs are checked."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import ncu_step_table  # noqa: E402
+
+HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+          '"Block Size","Grid Size","Device","CC","Section Name","Metric Name",'
+          '"Metric Unit","Metric Value"\n')
+
+
+def row(i: int, kernel: str, unit: str, value: str, metric: str = "gpu__time_duration.sum"
+        ) -> str:
+    return (f'"{i}","1","python3","h","{kernel}(float*, int)","1","7","(128, 1, 1)",'
+            f'"(120, 1, 1)","0","9.0","Command line profiler metrics","{metric}","{unit}",'
+            f'"{value}"\n')
+
+
+def test_the_table_keeps_the_last_step_and_converts_units(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    # Two steps of three launches; the first step is slower (compiles) and must not count.
+    lines = ["==PROF== Connected to process 1\n", HEADER]
+    times = [("gemm", "usecond", "9.0"), ("attn", "nsecond", "20,000"), ("gemm", "usecond", "8.0"),
+             ("gemm", "usecond", "4.0"), ("attn", "nsecond", "12,000"), ("gemm", "usecond", "5.0")]
+    for i, (k, unit, v) in enumerate(times):
+        lines.append(row(i, k, unit, v))
+        lines.append(row(i, k, "register/thread", "96", "launch__registers_per_thread"))
+    csv = tmp_path / "n.csv"
+    csv.write_text("".join(lines))
+    out = tmp_path / "n.json"
+    assert ncu_step_table.main([str(csv), "--steps", "2", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["launches_per_step"] == 3 and got["step_us_serialised"] == 21.0
+    table = {k["kernel"]: k for k in got["kernels"]}
+    assert table["attn"]["us_total"] == 12.0 and table["attn"]["launches"] == 1
+    assert table["gemm"]["us_total"] == 9.0 and table["gemm"]["us_each"] == 4.5
+    assert got["kernels"][0]["kernel"] == "attn"  # largest first
+    assert sum(k["share"] for k in got["kernels"]) == pytest.approx(1.0, abs=1e-3)
+    assert "21.0 us in 3 launches" in capsys.readouterr().out
+
+
+def test_the_chat_timeline_logs_a_turn(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import chat_timeline
+
+    out = tmp_path / "t.json"
+    assert chat_timeline.main(["--users", "4", "--turns", "2", "--reply-tokens", "3",
+                               "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert len(got["ttft_ms_last_turn"]) == 4 and min(got["ttft_ms_last_turn"]) > 0
+    kinds = [e["ev"] for e in got["log"]]
+    assert kinds.count("add") == 4 * 2  # the timed part only: each user's two turns
+    launches = [e for e in got["log"] if e["ev"] == "launch"]
+    # Every prompt row is computed once: the cache serves the rest (the shared system
+    # prompt and each first turn, for the second turns).
+    assert sum(e["prefill_rows"] for e in launches) > 0
+    assert all(e["t1"] >= e["t0"] for e in got["log"])
+    assert "turn 1: ttft p50" in capsys.readouterr().out
+
+
+def test_the_timeline_leaves_the_engine_as_it_was() -> None:
+    import chat_timeline
+
+    from crucible.engine.engine import LLMEngine
+
+    before = (LLMEngine.step, LLMEngine._launch, LLMEngine.add_request)
+    undo = chat_timeline.instrument()
+    assert LLMEngine.step is not before[0]
+    undo()
+    assert (LLMEngine.step, LLMEngine._launch, LLMEngine.add_request) == before
