@@ -25,7 +25,8 @@ def engine():  # noqa: ANN201
     ([5, -1, 999], -1),
     ([271, 272], 272),  # the vocabulary's edge
 ])
-def test_the_error_names_the_first_bad_id(engine, ids: list[int], first_bad: int) -> None:  # noqa: ANN001
+def test_the_error_names_the_first_bad_id(engine, ids: list[int],  # noqa: ANN001
+                                          first_bad: int) -> None:
     vocab = engine.vocab_size
     with pytest.raises(RequestError, match=rf"prompt token id {first_bad} is outside the "
                                            rf"vocabulary \[0, {vocab}\)"):

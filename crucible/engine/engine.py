@@ -39,7 +39,6 @@ from crucible.engine.runner import ModelRunner
 __all__ = ["LLMEngine", "Logprobs", "RequestDelta"]  # the delta is imported from here
 
 
-
 def _out_of_vocab(ids: Sequence[int], vocab_size: int) -> list[int]:
     """The ids outside [0, vocab_size), in order. A chat turn's prompt holds the whole
     conversation (~1,000 ids): min and max scan it in C, and only a prompt that fails them
@@ -50,6 +49,7 @@ def _out_of_vocab(ids: Sequence[int], vocab_size: int) -> list[int]:
     except TypeError:  # ids of mixed kinds: the walk below says which one is wrong
         pass
     return [t for t in ids if not 0 <= int(t) < vocab_size]
+
 
 class LLMEngine(StepUpdates):
     def __init__(self, runner: ModelRunner, tokenizer: Any = None,
