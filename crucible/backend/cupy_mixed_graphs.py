@@ -19,8 +19,9 @@ one step), so a step holds a dozen or more ~100-token slices beside the decodes;
 most 4 such steps ran eagerly, ~9.4 ms of host launches for ~5 ms of GPU work on the H200
 (bench/chat_timeline.py, docs/prefix-cache.md).
 One capacity, the step's longest history, sizes the decode rows' launch (the decode
-kernel keeps its two CTAs an SM up to 4,096); the slices' launch gets its own, their longest end but at least SLICE_CAPACITY_FLOOR, as an eager step sizes
-each launch by its own rows (cupy_meta.MixedSegments). Sized by the decode rows' longest
+kernel keeps its two CTAs an SM up to 4,096); the slices' launch gets its own, their
+longest end but at least SLICE_CAPACITY_FLOOR, as an eager step sizes each launch by its
+own rows (cupy_meta.MixedSegments). Sized by the decode rows' longest
 history, the exact tiled kernel's score buffer left one CTA an SM instead of three past
 1,024 positions (kernels/variants.py plan_launch: 119 KB at 2,048, 70 KB at 1,024), which
 cost 1,024-row mixed graphs 12% of the random workload (bench/mixed-graph-rows-mma-h200.json);
