@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The device runs that #16's chat-mix sweep and #17's chat TTFT need, in three parts that
+# fit the device's 10 minutes a command (the model takes two back-to-back runs to arrive:
+# part a needs no model, so it rides with the first).
+#
+#     OUT=/some/dir PART=a bash bench/chat_evidence.sh                  # ~1 min, no model
+#     OUT=/some/dir PART=b MODEL=/path/smollm2.gguf bash bench/chat_evidence.sh   # ~8 min
+#     OUT=/some/dir PART=c MODEL=/path/smollm2.gguf bash bench/chat_evidence.sh   # ~3 min
+#
+# a: a mixed graph capture's host time by part (bench/capture_parts.py).
+# b: the serving sweep under the defaults on the issue and chat mixes, steady state
+#    (12-second windows after a 3-second settle, two rounds; docs/serving.md).
+# c: the prefix cache's chat bench at serve's budget and graph rows (3 rounds, the
+#    warm-up as long as the conversations), then one turn's timeline.
+set -u
+OUT=${OUT:?set OUT to a directory for the results}
+PART=${PART:?set PART to a, b or c}
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$OUT"
+case "$PART" in
+a)
+    python3 bench/capture_parts.py --rounds 3 --json "$OUT/capture-parts.json" \
+        > "$OUT/capture-parts.log" 2>&1
+    tail -20 "$OUT/capture-parts.log" ;;
+b)
+    MODEL=${MODEL:?set MODEL to the default model GGUF}
+    python3 bench/serve_clients.py --model "$MODEL" --device cuda --mix issue,chat \
+        --clients 1,16,64,256,512 --seconds 12 --ramp-seconds 2 --settle-seconds 3 \
+        --warmup-seconds 5 --warmup-clients 512 --rounds 2 --plot none \
+        --json "$OUT/serve-sweep.json" > "$OUT/serve-sweep.log" 2>&1
+    tail -30 "$OUT/serve-sweep.log" ;;
+c)
+    MODEL=${MODEL:?set MODEL to the default model GGUF}
+    CRUCIBLE_MIXED_GRAPH_ROWS=1024 python3 bench/prefix_cache_bench.py --model "$MODEL" \
+        --device cuda --workload chat --rounds 3 --token-budget 1024 \
+        --json "$OUT/prefix-chat.json" > "$OUT/prefix-chat.log" 2>&1
+    tail -12 "$OUT/prefix-chat.log"
+    CRUCIBLE_MIXED_GRAPH_ROWS=1024 python3 bench/chat_timeline.py --model "$MODEL" \
+        --device cuda --turns 8 --json "$OUT/chat-timeline.json" 2>&1 | head -30 ;;
+*)
+    echo "PART must be a, b or c" >&2; exit 2 ;;
+esac
