@@ -15,15 +15,14 @@ power of two, the slices' row grid covers at least a quarter of the rows (tiles 
 slice's end exit; past four slices, at least the step's rows), and the score capacity to a
 power of two (a larger score buffer changes no bits, only shared memory).
 Up to 16 slices: a chat server's turns arrive in cohorts (the users whose replies ended in
-one step), so a step holds a dozen or more ~100-token slices beside the decodes; with at
-most 4 such steps ran eagerly, ~9.4 ms of host launches for ~5 ms of GPU work on the H200
-(bench/chat_timeline.py, docs/prefix-cache.md).
+one step), so a step holds a dozen or more ~100-token slices beside the decodes; while at
+most 4 were taken, such steps ran eagerly, ~9.4 ms of host launches for ~5 ms of GPU work
+on the H200 (bench/chat_timeline.py, docs/prefix-cache.md).
 One capacity, the step's longest history, sizes the decode rows' launch (the decode
 kernel keeps its two CTAs an SM up to 4,096); the slices' launch gets its own, their
 longest end but at least SLICE_CAPACITY_FLOOR, as an eager step sizes each launch by its
-own rows (cupy_meta.MixedSegments). Sized by the decode rows' longest
-history, the exact tiled kernel's score buffer left one CTA an SM instead of three past
-1,024 positions (kernels/variants.py plan_launch: 119 KB at 2,048, 70 KB at 1,024), which
+own rows (cupy_meta.MixedSegments). Sized by the decode rows' longest history, the
+exact tiled kernel's score buffer left one CTA an SM instead of three past 1,024 positions (kernels/variants.py plan_launch: 119 KB at 2,048, 70 KB at 1,024), which
 cost 1,024-row mixed graphs 12% of the random workload (bench/mixed-graph-rows-mma-h200.json);
 bench/mixed_graph_keys.py counts the keys each rule makes:
 - rows: real rows first as packed, then padding rows (token 0 at position 0 on the scratch
