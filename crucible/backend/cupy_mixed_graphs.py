@@ -22,8 +22,9 @@ One capacity, the step's longest history, sizes the decode rows' launch (the dec
 kernel keeps its two CTAs an SM up to 4,096); the slices' launch gets its own, their
 longest end but at least SLICE_CAPACITY_FLOOR, as an eager step sizes each launch by its
 own rows (cupy_meta.MixedSegments). Sized by the decode rows' longest history, the
-exact tiled kernel's score buffer left one CTA an SM instead of three past 1,024 positions (kernels/variants.py plan_launch: 119 KB at 2,048, 70 KB at 1,024), which
-cost 1,024-row mixed graphs 12% of the random workload (bench/mixed-graph-rows-mma-h200.json);
+exact tiled kernel's score buffer left one CTA an SM instead of three past 1,024
+positions (kernels/variants.py plan_launch: 119 KB at 2,048, 70 KB at 1,024), which cost
+1,024-row mixed graphs 12% of the random workload (bench/mixed-graph-rows-mma-h200.json);
 bench/mixed_graph_keys.py counts the keys each rule makes:
 - rows: real rows first as packed, then padding rows (token 0 at position 0 on the scratch
   page past the pool, like the decode graphs' padding requests);
