@@ -29,7 +29,7 @@ class Graphs:
 def backend(takes: bool = True, mixed: bool = True):
     return SimpleNamespace(graphs=Graphs("decode", takes), prefill_graphs=Graphs("prefill", takes),
                            mixed_graphs=Graphs("mixed", takes) if mixed else None,
-                           variant=SimpleNamespace(family="exact"),
+                           variant=SimpleNamespace(family="exact"), memory=None,
                            prepare=lambda batch: ("prepared", batch.num_rows))
 
 

@@ -87,7 +87,7 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, log: list[tuple]) -> DecodeGraphs:
     g.graphs, g.num_captures, g.num_replays, g.num_out_of_memory = OrderedDict(), 0, 0, 0
     g.fed, g.last, g.last_replayed, g._read = ("fed0", "fed1"), 0, False, [None, None]
     g._warm_ids, g.argmax, g.ring, g.upload, g.stream = "warm", _Launcher(log), None, None, None
-    g.be = None
+    g.make_room = None
 
     class Cap:
         def __init__(self, twin: int) -> None:

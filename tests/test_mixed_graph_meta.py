@@ -203,7 +203,7 @@ def _policy_graphs(monkeypatch: pytest.MonkeyPatch, capture) -> MixedGraphs:
     g.graphs, g.seen, g.num_captures, g.num_replays, g.num_eager = {}, {}, 0, 0, 0
     g.ring = g.fed_in = None
     g.stream = types.SimpleNamespace(synchronize=lambda: None)
-    g.capture_s, g.num_out_of_memory = 0.0, 0
+    g.capture_s, g.num_out_of_memory, g.has_room = 0.0, 0, None
     g.capture_after, g.max_graphs = cmg.CAPTURE_AFTER, cmg.MAX_GRAPHS
     return g
 

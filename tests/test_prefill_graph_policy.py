@@ -38,7 +38,7 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, captured: list[int]) -> cpg.Prefill
     g = cpg.PrefillGraphs.__new__(cpg.PrefillGraphs)  # no stream, no page-locked ring
     g.width, g.scratch, g.stream, g.ring = 8, 99, None, None
     g.graphs, g.seen, g.num_captures, g.num_replays, g.num_eager = OrderedDict(), {}, 0, 0, 0
-    g.num_out_of_memory, g.capture_s = 0, 0.0
+    g.num_out_of_memory, g.capture_s, g.has_room = 0, 0.0, None
     g.capture_after, g.max_graphs = cpg.CAPTURE_AFTER, cpg.MAX_GRAPHS
     return g
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from crucible.backend import cupy_mma, cupy_stack, stages
+from crucible.backend.cupy_memory import MemoryGuard, step_headroom
 from crucible.backend.cupy_meta import CupyMeta, device_meta
 from crucible.backend.cupy_route import graph_stats, mixed_feed_rows, run_step
 from crucible.backend.options import BackendOptions
@@ -45,8 +46,9 @@ class CupyBackend:
         self.use_stack = self.options.decode_stack  # kernels/decode_stack.py (both orders)
         self.wgmma = self.options.wgmma if self.mma else False  # None: auto, at load_weights
         self.cfg: Geometry | None = None
-        self.graphs = None  # DecodeGraphs once the pool exists (decode_graphs off: None)
-        self.prefill_graphs = self.mixed_graphs = None  # PrefillGraphs, MixedGraphs likewise
+        # Once the pool exists: DecodeGraphs, PrefillGraphs, MixedGraphs (None where off)
+        # and the bound on their memory (cupy_memory.py).
+        self.graphs = self.prefill_graphs = self.mixed_graphs = self.memory = None
         self._linear: dict[str, DeviceWeight] = {}
         self._norms: dict[str, Any] = {}
 
@@ -88,8 +90,7 @@ class CupyBackend:
         cp, cfg = _cp(), self.cfg
         # One scratch page past the engine's pages: graph padding, capture stand-ins write it.
         shape = (num_pages + 1, cfg.n_layers, 16, cfg.kv_dim)
-        self.k_pool = cp.zeros(shape, dtype=cp.float32)
-        self.v_pool = cp.zeros(shape, dtype=cp.float32)
+        self.k_pool, self.v_pool = cp.zeros(shape, cp.float32), cp.zeros(shape, cp.float32)
         width = -(-cfg.max_context // 16)
         self.graphs = self.prefill_graphs = self.mixed_graphs = None
         if self.options.decode_graphs:
@@ -99,13 +100,13 @@ class CupyBackend:
         if self.options.mixed_graphs:
             self.mixed_graphs = MixedGraphs(table_width=width, scratch_page=num_pages,
                                             max_tokens=self.options.mixed_graph_rows)
+        self.memory = MemoryGuard.wire(self, step_headroom(cfg, self.options.mixed_graph_rows))
 
     def memory_info(self) -> tuple[int, int]:
-        cp = _cp()
-        # Cached unused blocks (a dropped engine's pool) go back first: the graphs' private
-        # pools allocate from the device, not that cache, which must not count as free.
-        cp.get_default_memory_pool().free_all_blocks()
-        free, total = cp.cuda.runtime.memGetInfo()
+        # A dropped engine's cached blocks go back first: the graphs' private pools allocate
+        # from the device, not from that cache, so it must not count as free.
+        _cp().get_default_memory_pool().free_all_blocks()
+        free, total = _cp().cuda.runtime.memGetInfo()
         return int(free), int(total)
 
     def capture_graphs(self, forward: Forward, max_rows: int) -> int:
@@ -136,8 +137,7 @@ class CupyBackend:
         self.use_stack = bool(on)
 
     def decode_stack(self, meta: CupyMeta) -> Any:
-        """A batch-1 decode step in three kernels a layer (kernels/decode_stack.py); None
-        when the step is not its shape (the forward then embeds and runs the layers)."""
+        """A batch-1 decode step in three kernels a layer (kernels/decode_stack.py), or None."""
         return cupy_stack.decode_stack(self, meta)
 
     # The pipelined decode's hand-over of ids (backend/protocol.py), all in the decode graphs.

@@ -6,8 +6,9 @@ held; until then, and once the cache is full, its steps run eagerly (counted). A
 that runs out of device memory drops every graph of the cache (their private pools go back
 to the device), its step runs eagerly, and from then on at most half as many graphs as were
 held are captured: refilling the same set would run out again, each capture ~50 ms of the
-step loop, and drop them all once more. The decode graphs (cupy_graphs.py) keep their own
-policy: captured at start-up, evicted least recently used.
+step loop, and drop them all once more. Before that, a capture is not even tried while the
+device lacks a step's headroom (``has_room``, backend/cupy_memory.py). The decode graphs
+(cupy_graphs.py) keep their own policy: captured at start-up, evicted least recently used.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class GraphCache:
         # Per instance: the checks capture every key on sight (replay == eager is what they
         # test; when a key is captured changes no bits), and running out lowers the bound.
         self.capture_after, self.max_graphs = capture_after, max_graphs
+        # Whether a capture may take device memory now (cupy_memory.MemoryGuard.has_room;
+        # None: always). Without room the key is not captured and stays sighted.
+        self.has_room: Callable[[], bool] | None = None
 
     def clear(self) -> None:
         self.stream.synchronize()
@@ -53,6 +57,10 @@ class GraphCache:
             self.seen.clear()
         seen = self.seen[key] = self.seen.get(key, 0) + 1
         if seen < self.capture_after or len(self.graphs) >= self.max_graphs:
+            self.num_eager += 1
+            return None
+        if self.has_room is not None and not self.has_room():
+            self.num_out_of_memory += 1
             self.num_eager += 1
             return None
         del self.seen[key]

@@ -98,6 +98,7 @@ class DecodeGraphs:
         # Sized once for the largest bucket: a capture must not reallocate its scratch.
         self.argmax.reserve(BUCKETS[-1], vocab_size)
         self.ring = PinnedRing()
+        self.make_room: Callable[[], bool] | None = None  # cupy_memory.MemoryGuard's
 
     def clear(self) -> None:
         self.stream.synchronize()
@@ -180,6 +181,10 @@ class DecodeGraphs:
         key = (bucket, capacity)
         pair = self.graphs.get(key)
         if pair is None:
+            # Room first (cupy_memory.py): the other graphs, then the oldest pairs, go back
+            # to the device rather than leave a step too little to run in.
+            if self.make_room is not None:
+                self.make_room()
             # Both twins at once: which one a later step needs depends on the parity of every
             # step before it, and a twin captured on demand costs a step the whole capture.
             pair = (self._capture(bucket, capacity, 0, forward),

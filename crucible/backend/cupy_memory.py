@@ -1,0 +1,103 @@
+"""Device memory the captured graphs may take, and what a step always finds free.
+
+The KV pool is sized first (engine/pool_size.py: a fraction of the memory free after the
+weights and a step's scratch), and the graphs take what is left as they are captured:
+each keeps a private pool of one forward's working set for as long as it lives, up to
+~400 MB for a 1,024-row mixed step (its logits alone are 200 MB). Sixty-four decode
+graphs, 64 prefill and 32 mixed ones can hold far more than the pool leaves, and without
+a bound they did: on an H100 with a 73 GB pool, the chat mix's growing histories kept
+adding graph keys until eager steps could not allocate their logits, and every step
+failed, for minutes (bench/serve-sweep-chat-oom-h100.log).
+
+So a capture is made only while ``headroom`` bytes stay free, enough for the largest
+eager step (activations and logits of ``EAGER_ROWS`` rows) plus a margin for attention's
+scratch and the allocator. Free means the device's free memory plus the blocks CuPy's
+default pool holds unused (it gives them back when an allocation needs them). Below it:
+- a prefill or mixed key is not captured: its step runs eagerly (counted as a capture
+  given up for want of memory) and a later sighting tries again;
+- the decode graphs, which a pipelined step cannot do without, first make room: the
+  prefill and mixed graphs are dropped (their pools go back to the device; each cache
+  then captures at most half as many as it held, as after an out-of-memory capture),
+  then the least recently used decode pairs.
+And a step that still runs out of memory drops the prefill and mixed graphs, returns the
+default pool's cached blocks and runs once more (cupy_route.run_step); the exact kernels
+write the same K/V bits again, so the retry changes nothing a request sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MARGIN = 1 << 30  # attention's per-step scratch, the allocator's rounding, the context
+EAGER_ROWS = 2048  # the largest token budget a step runs eagerly with (LLM's default)
+
+
+def step_headroom(cfg: Any, mixed_graph_rows: int) -> int:
+    """Bytes an eager step of the largest size may allocate (an upper estimate): every
+    intermediate of each row, twice over (one layer's outputs while the next is made), and
+    the logits of every row with the sampler's copy."""
+    rows = max(EAGER_ROWS, mixed_graph_rows)
+    per_row = 4 * (6 * cfg.hidden_size + 3 * cfg.ffn_size + 3 * cfg.q_dim + 2 * cfg.kv_dim)
+    return MARGIN + 2 * rows * per_row + 2 * rows * cfg.vocab_size * 4
+
+
+def free_bytes() -> int:
+    """The device's free memory plus the default pool's unused cached blocks."""
+    import cupy as cp
+
+    return int(cp.cuda.runtime.memGetInfo()[0]) + int(cp.get_default_memory_pool().free_bytes())
+
+
+class MemoryGuard:
+    """``has_room``: whether a capture may take memory now; ``make_room``: drop graphs
+    (prefill and mixed first, then the oldest decode pairs) until it may."""
+
+    def __init__(self, be: Any, headroom: int, free: Any = free_bytes) -> None:
+        self.be, self.headroom, self.free = be, headroom, free
+        self.num_dropped = 0  # graphs dropped to make room
+        self.num_retries = 0  # steps run again after running out of memory
+
+    @classmethod
+    def wire(cls, be: Any, headroom: int) -> "MemoryGuard":
+        """The guard of ``be``'s graph caches, hooked into each of them."""
+        guard = cls(be, headroom)
+        for cache in (be.prefill_graphs, be.mixed_graphs):
+            if cache is not None:
+                cache.has_room = guard.has_room
+        if be.graphs is not None:
+            be.graphs.make_room = guard.make_room
+        return guard
+
+    @staticmethod
+    def out_of_memory(exc: BaseException) -> bool:
+        import cupy as cp
+
+        return isinstance(exc, cp.cuda.memory.OutOfMemoryError)
+
+    def has_room(self) -> bool:
+        return self.free() >= self.headroom
+
+    def release(self) -> None:
+        """Drop every prefill and mixed graph (each cache then holds at most half as many
+        as it did) and return the default pool's cached blocks to the device."""
+        import cupy as cp
+
+        for cache in (self.be.prefill_graphs, self.be.mixed_graphs):
+            if cache is not None and cache.graphs:
+                self.num_dropped += len(cache.graphs)
+                cache.max_graphs = min(cache.max_graphs, len(cache.graphs) // 2)
+                cache.clear()
+        cp.get_default_memory_pool().free_all_blocks()
+
+    def make_room(self) -> bool:
+        """For a decode capture: True once ``headroom`` is free (always, when it already
+        was); the other graphs go first, then the decode pairs, oldest first."""
+        if self.has_room():
+            return True
+        self.release()
+        decode = self.be.graphs
+        while not self.has_room() and decode is not None and decode.graphs:
+            decode.stream.synchronize()  # a pair's pool must outlive its replays
+            decode.graphs.popitem(last=False)
+            self.num_dropped += 2
+        return self.has_room()

@@ -1,0 +1,82 @@
+"""The graphs' memory bound on the GPU (skipped without CuPy and a GPU;
+crucible/backend/cupy_memory.py): with no headroom to spare no prefill or mixed graph is
+captured and every request's tokens and logprobs are the bits of a run that captured them;
+a step that runs out of device memory runs once more and changes no bit either."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from crucible import LLM, SamplingParams
+from crucible.engine.settings import Settings
+from crucible.model.tiny import tiny_random_model
+
+pytestmark = pytest.mark.gpu
+GEOM = dict(hidden_size=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn_size=512)
+
+
+def bits(outs) -> list:
+    return [(o.token_ids, [[(t, struct.pack("<d", v)) for t, v in lp.items()]
+                           for lp in o.logprobs]) for o in outs]
+
+
+def workload(v: int) -> tuple[list, list]:
+    """Staggered prompts, so steps mix prefill slices with decodes."""
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, v, int(n)).tolist() for n in rng.integers(20, 300, 24)]
+    params = [SamplingParams(max_tokens=int(m), ignore_eos=True, temperature=t, seed=3,
+                             logprobs=2)
+              for m, t in zip(rng.integers(8, 40, 24), [0.0, 0.8] * 12)]
+    return prompts, params
+
+
+def engine(model) -> LLM:
+    return LLM(model, settings=Settings(device="cuda", num_pages=2048, token_budget=256,
+                                        max_running=8))
+
+
+def test_without_headroom_steps_run_eagerly_with_the_same_bits() -> None:
+    model = tiny_random_model(seed=7, max_context=2048, **GEOM)
+    prompts, params = workload(model.config.vocab_size)
+    ref = engine(model)
+    want = ref.generate(prompts, params)
+    be = ref.engine.runner.backend
+    assert be.mixed_graphs.num_captures + be.prefill_graphs.num_captures > 0  # it can
+    tight = engine(model)
+    guard = tight.engine.runner.backend.memory
+    guard.headroom = 1 << 60  # more than any device: no capture may take memory
+    got = tight.generate(prompts, params)
+    tb = tight.engine.runner.backend
+    assert tb.mixed_graphs.num_captures == 0 and tb.prefill_graphs.num_captures == 0
+    assert tb.mixed_graphs.num_out_of_memory + tb.prefill_graphs.num_out_of_memory > 0
+    assert bits(got) == bits(want)
+    assert tight.engine.allocator.num_free == tight.engine.allocator.num_pages
+
+
+def test_a_step_out_of_memory_runs_again_with_the_same_bits() -> None:
+    import cupy as cp
+
+    model = tiny_random_model(seed=8, max_context=2048, **GEOM)
+    prompts, params = workload(model.config.vocab_size)
+    want = engine(model).generate(prompts, params)
+    llm = engine(model)
+    runner = llm.engine.runner
+    forward, calls = runner._forward_meta, [0]
+
+    def flaky(meta):
+        calls[0] += 1
+        if calls[0] % 7 == 3:  # now and then, part way into the run
+            raise cp.cuda.memory.OutOfMemoryError(1 << 20, 0)
+        return forward(meta)
+
+    runner._forward_meta = flaky
+    got = llm.generate(prompts, params)
+    guard = runner.backend.memory
+    assert guard.num_retries > 0 and bits(got) == bits(want)
+    # Negative control: a failure that is not memory fails the run.
+    runner._forward_meta = lambda meta: (_ for _ in ()).throw(RuntimeError("kernel fault"))
+    with pytest.raises(RuntimeError):
+        llm.generate(prompts[:2], params[:2])

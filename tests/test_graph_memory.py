@@ -1,0 +1,142 @@
+"""The captured graphs' bound on device memory (crucible/backend/cupy_memory.py), host side:
+a fake device whose free memory is what the held graphs leave. Captures stop while a step's
+headroom is not free, the decode graphs make room (prefill and mixed graphs first, then
+the oldest decode pairs), and a step that runs out of memory runs once more after the
+release. Without the bound the chat mix's growing histories added graph keys until no
+eager step could allocate its logits (an H100 serve sweep, 10,757 failed requests)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections import OrderedDict
+from types import SimpleNamespace
+
+import pytest
+
+from crucible.backend import cupy_route
+from crucible.backend.cupy_graph_cache import GraphCache
+from crucible.backend.cupy_memory import EAGER_ROWS, MemoryGuard, step_headroom
+from crucible.model.tiny import tiny_random_model
+
+GB = 1 << 30
+
+
+class OOM(Exception):
+    """Stands in for cupy.cuda.memory.OutOfMemoryError."""
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    pool = SimpleNamespace(free_all_blocks=lambda: calls.append("free_all_blocks"))
+    fake = types.ModuleType("cupy")
+    fake.get_default_memory_pool = lambda: pool
+    fake.cuda = SimpleNamespace(memory=SimpleNamespace(OutOfMemoryError=OOM))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    return calls
+
+
+class Cache(GraphCache):
+    def __init__(self, held: int) -> None:
+        self.stream = SimpleNamespace(synchronize=lambda: None)
+        self._init_cache(capture_after=1, max_graphs=8)
+        self.graphs = {f"k{i}": object() for i in range(held)}
+
+
+def device(total: float, be: SimpleNamespace) -> MemoryGuard:
+    """A guard over a device of ``total`` GB where each held graph takes 1 GB."""
+    def free() -> int:
+        held = sum(len(c.graphs) for c in (be.prefill_graphs, be.mixed_graphs))
+        held += 2 * len(be.graphs.graphs)  # a decode key is a pair
+        return int((total - held) * GB)
+    return MemoryGuard(be, headroom=2 * GB, free=free)
+
+
+def backend(prefill: int, mixed: int, decode: int) -> SimpleNamespace:
+    dec = SimpleNamespace(graphs=OrderedDict((k, ("a", "b")) for k in range(decode)),
+                          stream=SimpleNamespace(synchronize=lambda: None))
+    return SimpleNamespace(prefill_graphs=Cache(prefill), mixed_graphs=Cache(mixed), graphs=dec)
+
+
+def test_no_capture_without_headroom_and_the_key_stays_sighted(fake_cupy: list[str]) -> None:
+    cache, room = Cache(0), [False]
+    cache.has_room = lambda: room[0]
+    made: list[str] = []
+
+    def capture() -> object:
+        made.append("capture")
+        return SimpleNamespace(seconds=0.05)
+
+    assert cache._graph("k", capture) is None and made == []
+    assert cache.num_out_of_memory == 1 and cache.num_eager == 1 and "k" in cache.seen
+    room[0] = True  # memory came back: the next sighting captures
+    assert cache._graph("k", capture) is not None and made == ["capture"]
+    assert cache.num_captures == 1 and "k" not in cache.seen
+
+
+def test_make_room_drops_prefill_and_mixed_first_then_the_oldest_decode_pairs(
+        fake_cupy: list[str]) -> None:
+    be = backend(prefill=3, mixed=4, decode=5)  # 3 + 4 + 10 GB held
+    guard = device(20, be)  # 3 GB free: room already
+    assert guard.make_room() and len(be.mixed_graphs.graphs) == 4 and fake_cupy == []
+    guard = device(18, be)  # 1 GB free: the other graphs go, the decode pairs stay
+    assert guard.make_room() and fake_cupy == ["free_all_blocks"]
+    assert be.prefill_graphs.graphs == {} and be.mixed_graphs.graphs == {}
+    assert (be.prefill_graphs.max_graphs, be.mixed_graphs.max_graphs) == (1, 2)  # half
+    assert list(be.graphs.graphs) == [0, 1, 2, 3, 4] and guard.num_dropped == 7
+    guard = device(9, be)  # 10 GB of pairs on 9 GB: 2 GB free takes the 2 oldest pairs
+    assert guard.make_room() and list(be.graphs.graphs) == [2, 3, 4]
+    guard = device(1, be)  # nothing left to drop: no room, and it says so
+    assert not guard.make_room() and be.graphs.graphs == OrderedDict()
+
+
+def test_wire_hooks_every_cache() -> None:
+    be = backend(0, 0, 0)
+    be.graphs.make_room = None
+    guard = MemoryGuard.wire(be, 5)
+    assert be.prefill_graphs.has_room == guard.has_room == be.mixed_graphs.has_room
+    assert be.graphs.make_room == guard.make_room and guard.headroom == 5
+
+
+def test_a_step_out_of_memory_runs_once_more_after_the_release(
+        fake_cupy: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    be = backend(prefill=2, mixed=2, decode=1)
+    be.memory = device(100, be)
+    tries: list[int] = []
+
+    def route(be_: object, batch: object, forward: object, feed: object) -> str:
+        tries.append(len(be.mixed_graphs.graphs))
+        if len(tries) == 1:
+            raise OOM("out of memory allocating 3,145,728 bytes")
+        return "logits"
+
+    monkeypatch.setattr(cupy_route, "_route", route)
+    assert cupy_route.run_step(be, None, None) == "logits"
+    assert tries == [2, 0] and be.memory.num_retries == 1 and fake_cupy == ["free_all_blocks"]
+    tries.clear()
+
+    def never(*a: object) -> str:
+        tries.append(1)
+        raise OOM("out of memory")
+
+    monkeypatch.setattr(cupy_route, "_route", never)
+    with pytest.raises(OOM):  # a second failure is the step's: no loop of retries
+        cupy_route.run_step(be, None, None)
+    assert tries == [1, 1]
+
+    def broken(*a: object) -> str:
+        raise ValueError("not a memory error")
+
+    monkeypatch.setattr(cupy_route, "_route", broken)
+    with pytest.raises(ValueError):  # other errors are not retried
+        cupy_route.run_step(be, None, None)
+    assert be.memory.num_retries == 2
+
+
+def test_headroom_covers_the_largest_eager_steps_logits() -> None:
+    cfg = tiny_random_model(seed=0, weights="f32").config
+    base = step_headroom(cfg, 512)
+    assert base >= 2 * EAGER_ROWS * cfg.vocab_size * 4  # logits and the sampler's copy
+    assert step_headroom(cfg, 1024) == base  # graph rows under the eager budget
+    assert step_headroom(cfg, 2 * EAGER_ROWS) > base  # larger graphs: more room
