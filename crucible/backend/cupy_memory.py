@@ -26,8 +26,10 @@ write the same K/V bits again, so the retry changes nothing a request sees.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+log = logging.getLogger("crucible.memory")
 MARGIN = 1 << 30  # attention's per-step scratch, the allocator's rounding, the context
 EAGER_ROWS = 2048  # the largest token budget a step runs eagerly with (LLM's default)
 
@@ -82,12 +84,18 @@ class MemoryGuard:
         as it did) and return the default pool's cached blocks to the device."""
         import cupy as cp
 
+        dropped = 0
         for cache in (self.be.prefill_graphs, self.be.mixed_graphs):
             if cache is not None and cache.graphs:
-                self.num_dropped += len(cache.graphs)
+                dropped += len(cache.graphs)
                 cache.max_graphs = min(cache.max_graphs, len(cache.graphs) // 2)
                 cache.clear()
         cp.get_default_memory_pool().free_all_blocks()
+        if dropped:  # rare, and what an operator sizing the pool wants to know
+            self.num_dropped += dropped
+            log.warning("device memory is short: %d prefill/mixed graphs dropped (each kind "
+                        "now keeps at most half as many); a smaller KV pool leaves them room",
+                        dropped)
 
     def make_room(self) -> bool:
         """For a decode capture: True once ``headroom`` is free (always, when it already
