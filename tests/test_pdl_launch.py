@@ -111,8 +111,24 @@ def test_driver_error_is_clear(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_unsupported_argument_is_refused() -> None:
     with pytest.raises(TypeError, match="unsupported kernel argument float"):
-        launcher._param(1.5)
-    assert launcher._param(np.int64(-3)).value == -3
+        launcher._pack((np.int32(1), 1.5))
+
+
+def test_every_argument_kind_reads_back_at_its_pointer() -> None:
+    """Each value sits at its own pointer in the C type the kernel's parameter has, the
+    extremes of each width included (a sign or a high word lost would show)."""
+    kinds = ((_Array(0xFFFF_FFFF_FFFF_FFF0), ctypes.c_uint64, 0xFFFF_FFFF_FFFF_FFF0),
+             (np.int32(-2**31), ctypes.c_int32, -2**31), (np.int32(7), ctypes.c_int32, 7),
+             (np.uint32(2**32 - 1), ctypes.c_uint32, 2**32 - 1),
+             (np.int64(-3), ctypes.c_int64, -3), (np.uint64(2**64 - 1), ctypes.c_uint64, 2**64 - 1),
+             (np.float32(-0.1), ctypes.c_float, float(np.float32(-0.1))))
+    buf, ptrs = launcher._pack(tuple(a for a, _, _ in kinds))
+    assert len(ptrs) == len(kinds)
+    for p, (_, ctype, want) in zip(ptrs, kinds):
+        assert ctypes.cast(p, ctypes.POINTER(ctype)).contents.value == want
+    # Negative control: read as 64 bits the int32 loses its sign (the slot is zero-padded).
+    got = ctypes.cast(ptrs[1], ctypes.POINTER(ctypes.c_int64)).contents.value
+    assert got != -2**31
 
 
 def test_struct_layout_matches_cuda_h() -> None:

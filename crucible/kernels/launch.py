@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import struct
 from typing import Any
 
 import numpy as np
@@ -61,20 +62,45 @@ def _driver() -> Any:
     return fn
 
 
-_SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64,
-            np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.float32): ctypes.c_float,
-            np.dtype(np.uint32): ctypes.c_uint32}
+# Each argument's bytes in an 8-byte slot of one buffer (the driver reads a parameter's own
+# size from its pointer): one pack and two ctypes objects a launch, where a ctypes value per
+# argument made a capture's ~450 launches cost ~30 us each, twice an eager step's host time
+# (bench/capture-parts-h100.json).
+_SLOT = {np.dtype(np.int32): "i4x", np.dtype(np.int64): "q", np.dtype(np.uint64): "Q",
+         np.dtype(np.float32): "f4x", np.dtype(np.uint32): "I4x"}
 
 
-def _param(a: Any) -> ctypes._SimpleCData:
-    """One kernel argument as the C value the kernel's parameter expects: a device pointer
-    for an array, the scalar's own width for a numpy scalar (as CuPy itself passes them)."""
-    data = getattr(a, "data", None)
-    if hasattr(data, "ptr"):  # a CuPy array
-        return ctypes.c_void_p(int(data.ptr))
-    if isinstance(a, np.generic) and a.dtype in _SCALARS:
-        return _SCALARS[a.dtype](a.item())
-    raise TypeError(f"PDL launch: unsupported kernel argument {type(a).__name__}")
+def _pack(args: tuple) -> tuple[Any, Any]:
+    """(the buffer holding every argument, the array of pointers into it) for
+    cuLaunchKernelEx: a device pointer for an array, the scalar's own width for a numpy
+    scalar (as CuPy itself passes them), 8 bytes apart."""
+    fmt, values = ["<"], []
+    for a in args:
+        data = getattr(a, "data", None)
+        if hasattr(data, "ptr"):  # a CuPy array
+            fmt.append("Q")
+            values.append(int(data.ptr))
+        elif isinstance(a, np.generic) and a.dtype in _SLOT:
+            fmt.append(_SLOT[a.dtype])
+            values.append(a.item())
+        else:
+            raise TypeError(f"PDL launch: unsupported kernel argument {type(a).__name__}")
+    buf = ctypes.create_string_buffer(struct.pack("".join(fmt), *values), 8 * len(args))
+    base = ctypes.addressof(buf)
+    return buf, (ctypes.c_void_p * len(args))(*range(base, base + 8 * len(args), 8))
+
+
+@functools.lru_cache(maxsize=1024)
+def _config(grid: tuple[int, ...], block: tuple[int, ...], smem: int, stream: int) -> _Config:
+    """The launch's config, made once per shape and stream (the driver only reads it)."""
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    b = tuple(block) + (1,) * (3 - len(block))
+    return _Config((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), smem,
+                   ctypes.c_void_p(stream), ctypes.pointer(_PDL_ATTR), 1)
+
+
+_PDL_ATTR = _Attr(_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
+_PDL_ATTR.value[0] = 1  # programmaticStreamSerializationAllowed
 
 
 def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
@@ -91,15 +117,8 @@ def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
     if ex is None:
         fn(grid, block, args, shared_mem=shared_mem)
         return
-    g = tuple(grid) + (1,) * (3 - len(grid))
-    b = tuple(block) + (1,) * (3 - len(block))
-    attr = _Attr(_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
-    attr.value[0] = 1  # programmaticStreamSerializationAllowed
-    cfg = _Config((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem,
-                  ctypes.c_void_p(stream.ptr), ctypes.pointer(attr), 1)
-    values = [_param(a) for a in args]
-    ptrs = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
-                                             for v in values])
+    cfg = _config(tuple(grid), tuple(block), int(shared_mem), int(stream.ptr))
+    _buf, ptrs = _pack(args)  # the buffer must outlive the call
     func = getattr(fn, "kernel", fn)  # RawKernel -> its loaded cupy.cuda.function.Function
     rc = ex(ctypes.byref(cfg), ctypes.c_void_p(int(func.ptr)), ptrs, None)
     if rc != 0:
