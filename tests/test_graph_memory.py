@@ -46,7 +46,7 @@ class Cache(GraphCache):
 
 def device(total: float, be: SimpleNamespace) -> MemoryGuard:
     """A guard over a device of ``total`` GB where each held graph takes 1 GB."""
-    def free() -> int:
+    def free(need: int) -> int:
         held = sum(len(c.graphs) for c in (be.prefill_graphs, be.mixed_graphs))
         held += 2 * len(be.graphs.graphs)  # a decode key is a pair
         return int((total - held) * GB)
@@ -140,3 +140,24 @@ def test_headroom_covers_the_largest_eager_steps_logits() -> None:
     assert base >= 2 * EAGER_ROWS * cfg.vocab_size * 4  # logits and the sampler's copy
     assert step_headroom(cfg, 1024) == base  # graph rows under the eager budget
     assert step_headroom(cfg, 2 * EAGER_ROWS) > base  # larger graphs: more room
+
+
+def test_free_counts_the_default_pools_cached_blocks_only_once_returned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from crucible.backend.cupy_memory import free_bytes
+
+    state = {"device": 1 * GB, "cached": 3 * GB, "returned": 0}
+
+    def free_all_blocks() -> None:
+        state["device"] += state["cached"]
+        state["cached"], state["returned"] = 0, state["returned"] + 1
+
+    pool = SimpleNamespace(free_bytes=lambda: state["cached"], free_all_blocks=free_all_blocks)
+    fake = types.ModuleType("cupy")
+    fake.get_default_memory_pool = lambda: pool
+    fake.cuda = SimpleNamespace(runtime=SimpleNamespace(
+        memGetInfo=lambda: (state["device"], 80 * GB)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert free_bytes(GB // 2) == GB and state["returned"] == 0  # enough: the cache stays
+    assert free_bytes(2 * GB) == 4 * GB and state["returned"] == 1  # short: given back
+    assert free_bytes(8 * GB) == 4 * GB and state["returned"] == 1  # nothing left to give

@@ -11,8 +11,8 @@ failed, for minutes (bench/serve-sweep-chat-oom-h100.log).
 
 So a capture is made only while ``headroom`` bytes stay free, enough for the largest
 eager step (activations and logits of ``EAGER_ROWS`` rows) plus a margin for attention's
-scratch and the allocator. Free means the device's free memory plus the blocks CuPy's
-default pool holds unused (it gives them back when an allocation needs them). Below it:
+scratch and the allocator. Free means free on the device once CuPy's default pool gave
+back the blocks it holds unused. Below it:
 - a prefill or mixed key is not captured: its step runs eagerly (counted as a capture
   given up for want of memory) and a later sighting tries again;
 - the decode graphs, which a pipelined step cannot do without, first make room: the
@@ -43,11 +43,18 @@ def step_headroom(cfg: Any, mixed_graph_rows: int) -> int:
     return MARGIN + 2 * rows * per_row + 2 * rows * cfg.vocab_size * 4
 
 
-def free_bytes() -> int:
-    """The device's free memory plus the default pool's unused cached blocks."""
+def free_bytes(need: int) -> int:
+    """The device's free memory; when that is under ``need``, counted again once the
+    default pool's unused cached blocks went back to the device (a graph's private pool
+    allocates from the device and cannot use them)."""
     import cupy as cp
 
-    return int(cp.cuda.runtime.memGetInfo()[0]) + int(cp.get_default_memory_pool().free_bytes())
+    free = int(cp.cuda.runtime.memGetInfo()[0])
+    pool = cp.get_default_memory_pool()
+    if free < need and pool.free_bytes():
+        pool.free_all_blocks()
+        free = int(cp.cuda.runtime.memGetInfo()[0])
+    return free
 
 
 class MemoryGuard:
@@ -77,7 +84,7 @@ class MemoryGuard:
         return isinstance(exc, cp.cuda.memory.OutOfMemoryError)
 
     def has_room(self) -> bool:
-        return self.free() >= self.headroom
+        return self.free(self.headroom) >= self.headroom
 
     def release(self) -> None:
         """Drop every prefill and mixed graph (each cache then holds at most half as many
