@@ -20,11 +20,17 @@ def test_cupy_counts_every_graph_kind() -> None:
             mixed_graphs=NS(num_replays=741, num_captures=23, capture_s=1.1728))
     assert graph_stats(be) == {"graph_decode_replays": 50, "graph_prefill_replays": 4,
                                "graph_mixed_replays": 741, "graph_captures": 63,
-                               "graph_capture_ms": 1203}
+                               "graph_capture_ms": 1203, "graph_memory_drops": 0,
+                               "graph_memory_retries": 0}
+    be.memory = NS(num_dropped=12, num_retries=1)  # the memory guard's (cupy_memory.py)
+    assert graph_stats(be)["graph_memory_drops"] == 12
+    assert graph_stats(be)["graph_memory_retries"] == 1
+    be.memory = None
     be.prefill_graphs = be.mixed_graphs = None
     assert graph_stats(be) == {"graph_decode_replays": 50, "graph_prefill_replays": 0,
                                "graph_mixed_replays": 0, "graph_captures": 38,
-                               "graph_capture_ms": 0}
+                               "graph_capture_ms": 0, "graph_memory_drops": 0,
+                               "graph_memory_retries": 0}
     assert tuple(graph_stats(be)) == GRAPH_STATS
 
 
@@ -44,7 +50,8 @@ def test_engine_stats_carry_them() -> None:
 
 def test_metrics_render_them() -> None:
     stats = {"graph_decode_replays": 7, "graph_prefill_replays": 0,
-             "graph_mixed_replays": 5, "graph_captures": 3, "graph_capture_ms": 1500}
+             "graph_mixed_replays": 5, "graph_captures": 3, "graph_capture_ms": 1500,
+             "graph_memory_drops": 4, "graph_memory_retries": 2}
     text = Metrics().render(stats, healthy=True, queue_bound=8)
     m = parse_metrics(text)
     assert m['crucible_graph_replays_total{kind="decode"}'] == 7
@@ -52,4 +59,6 @@ def test_metrics_render_them() -> None:
     assert m['crucible_graph_replays_total{kind="mixed"}'] == 5
     assert m["crucible_graph_captures_total"] == 3
     assert m["crucible_graph_capture_seconds_total"] == 1.5
+    assert m["crucible_graph_memory_drops_total"] == 4
+    assert m["crucible_graph_memory_retries_total"] == 2
     assert text.count("# TYPE crucible_graph_replays_total counter") == 1

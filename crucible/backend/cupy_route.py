@@ -90,4 +90,6 @@ def graph_stats(be: Any) -> dict[str, int]:
     replays = [0 if g is None else int(g.num_replays) for g in kinds]
     captures = sum(int(g.num_captures) for g in kinds if g is not None)
     seconds = sum(g.capture_s for g in kinds[1:] if g is not None)
-    return dict(zip(GRAPH_STATS, (*replays, captures, round(seconds * 1000))))
+    guard = getattr(be, "memory", None)
+    drops, retries = (0, 0) if guard is None else (guard.num_dropped, guard.num_retries)
+    return dict(zip(GRAPH_STATS, (*replays, captures, round(seconds * 1000), drops, retries)))

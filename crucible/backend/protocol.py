@@ -28,7 +28,9 @@ Forward = Callable[[StepMeta], Array]  # step metadata -> logits of the final ro
 # Backend.graph_stats' counters (the engine's stats, the server's /metrics): steps replayed
 # from decode, prefill and mixed graphs, graphs captured, host ms in on-demand captures.
 GRAPH_STATS = ("graph_decode_replays", "graph_prefill_replays", "graph_mixed_replays",
-               "graph_captures", "graph_capture_ms")
+               "graph_captures", "graph_capture_ms",
+               # graphs dropped for want of device memory, steps run again after running out
+               "graph_memory_drops", "graph_memory_retries")
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,11 @@ class Metrics:
         metric("crucible_graph_capture_seconds_total", "counter",
                "Engine host time in the prefill and mixed graphs' captures.",
                stats.get("graph_capture_ms", 0) / 1000)
+        metric("crucible_graph_memory_drops_total", "counter", "CUDA graphs dropped for want "
+               "of device memory (a smaller KV pool leaves them room).",
+               stats.get("graph_memory_drops", 0))
+        metric("crucible_graph_memory_retries_total", "counter", "Engine steps run again "
+               "after running out of device memory.", stats.get("graph_memory_retries", 0))
         metric("crucible_prompt_tokens_total", "counter", "Prompt tokens of ended requests.",
                prompt)
         metric("crucible_generation_tokens_total", "counter",
