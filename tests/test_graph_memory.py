@@ -32,7 +32,8 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     pool = SimpleNamespace(free_all_blocks=lambda: calls.append("free_all_blocks"))
     fake = types.ModuleType("cupy")
     fake.get_default_memory_pool = lambda: pool
-    fake.cuda = SimpleNamespace(memory=SimpleNamespace(OutOfMemoryError=OOM))
+    fake.cuda = SimpleNamespace(memory=SimpleNamespace(OutOfMemoryError=OOM), Device=lambda: (
+        SimpleNamespace(synchronize=lambda: calls.append("synchronize"))))
     monkeypatch.setitem(sys.modules, "cupy", fake)
     return calls
 
@@ -87,6 +88,7 @@ def test_make_room_drops_prefill_and_mixed_first_then_the_oldest_decode_pairs(
     assert list(be.graphs.graphs) == [0, 1, 2, 3, 4] and guard.num_dropped == 7
     guard = device(9, be)  # 10 GB of pairs on 9 GB: 2 GB free takes the 2 oldest pairs
     assert guard.make_room() and list(be.graphs.graphs) == [2, 3, 4]
+    assert fake_cupy[-1] == "synchronize"  # no pair goes while a replay may still run
     guard = device(1, be)  # nothing left to drop: no room, and it says so
     assert not guard.make_room() and be.graphs.graphs == OrderedDict()
 

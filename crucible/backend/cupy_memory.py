@@ -111,8 +111,14 @@ class MemoryGuard:
             return True
         self.release()
         decode = self.be.graphs
-        while not self.has_room() and decode is not None and decode.graphs:
-            decode.stream.synchronize()  # a pair's pool must outlive its replays
+        if decode is None or not decode.graphs or self.has_room():
+            return self.has_room()
+        import cupy as cp
+
+        # Decode pairs replay on the default stream, maybe the previous step's still: a
+        # pair's pool must outlive its replays.
+        cp.cuda.Device().synchronize()
+        while not self.has_room() and decode.graphs:
             decode.graphs.popitem(last=False)
             self.num_dropped += 2
         return self.has_room()
