@@ -27,7 +27,7 @@ write the same K/V bits again, so the retry changes nothing a request sees.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger("crucible.memory")
 MARGIN = 1 << 30  # attention's per-step scratch, the allocator's rounding, the context
@@ -61,7 +61,8 @@ class MemoryGuard:
     """``has_room``: whether a capture may take memory now; ``make_room``: drop graphs
     (prefill and mixed first, then the oldest decode pairs) until it may."""
 
-    def __init__(self, be: Any, headroom: int, free: Any = free_bytes) -> None:
+    def __init__(self, be: Any, headroom: int,
+                 free: Callable[[int], int] = free_bytes) -> None:
         self.be, self.headroom, self.free = be, headroom, free
         self.num_dropped = 0  # graphs dropped to make room
         self.num_retries = 0  # steps run again after running out of memory
