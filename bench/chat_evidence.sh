@@ -3,11 +3,13 @@
 # fit the device's 10 minutes a command (the model takes two back-to-back runs to arrive:
 # part a needs no model, so it rides with the first).
 #
-#     OUT=/some/dir PART=a bash bench/chat_evidence.sh                  # ~1 min, no model
+#     OUT=/some/dir PART=a bash bench/chat_evidence.sh                  # ~1.5 min, no model
 #     OUT=/some/dir PART=b MODEL=/path/smollm2.gguf bash bench/chat_evidence.sh   # ~8 min
+#         (MIX=chat: the chat mix alone, ~4.5 min)
 #     OUT=/some/dir PART=c MODEL=/path/smollm2.gguf bash bench/chat_evidence.sh   # ~3 min
 #
-# a: a mixed graph capture's host time by part (bench/capture_parts.py).
+# a: a mixed graph capture's host time by part (bench/capture_parts.py), then the graphs'
+#    memory bound under the chat mix (bench/graph_memory_check.py, random weights).
 # b: the serving sweep under the defaults on the issue and chat mixes, steady state
 #    (12-second windows after a 3-second settle, two rounds; docs/serving.md).
 # c: the prefix cache's chat bench at serve's budget and graph rows (3 rounds, the
@@ -22,10 +24,12 @@ case "$PART" in
 a)
     python3 bench/capture_parts.py --rounds 3 --json "$OUT/capture-parts.json" \
         > "$OUT/capture-parts.log" 2>&1
-    tail -20 "$OUT/capture-parts.log" ;;
+    tail -20 "$OUT/capture-parts.log"
+    (cd bench && python3 graph_memory_check.py --requests 1000 --rounds 3 \
+        --json "$OUT/graph-memory-check.json" 2>&1 | tail -3) ;;
 b)
     MODEL=${MODEL:?set MODEL to the default model GGUF}
-    python3 bench/serve_clients.py --model "$MODEL" --device cuda --mix issue,chat \
+    python3 bench/serve_clients.py --model "$MODEL" --device cuda --mix "${MIX:-issue,chat}" \
         --clients 1,16,64,256,512 --seconds 12 --ramp-seconds 2 --settle-seconds 3 \
         --warmup-seconds 5 --warmup-clients 512 --rounds 2 --plot none \
         --json "$OUT/serve-sweep.json" > "$OUT/serve-sweep.log" 2>&1
