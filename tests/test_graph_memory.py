@@ -163,3 +163,26 @@ def test_free_counts_the_default_pools_cached_blocks_only_once_returned(
     assert free_bytes(GB // 2) == GB and state["returned"] == 0  # enough: the cache stays
     assert free_bytes(2 * GB) == 4 * GB and state["returned"] == 1  # short: given back
     assert free_bytes(8 * GB) == 4 * GB and state["returned"] == 1  # nothing left to give
+
+
+def test_a_short_device_is_not_looked_at_again_for_a_while() -> None:
+    """After a check finds no room, checks answer no for RECHECK_S without looking (each
+    look may hand the default pool's blocks back, which an eager step then reallocates);
+    a decode capture's make_room always looks."""
+    from crucible.backend import cupy_memory
+
+    looks, now, room = [], [100.0], [False]
+
+    def free(need: int) -> int:
+        looks.append(now[0])
+        return need if room[0] else 0
+
+    be = backend(0, 0, 0)
+    guard = MemoryGuard(be, headroom=GB, free=free, clock=lambda: now[0])
+    assert not guard.has_room() and looks == [100.0]
+    room[0] = True
+    now[0] += cupy_memory.RECHECK_S / 2
+    assert not guard.has_room() and looks == [100.0]  # within the pause: no look
+    assert guard.make_room() and len(looks) == 2  # a decode capture looks now
+    now[0] += cupy_memory.RECHECK_S
+    assert guard.has_room() and len(looks) == 3  # past the pause: looks, finds room

@@ -14,7 +14,7 @@ eager step (activations and logits of ``EAGER_ROWS`` rows) plus a margin for att
 scratch and the allocator. Free means free on the device once CuPy's default pool gave
 back the blocks it holds unused. Below it:
 - a prefill or mixed key is not captured: its step runs eagerly (counted as a capture
-  given up for want of memory) and a later sighting tries again;
+  given up for want of memory) and a later sighting tries again, after ``RECHECK_S``;
 - the decode graphs, which a pipelined step cannot do without, first make room: the
   prefill and mixed graphs are dropped (their pools go back to the device; each cache
   then captures at most half as many as it held, as after an out-of-memory capture),
@@ -27,11 +27,16 @@ write the same K/V bits again, so the retry changes nothing a request sees.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 log = logging.getLogger("crucible.memory")
 MARGIN = 1 << 30  # attention's per-step scratch, the allocator's rounding, the context
 EAGER_ROWS = 2048  # the largest token budget a step runs eagerly with (LLM's default)
+# After a check that found no room, later checks answer no for this long without looking:
+# a short device would otherwise hand the default pool's blocks back at every eager step
+# that sights a key, and that step's allocations would come from the device again.
+RECHECK_S = 1.0
 
 
 def step_headroom(cfg: Any, mixed_graph_rows: int) -> int:
@@ -61,9 +66,10 @@ class MemoryGuard:
     """``has_room``: whether a capture may take memory now; ``make_room``: drop graphs
     (prefill and mixed first, then the oldest decode pairs) until it may."""
 
-    def __init__(self, be: Any, headroom: int,
-                 free: Callable[[int], int] = free_bytes) -> None:
-        self.be, self.headroom, self.free = be, headroom, free
+    def __init__(self, be: Any, headroom: int, free: Callable[[int], int] = free_bytes,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.be, self.headroom, self.free, self.clock = be, headroom, free, clock
+        self._short_until = float("-inf")  # no room was found; not looked at again till then
         self.num_dropped = 0  # graphs dropped to make room
         self.num_retries = 0  # steps run again after running out of memory
 
@@ -85,7 +91,18 @@ class MemoryGuard:
         return isinstance(exc, cp.cuda.memory.OutOfMemoryError)
 
     def has_room(self) -> bool:
-        return self.free(self.headroom) >= self.headroom
+        now = self.clock()
+        if now < self._short_until:
+            return False
+        if self.free(self.headroom) >= self.headroom:
+            return True
+        self._short_until = now + RECHECK_S
+        return False
+
+    def _room_now(self) -> bool:
+        """has_room without the pause: after graphs were dropped, memory came back."""
+        self._short_until = float("-inf")
+        return self.has_room()
 
     def release(self) -> None:
         """Drop every prefill and mixed graph (each cache then holds at most half as many
@@ -108,18 +125,18 @@ class MemoryGuard:
     def make_room(self) -> bool:
         """For a decode capture: True once ``headroom`` is free (always, when it already
         was); the other graphs go first, then the decode pairs, oldest first."""
-        if self.has_room():
+        if self._room_now():
             return True
         self.release()
         decode = self.be.graphs
-        if decode is None or not decode.graphs or self.has_room():
-            return self.has_room()
+        if decode is None or not decode.graphs or self._room_now():
+            return self._room_now()
         import cupy as cp
 
         # Decode pairs replay on the default stream, maybe the previous step's still: a
         # pair's pool must outlive its replays.
         cp.cuda.Device().synchronize()
-        while not self.has_room() and decode.graphs:
+        while not self._room_now() and decode.graphs:
             decode.graphs.popitem(last=False)
             self.num_dropped += 2
-        return self.has_room()
+        return self._room_now()
