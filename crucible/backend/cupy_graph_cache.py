@@ -45,6 +45,14 @@ class GraphCache:
         self.graphs.clear()
         self.seen.clear()
 
+    def drop_for_memory(self) -> int:
+        """Drop every graph for want of device memory (their pools go back to the device);
+        from then on at most half as many are captured. Returns how many were dropped."""
+        n = len(self.graphs)
+        self.max_graphs = min(self.max_graphs, n // 2)
+        self.clear()
+        return n
+
     def _graph(self, key: Hashable, capture: Callable[[], Captured]) -> Captured | None:
         """``key``'s graph, captured now by ``capture()`` if the policy says so; None when
         the step must run eagerly."""
@@ -67,8 +75,7 @@ class GraphCache:
         try:
             cap = capture()
         except cp.cuda.memory.OutOfMemoryError:
-            self.max_graphs = min(self.max_graphs, len(self.graphs) // 2)
-            self.clear()
+            self.drop_for_memory()
             self.num_out_of_memory += 1
             self.num_eager += 1
             return None

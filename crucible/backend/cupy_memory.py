@@ -44,8 +44,7 @@ def step_headroom(cfg: Any, mixed_graph_rows: int) -> int:
     intermediate of each row, twice over (one layer's outputs while the next is made), and
     the logits of every row with the sampler's copy."""
     rows = max(EAGER_ROWS, mixed_graph_rows)
-    per_row = 4 * (6 * cfg.hidden_size + 3 * cfg.ffn_size + 3 * cfg.q_dim + 2 * cfg.kv_dim)
-    return MARGIN + 2 * rows * per_row + 2 * rows * cfg.vocab_size * 4
+    return MARGIN + 2 * rows * cfg.row_bytes + 2 * rows * cfg.vocab_size * 4
 
 
 def free_bytes(need: int) -> int:
@@ -109,12 +108,9 @@ class MemoryGuard:
         as it did) and return the default pool's cached blocks to the device."""
         import cupy as cp
 
-        dropped = 0
-        for cache in (self.be.prefill_graphs, self.be.mixed_graphs):
-            if cache is not None and cache.graphs:
-                dropped += len(cache.graphs)
-                cache.max_graphs = min(cache.max_graphs, len(cache.graphs) // 2)
-                cache.clear()
+        dropped = sum(cache.drop_for_memory() for cache in
+                      (self.be.prefill_graphs, self.be.mixed_graphs)
+                      if cache is not None and cache.graphs)
         cp.get_default_memory_pool().free_all_blocks()
         if dropped:  # rare, and what an operator sizing the pool wants to know
             self.num_dropped += dropped
@@ -128,9 +124,10 @@ class MemoryGuard:
         if self._room_now():
             return True
         self.release()
+        room = self._room_now()
         decode = self.be.graphs
-        if decode is None or not decode.graphs or self._room_now():
-            return self._room_now()
+        if room or decode is None or not decode.graphs:
+            return room
         import cupy as cp
 
         # Decode pairs replay on the default stream, maybe the previous step's still: a

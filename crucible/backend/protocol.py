@@ -57,6 +57,13 @@ class Geometry:
     def q_dim(self) -> int:
         return self.n_heads * self.head_dim
 
+    @property
+    def row_bytes(self) -> int:
+        """f32 bytes of one row's intermediates in a forward (an upper estimate): what a
+        step's scratch grows by per row (engine/pool_size.py, backend/cupy_memory.py)."""
+        return 4 * (6 * self.hidden_size + 3 * self.ffn_size + 3 * self.q_dim
+                    + 2 * self.kv_dim)
+
 
 @dataclass(frozen=True)
 class LinearWeight:

@@ -35,8 +35,7 @@ def page_bytes(geometry: Geometry) -> int:
 def scratch_bytes(geometry: Geometry, settings: Settings) -> int:
     """What a step may allocate on the device besides the pool (an upper estimate)."""
     g = geometry
-    per_row = 4 * (6 * g.hidden_size + 3 * g.ffn_size + 3 * g.q_dim + 2 * g.kv_dim)
-    activations = settings.token_budget * per_row * GRAPH_COPIES
+    activations = settings.token_budget * g.row_bytes * GRAPH_COPIES
     logits = 2 * settings.running_limit() * g.vocab_size * 4
     return MARGIN + activations + logits
 
