@@ -133,7 +133,9 @@ class MemoryGuard:
         # Decode pairs replay on the default stream, maybe the previous step's still: a
         # pair's pool must outlive its replays.
         cp.cuda.Device().synchronize()
-        while not self._room_now() and decode.graphs:
+        while decode.graphs:
             decode.graphs.popitem(last=False)
             self.num_dropped += 2
-        return self._room_now()
+            if self._room_now():
+                return True
+        return False
