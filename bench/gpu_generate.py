@@ -195,8 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--row1-head", type=int, default=None, metavar="PB",
                    help="under --gemm mma, route one-row LM heads to linear_mma_row1.cu's "
                         "form PB (0: not at all; kernels/linear_mma.py ROW1_ROUTED, ROW1_FORMS)")
+    p.add_argument("--rope-in", type=int, choices=(0, 1), default=None,
+                   help="decode steps' RoPE and K/V store inside their attention (1, the "
+                        "default) or in a launch of their own (0; kernels/attention.py ROPE_IN)")
     args = p.parse_args(argv)
-    from crucible.kernels import linear_mma
+    from crucible.kernels import attention, linear_mma
+
+    if args.rope_in is not None:
+        attention.ROPE_IN = bool(args.rope_in)
 
     if args.row1_head is not None:
         linear_mma.ROW1_ROUTED = args.row1_head > 0

@@ -51,14 +51,24 @@
 // staging and computing only O columns s * o_n / 2 .. of the next o_n / 2. At batch 1
 // the 9 CTAs of the stack's attention leave the GPU idle while each walks all of O: the
 // pair halves each CTA's slice and O work for a second read of one head's history (L2).
+// RoPE in (ROPE, OW = 0, G = the whole group, so one CTA owns each (KV head, row); a
+// decode step's attention, kernels/attention.py): q points at the raw QKV row (q_stride
+// floats a row) and this kernel does rope_store's work for its heads (model_ops.cu): after
+// cru_pdl_wait, warps 0..G-1 rotate the G query heads into q_s, the next warp rotates the
+// KV head's K row and two more copy its V row, with rowops.cuh's cru_rope at the row's
+// position (segs.z) and the same tables, so every value is rope_store's bits. K and V go to
+// the pool at position len - 1 for later steps, and into kv_s for this one: the CTA takes
+// that position's K (QK) and V (its tile) from shared memory, never from the pool it
+// wrote, so no load here can race the stores. One launch a layer fewer in decode steps.
 // Dynamic shared memory: 4 * (128*64 + G*capacity + capacity/16) (+ G*o_n*64*OW bytes of
-// W_o); static: q and the softmax scratch (variants.decode_static_bytes bounds it). No
-// standard headers.
+// W_o); static: q, the softmax scratch and kv_s (variants.decode_static_bytes bounds it).
+// No standard headers.
 #include "attention_decode_ops.cuh"
 #include "common.cuh"
 #include "mma_row.cuh"
 #include "pdl.cuh"
 #include "rows_chunk.cuh"
+#include "rowops.cuh"
 #include "softmax_group.cuh"
 
 template <int OW> struct CruOWeight { typedef float type; };
@@ -67,22 +77,25 @@ template <> struct CruOWeight<1> { typedef signed char type; };
 #define CRU_DEC_OCOL 3  // O columns per thread at once (576 = the default model's, / 256)
 #define CRU_DEC_KU 4    // keys per lane octet and QK sweep (32 octets: 128 keys a sweep)
 
-template <int G, int OW, bool MMA = false>
+template <int G, int OW, bool MMA = false, bool ROPE = false>
 __global__ void __launch_bounds__(256, G > 1 ? 3 : 2)
 attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             const float* __restrict__ v_pool, const int4* __restrict__ segs, int n_segs,
             const int* __restrict__ tables, int table_stride, float* __restrict__ out,
             int n_heads, int n_kv_heads, int n_layers, int layer, int capacity,
             int prefetch_len, const void* __restrict__ w_o, float* __restrict__ o_parts,
-            int o_n, int o_split) {
+            int o_n, int o_split, int q_stride, const float* __restrict__ rope_cos,
+            const float* __restrict__ rope_sin) {
     static_assert(G >= 1 && G <= 4, "attn_decode is instantiated for 1..4 heads per CTA");
     static_assert(!MMA || (G == 1 && OW == 1), "the mma partials take int8 W_o, one head");
+    static_assert(!ROPE || OW == 0, "RoPE in is built for the plain form (no O partials)");
     CRU_DYNAMIC_SMEM(float4, dec_smem4);  // rows_chunk.cuh: the host shim maps it too
     float* vt = reinterpret_cast<float*>(dec_smem4);  // [CRU_DEC_VT][64]
     float* scores = vt + CRU_DEC_VT * CRU_HEAD_DIM;    // [G][capacity]
     int* tab = reinterpret_cast<int*>(scores + G * capacity);  // [capacity / 16]
     __shared__ __align__(16) float q_s[G][CRU_HEAD_DIM];  // octet order (cru_dec_q_slot)
     __shared__ CruSoftmaxScratch<G> sm;
+    __shared__ __align__(16) float kv_s[ROPE ? 2 : 1][CRU_HEAD_DIM];  // RoPE in: K, V at len - 1
     const int split = OW != 0 ? o_split : 1;  // CTAs a head group (O split, above)
     const int head0 = (blockIdx.x / split) * G, row = blockIdx.y, tid = threadIdx.x;
     const int os = blockIdx.x % split, on = o_n / split, oc0 = os * on;  // this CTA's O columns
@@ -125,10 +138,18 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
         cru_dec_prefetch(v_pool, tab, j, n_layers, layer, kv_dim, kvh);
     cru_pdl_wait();
     cru_pdl_trigger();
-    if (tid < G * CRU_HEAD_DIM)
-        q_s[tid >> 6][cru_dec_q_slot(tid & 63)] =
-            q[(prow * n_heads + head0) * CRU_HEAD_DIM + tid];
-    if (G == 1) cru_dec_load_v(vr, v_pool, tab, 0, hist, len, n_layers, layer, kv_dim, kvh);
+    // RoPE in: position len - 1 comes from kv_s, so the pool's loads stop at hist.
+    const int pool_len = ROPE ? hist : len;
+    if (ROPE) {
+        cru_dec_rope_in<G>(q + prow * q_stride, n_heads, kv_dim, head0, kvh, rope_cos + sd.z * 32,
+                           rope_sin + sd.z * 32, q_s,
+                           const_cast<float*>(k_pool) + cru_pool_row(tab, hist, n_layers, layer, kv_dim, kvh),
+                           const_cast<float*>(v_pool) + cru_pool_row(tab, hist, n_layers, layer, kv_dim, kvh),
+                           kv_s[0], kv_s[ROPE ? 1 : 0], tid);
+    } else if (tid < G * CRU_HEAD_DIM) {
+        q_s[tid >> 6][cru_dec_q_slot(tid & 63)] = q[prow * q_stride + head0 * CRU_HEAD_DIM + tid];
+    }
+    if (G == 1) cru_dec_load_v(vr, v_pool, tab, 0, hist, pool_len, n_layers, layer, kv_dim, kvh);
     // QK: the lane octet `grp` (8 threads) scores keys grp, grp + 32, ..., CRU_DEC_KU of
     // them per sweep, thread `node` holding the key's and q's dims node + 8 m in registers.
     // The first sweep's key loads are issued before the barrier that publishes q_s, so
@@ -138,10 +159,15 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
 #pragma unroll
     for (int u = 0; u < CRU_DEC_KU; ++u) {
         const int pos = grp + 32 * u;
-        if (pos < len)
+        if (pos < pool_len)
             cru_dec_load_knode(k[u], k_pool, tab, pos, node, n_layers, layer, kv_dim, kvh);
     }
-    __syncthreads();
+    __syncthreads();  // q_s (and, RoPE in, kv_s) published
+    if (ROPE) {
+#pragma unroll
+        for (int u = 0; u < CRU_DEC_KU; ++u)
+            if (grp + 32 * u == hist) cru_dec_knode_smem(k[u], kv_s[0], node);
+    }
     float qr[G][8];  // q dims node + 8 m: octet-order slots 8 node .. 8 node + 7
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -161,11 +187,13 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
             for (int g = 0; g < G; ++g)
                 if (node == g && pos < len) scores[g * capacity + pos] = sc[g];
             const int next = pos + 32 * CRU_DEC_KU;
-            if (next < len)
+            if (next < pool_len)
                 cru_dec_load_knode(k[u], k_pool, tab, next, node, n_layers, layer, kv_dim, kvh);
+            else if (ROPE && next == hist)
+                cru_dec_knode_smem(k[u], kv_s[0], node);
         }
     }
-    if (G > 1) cru_dec_load_v(vr, v_pool, tab, 0, 0, len, n_layers, layer, kv_dim, kvh);
+    if (G > 1) cru_dec_load_v(vr, v_pool, tab, 0, 0, pool_len, n_layers, layer, kv_dim, kvh);
     __syncthreads();  // the softmax's thread j reads the scores of keys j, j + 256, ...
     cru_ref_softmax_g<G>(scores, capacity, len, sm);
 
@@ -175,15 +203,19 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
     for (int g = 0; g < G; ++g) acc[g] = 0.0f;
     for (int base = 0;;) {  // vt is free: tile 0 is its first use, later tiles follow a barrier
 #pragma unroll
-        for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i)
-            reinterpret_cast<float4*>(vt)[i * 256 + tid] = vr[i];
+        for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i) {
+            float4 val = vr[i];
+            if (ROPE && base + 16 * i + (tid >> 4) == hist)  // position len - 1: from kv_s
+                val = reinterpret_cast<const float4*>(kv_s[ROPE ? 1 : 0])[tid & 15];
+            reinterpret_cast<float4*>(vt)[i * 256 + tid] = val;
+        }
         __syncthreads();  // the tile (and, the first time, sm.inv) is visible
         const bool more = base + CRU_DEC_VT < len;
         if (more) {
 #pragma unroll
             for (int i = 0; i < CRU_DEC_VT * 16 / 256; ++i) vr[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            cru_dec_load_v(vr, v_pool, tab, base + CRU_DEC_VT, 0, len, n_layers, layer, kv_dim,
-                           kvh);
+            cru_dec_load_v(vr, v_pool, tab, base + CRU_DEC_VT, 0, pool_len, n_layers, layer,
+                           kv_dim, kvh);
         }
         if (tid < CRU_HEAD_DIM)
             cru_dec_pv_tile<G>(vt, scores + base, capacity, min(CRU_DEC_VT, len - base), d, acc);
@@ -233,17 +265,14 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ k_pool,
 
 #ifndef __CUDACC_RTC__
 // Offline `nvcc -c` builds instantiate what the host launches, so `-Xptxas -v` reports it.
-#define CRU_DEC_INSTANTIATE(G, OW)                                                          \
-    template __global__ void attn_decode<G, OW>(const float*, const float*, const float*,     \
-                                                const int4*, int, const int*, int, float*, int, \
-                                                int, int, int, int, int, const void*, float*,   \
-                                                int, int);
+#define CRU_DEC_ARGS                                                                   \
+    (const float*, const float*, const float*, const int4*, int, const int*, int, float*, int, \
+     int, int, int, int, int, const void*, float*, int, int, int, const float*, const float*)
+#define CRU_DEC_INSTANTIATE(G, OW) template __global__ void attn_decode<G, OW> CRU_DEC_ARGS;
 CRU_DEC_INSTANTIATE(1, 0)
 CRU_DEC_INSTANTIATE(3, 0)
 CRU_DEC_INSTANTIATE(1, 1)
 CRU_DEC_INSTANTIATE(1, 4)
-template __global__ void attn_decode<1, 1, true>(const float*, const float*, const float*,
-                                                 const int4*, int, const int*, int, float*, int,
-                                                 int, int, int, int, int, const void*, float*,
-                                                 int, int);
+template __global__ void attn_decode<1, 1, true> CRU_DEC_ARGS;
+template __global__ void attn_decode<3, 0, false, true> CRU_DEC_ARGS;
 #endif

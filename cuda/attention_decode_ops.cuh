@@ -4,6 +4,7 @@
 // arithmetic (attention.cu) in its order. No standard headers (NVRTC).
 #pragma once
 #include "common.cuh"
+#include "rowops.cuh"
 
 #define CRU_DEC_VT 128  // V positions per staged tile
 
@@ -137,5 +138,44 @@ __device__ __forceinline__ void cru_dec_pv_tile(const float* vt, const float* sc
         const float v = vt[s * CRU_HEAD_DIM + d];
 #pragma unroll
         for (int g = 0; g < G; ++g) acc[g] = cru_pv(sc[g * stride + s], v, acc[g]);
+    }
+}
+
+// Position len - 1's K node (dims node + 8 m) from the RoPE-in copy in shared memory.
+__device__ __forceinline__ void cru_dec_knode_smem(float (&k)[8], const float* k_new, int node) {
+#pragma unroll
+    for (int m = 0; m < 8; ++m) k[m] = k_new[node + 8 * m];
+}
+
+// RoPE in (attn_decode<G, 0, false, true>): rope_store's work for one CTA's heads of one row
+// (model_ops.cu, the same cru_rope on the same table entries). raw: the row's QKV (query
+// heads, then K heads, then V heads); c, s: the row's position's cos/sin (32 each). Warps
+// 0..G-1 rotate query head head0 + warp into q_s (octet order); warp G rotates the K head
+// into k_pool_row and k_new; warps G+1 and G+2 copy the V head into v_pool_row and v_new.
+template <int G>
+__device__ __forceinline__ void cru_dec_rope_in(const float* raw, int n_heads, int kv_dim,
+                                                int head0, int kvh, const float* c,
+                                                const float* s,
+                                                float (*q_s)[CRU_HEAD_DIM],
+                                                float* k_pool_row, float* v_pool_row,
+                                                float* k_new, float* v_new, int tid) {
+    const int warp = tid >> 5, j = tid & 31, q_dim = n_heads * CRU_HEAD_DIM;
+    if (warp < G) {
+        const float* v = raw + (head0 + warp) * CRU_HEAD_DIM;
+        const float2 r = cru_rope(v[j], v[j + 32], c[j], s[j]);
+        q_s[warp][cru_dec_q_slot(j)] = r.x;
+        q_s[warp][cru_dec_q_slot(j + 32)] = r.y;
+    } else if (warp == G) {
+        const float* v = raw + q_dim + kvh * CRU_HEAD_DIM;
+        const float2 r = cru_rope(v[j], v[j + 32], c[j], s[j]);
+        k_new[j] = r.x;
+        k_new[j + 32] = r.y;
+        k_pool_row[j] = r.x;
+        k_pool_row[j + 32] = r.y;
+    } else if (warp <= G + 2) {
+        const int d = tid - 32 * (G + 1);
+        const float x = raw[q_dim + kv_dim + kvh * CRU_HEAD_DIM + d];
+        v_new[d] = x;
+        v_pool_row[d] = x;
     }
 }

@@ -120,8 +120,10 @@ def test_attention_o_launches_what_paged_attention_launches_plus_o(
     assert all(a is b or a == b for a, b in zip(plain[:14], stack[:14]))
     # 9 CTAs, 3 per KV head, share half the L2: 25 MiB / 3 / 512 B positions each.
     assert int(plain[13]) == 25 * 2**20 // (3 * 512)
-    assert [int(a) for a in plain[14:]] == [0, 0, 0, 1]
-    assert stack[14] is wo.w and stack[15] is parts and [int(a) for a in stack[16:]] == [576, 1]
+    # No O partials, then q's row stride and no RoPE tables (the RoPE-in form's).
+    assert [int(a) for a in plain[14:]] == [0, 0, 0, 1, 576, 0, 0]
+    assert stack[14] is wo.w and stack[15] is parts
+    assert [int(a) for a in stack[16:]] == [576, 1, 576, 0, 0]
     # The O split: two CTAs a head (18), each told so; the prefetch budget is the head's.
     ds.attention_o(q, pool, pool, 1, meta, wo, out, parts, 9, 3, split=2)
     fn2, grid2, split = launches[2]

@@ -42,8 +42,11 @@ whole steps) is gpu-engine-check's.
   histories of 1 to 700 positions around the QK sweep and V tile edges, shuffled pages,
   empty entries that must stay unwritten; then the decode stack's forms, whose O chunk
   partials (f32 and int8 W_o as fma chains, int8 as mma_ref.h's block values) are checked
-  too, on four of the rows; 38 runs; exp is the library's in kernel and reference alike.
-  The 33 runs of two positions or more must fail with the PV chain run descending.
+  too, on four of the rows; then the RoPE-in form (attn_decode<3, 0, false, true>: raw
+  QKV rows in, the pools' position n - 1 starting as a sentinel) against rope_store's
+  rotation and placement and the reference over the rotated rows; 63 runs; exp is the
+  library's in kernel and reference alike. The 54 runs of two positions or more must fail
+  with the PV chain run descending.
 - cuda/attention.cu's exact tiled family (prefill_attn_driver.cpp), q4-k64, q2-k32, q1-k16
   and q4-k64 with the page-table cache, over seven packed segments (prefill chunks of 4-70
   rows starting at 0, 5, 100, 127; decode rows), against the same reference (attn_ref.h),
@@ -70,7 +73,7 @@ from host_driver import build, run
 # driver: (runs, runs that fail with the partials added in descending order)
 CASES = {"chunks_driver.cpp": (720, 144), "stack_driver.cpp": (144, 96),
          "mma_driver.cpp": (80, 49), "mma_stack_driver.cpp": (36, 30),
-         "mma_qkv_driver.cpp": (24, 18), "decode_attn_driver.cpp": (50, 42),
+         "mma_qkv_driver.cpp": (24, 18), "decode_attn_driver.cpp": (63, 54),
          "prefill_attn_driver.cpp": (28, 24), "wgmma_driver.cpp": (296, 104)}
 
 

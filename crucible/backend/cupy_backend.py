@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend import cupy_mma, cupy_stack, stages
+from crucible.backend import cupy_mma, cupy_rope_in, cupy_stack, stages
 from crucible.backend.cupy_memory import MemoryGuard, step_headroom
 from crucible.backend.cupy_meta import CupyMeta, device_meta
 from crucible.backend.cupy_route import graph_stats, mixed_feed_rows, run_step
@@ -220,10 +220,8 @@ class CupyBackend:
     def attn_in(self, x: Any, layer: int, meta: CupyMeta, **combine: Any) -> Any:
         """RMSNorm -> QKV -> RoPE -> K/V into the pool; returns Q [T, H*hd]. ``combine``
         (parts, pscale, x_out: the decode stack) goes to the row kernel's prologue."""
-        if not combine and not self.fuses(x, "attn_in"):
-            qkv = cupy_mma.norm_gemm(self, x, f"l{layer}.attn_norm", f"l{layer}.qkv")
-            return (stages.attn_in(self, x, layer, meta) if qkv is None
-                    else self.rope_and_store(qkv, layer, meta))
+        if not combine and not self.fuses(x, "attn_in"):  # Q, or the raw QKV (cupy_rope_in)
+            return cupy_rope_in.attn_in(self, x, layer, meta)
         cfg = self.cfg
         q = self.new((meta.num_rows, cfg.q_dim))
         rope = cf.RopeStore(meta.positions, meta.pages, meta.slots, self._cos, self._sin,
@@ -274,6 +272,8 @@ class CupyBackend:
     def attention(self, q: Any, layer: int, meta: CupyMeta) -> Any:
         from crucible.kernels.attention import step_attention
 
+        if isinstance(q, cupy_rope_in.RawQKV):  # attn_in left RoPE and the K/V store to it
+            return cupy_rope_in.attention(self, q, layer, meta)
         out = self.new(q.shape)
         step_attention(q, self.k_pool, self.v_pool, layer, meta, out, n_heads=self.cfg.n_heads,
                        n_kv_heads=self.cfg.n_kv_heads, variant=self.variant,

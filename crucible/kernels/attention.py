@@ -37,8 +37,10 @@ from crucible.kernels.loader import (
 from crucible.kernels.variants import (
     DEFAULT_VARIANT,
     HEAD_DIM,
+    ROPE_IN_GROUPS,
     LaunchPlan,
     Variant,
+    decode_static_bytes,
     parse_variant,
     plan_launch,
 )
@@ -180,6 +182,9 @@ def step_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, out:
 
 
 KV_POSITION_BYTES = 2 * 64 * 4  # one position's K and V row of one KV head, f32
+# Decode steps whose attention takes the group a CTA run RoPE and the K/V store inside it
+# (attn_decode's RoPE-in form: one launch a layer fewer). Benches switch it off to compare.
+ROPE_IN = True
 
 
 def decode_prefetch_len(ctas: int, sharing: int = 1) -> int:
@@ -200,15 +205,18 @@ def decode_args(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
                 page_tables: Any, out: Any, n_heads: int, n_kv_heads: int,
                 score_capacity: int, o_weight: Any = None, o_parts: Any = None, *,
                 heads_per_cta: int = 1, prefetch_len: int | None = None,
-                o_split: int = 1) -> tuple:
+                o_split: int = 1, rope: tuple[Any, Any] | None = None) -> tuple:
     """attn_decode<G, OW>'s arguments (G = ``heads_per_cta``, which sizes the grid the
     prefetch budget is shared by). ``o_weight``/``o_parts`` [H, T, N_o]: the decode stack's
     O partials (crucible/kernels/decode_stack.py); null without them; ``o_split`` CTAs a
     head share its O columns. ``prefetch_len``: decode_prefetch_len's budget unless given
-    (benchmarks compare budgets)."""
+    (benchmarks compare budgets). ``rope``: the RoPE-in form's (cos, sin) tables, ``q``
+    then the raw QKV rows (read with their own row stride)."""
     i32 = np.int32
-    o = ((np.uint64(0), np.uint64(0), i32(0), i32(1)) if o_parts is None
+    null = np.uint64(0)
+    o = ((null, null, i32(0), i32(1)) if o_parts is None
          else (o_weight, o_parts, i32(o_parts.shape[2]), i32(o_split)))
+    o += (i32(q.shape[1]),) + ((null, null) if rope is None else tuple(rope))
     if prefetch_len is None:
         sharing = n_heads // max(1, n_kv_heads) // heads_per_cta
         prefetch_len = decode_prefetch_len(n_heads // heads_per_cta * segments.shape[0],
@@ -216,3 +224,47 @@ def decode_args(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
     return (q, k_pool, v_pool, segments, i32(segments.shape[0]), page_tables,
             i32(page_tables.shape[1]), out, i32(n_heads), i32(n_kv_heads), i32(k_pool.shape[1]),
             i32(layer), i32(score_capacity), i32(min(prefetch_len, 2**31 - 1))) + o
+
+
+def rope_in_plan(n_heads: int, n_kv_heads: int, rows: int, score_capacity: int,
+                 variant: Variant) -> LaunchPlan | None:
+    """The decode launch of a ``rows``-row decode step when it can take the step's RoPE and
+    K/V store too (attn_decode's RoPE-in form: the whole group a CTA, so one CTA owns each
+    KV head of a row); None where rope_store stays a launch of its own."""
+    plan = plan_launch(variant, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=HEAD_DIM,
+                       capacity=score_capacity, smem_limit=smem_optin_limit(), decode=True,
+                       rows=rows, sm_count=sm_count())
+    group = n_heads // n_kv_heads
+    if not (ROPE_IN and plan.decode and plan.decode_heads == group
+            and group in ROPE_IN_GROUPS and plan.smem_bytes
+            + decode_static_bytes(group, rope=True) <= smem_optin_limit()):
+        return None
+    return plan
+
+
+def decode_attention_rope(qkv: Any, cos: Any, sin: Any, k_pool: Any, v_pool: Any, layer: int,
+                          segments: Any, page_tables: Any, out: Any, *, n_heads: int,
+                          n_kv_heads: int, score_capacity: int, plan: LaunchPlan,
+                          pdl: bool = False) -> None:
+    """A decode step's RoPE, K/V store and attention in one launch (``plan`` from
+    rope_in_plan): ``qkv`` [T, (H + 2 KV) * 64] as the QKV GEMM left it, ``cos``/``sin``
+    [positions, 32] (rope_store's tables); row t's K/V go into the pool at its position,
+    and ``out`` [T, H * 64] gets its attention: rope_store then paged_attention's bits."""
+    validate_arguments(out, k_pool, v_pool, layer, segments, page_tables, out, n_heads,
+                       n_kv_heads, 1, score_capacity)
+    width = (n_heads + 2 * n_kv_heads) * HEAD_DIM
+    _check_array(qkv, "qkv", np.float32, 2)
+    _check(qkv.shape == (out.shape[0], width), f"qkv shape {qkv.shape} != ({out.shape[0]}, "
+                                                f"{width})")
+    for a, name in ((cos, "cos"), (sin, "sin")):
+        _check_array(a, name, np.float32, 2)
+        _check(a.shape[1] == HEAD_DIM // 2, f"{name} must be [positions, {HEAD_DIM // 2}]")
+    _check(segments.shape[0] == out.shape[0], "a decode step has one segment a row")
+    g = plan.decode_heads
+    kernel = decode_kernel(g, rope=True)
+    smem = plan.smem_bytes
+    ensure_dynamic_smem(kernel, smem)
+    args = decode_args(qkv, k_pool, v_pool, layer, segments, page_tables, out, n_heads,
+                       n_kv_heads, score_capacity, heads_per_cta=g, rope=(cos, sin))
+    launch(kernel, (n_heads // g, segments.shape[0], 1), (plan.threads, 1, 1), args,
+           shared_mem=smem, pdl=pdl)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crucible.kernels.source import compile_module
-from crucible.kernels.variants import DECODE_GROUPS, Variant, all_variants
+from crucible.kernels.variants import DECODE_GROUPS, ROPE_IN_GROUPS, Variant, all_variants
 
 SOURCE = "attention.cu"
 
@@ -50,6 +50,7 @@ def _decode_module() -> Any:
     names = [f"attn_decode<{g}, 0>" for g in DECODE_GROUPS]
     names += [f"attn_decode<1, {ow}>" for ow in DECODE_O_WEIGHT_BYTES]
     names.append("attn_decode<1, 1, true>")  # the mma order's O partials (int8 W_o)
+    names += [f"attn_decode<{g}, 0, false, true>" for g in ROPE_IN_GROUPS]
     return compile_module("attention_decode.cu", tuple(names))
 
 
@@ -57,11 +58,19 @@ DECODE_O_WEIGHT_BYTES = (1, 4)  # attn_decode<1, OW>: O partials for int8 (1) or
 
 
 @functools.cache  # one RawKernel per form: its shared-memory opt-in is set on that object
-def decode_kernel(heads: int = 1, o_weight_bytes: int = 0, mma: bool = False) -> Any:
+def decode_kernel(heads: int = 1, o_weight_bytes: int = 0, mma: bool = False,
+                  rope: bool = False) -> Any:
     """attn_decode<heads, OW> (cuda/attention_decode.cu): the exact family's launch for
     decode steps, ``heads`` query heads of one KV head per CTA; ``o_weight_bytes`` (1 or 4,
     one head per CTA) also leaves the O projection's chunk partials (the decode stack);
-    ``mma`` (int8 W_o only) leaves them in the tensor-core order instead."""
+    ``mma`` (int8 W_o only) leaves them in the tensor-core order instead. ``rope``: the
+    RoPE-in form (a group a CTA, ``ROPE_IN_GROUPS``), which rotates and stores the step's
+    K/V itself from the raw QKV."""
+    if rope:
+        if heads not in ROPE_IN_GROUPS or o_weight_bytes or mma:
+            raise ValueError(f"attn_decode's RoPE-in form is built for {ROPE_IN_GROUPS} heads "
+                             f"per CTA without O partials, not {heads}/{o_weight_bytes}")
+        return _decode_module().get_function(f"attn_decode<{heads}, 0, false, true>")
     if heads not in DECODE_GROUPS:
         raise ValueError(f"attn_decode is built for {DECODE_GROUPS} heads per CTA, not {heads}")
     if o_weight_bytes and (heads != 1 or o_weight_bytes not in DECODE_O_WEIGHT_BYTES):

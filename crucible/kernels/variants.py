@@ -110,16 +110,20 @@ DECODE_V_TILE = 128  # attn_decode's staged V positions (CRU_DEC_VT)
 
 
 DECODE_GROUPS = (1, 2, 3, 4)  # query heads per attn_decode CTA (instantiated; G*64 <= 256)
+# attn_decode's RoPE-in form (a CTA per KV head and row: the group a CTA), instantiated for
+# the default model's group; other groups keep the separate rope_store launch.
+ROPE_IN_GROUPS = (3,)
 
 
 def decode_smem_bytes(capacity: int, heads: int = 1) -> int:
     return 4 * (DECODE_V_TILE * HEAD_DIM + heads * capacity + capacity // 16)
 
 
-def decode_static_bytes(heads: int = 1) -> int:
+def decode_static_bytes(heads: int = 1, rope: bool = False) -> int:
     """attn_decode's static shared memory, rounded up: q (heads*64 floats) and the softmax
-    scratch (18 floats per head). Static and dynamic bytes share the per-CTA opt-in limit."""
-    return 4 * (heads * HEAD_DIM + 18 * heads) + 16
+    scratch (18 floats per head), and the RoPE-in form's K and V row (128 floats). Static
+    and dynamic bytes share the per-CTA opt-in limit."""
+    return 4 * (heads * HEAD_DIM + 18 * heads + (2 * HEAD_DIM if rope else 0)) + 16
 
 
 def decode_heads_per_cta(n_heads: int, n_kv_heads: int, rows: int, sm_count: int) -> int:

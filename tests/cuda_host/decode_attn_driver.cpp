@@ -24,6 +24,81 @@
 #include <random>
 #include <vector>
 
+// The RoPE-in form (attn_decode<3, 0, false, true>) on the same rows: the raw QKV rows and
+// the RoPE tables random; position n - 1 of each row's history starts as a sentinel in the
+// pools. Want: the pools with that position's K (rotated by cru_rope at position n - 1) and
+// V (copied) in place, everything else untouched (the empty entry's places too), and each
+// head's output the reference attention of its rotated q over those pools. One run a row.
+static void rope_in_runs(const AttnInputs& in, const std::vector<int>& lens, int S,
+                         int capacity, int stride, std::mt19937& gen,
+                         std::normal_distribution<float>& normal, int& runs, int& fails) {
+    constexpr int W = (HEADS + 2 * KV) * HD, HALF = HD / 2;
+    const int max_len = *std::max_element(lens.begin(), lens.end());
+    std::vector<float> raw((size_t)S * W), cos_t((size_t)max_len * HALF),
+        sin_t((size_t)max_len * HALF);
+    for (auto* v : {&raw, &cos_t, &sin_t})
+        for (float& x : *v) x = normal(gen);
+    std::vector<float> k = in.k, v = in.v, want_k = in.k, want_v = in.v;
+    std::vector<float> q((size_t)S * HEADS * HD);  // the rotated queries
+    for (int i = 0; i < S; ++i) {
+        const int4 sd = in.segs[i];
+        const float* r = &raw[(size_t)i * W];
+        const float *c = &cos_t[(size_t)sd.z * HALF], *sn = &sin_t[(size_t)sd.z * HALF];
+        for (int h = 0; h < HEADS + KV; ++h)
+            for (int j = 0; j < HALF; ++j) {
+                if (h >= HEADS && sd.y == 0) continue;  // the empty entry stores nothing
+                const float2 x = cru_rope(r[h * HD + j], r[h * HD + j + HALF], c[j], sn[j]);
+                float* dst = h < HEADS ? &q[((size_t)i * HEADS + h) * HD]
+                                       : &want_k[pool_rows(&in.tables[(size_t)i * stride],
+                                                           sd.z + 1, (h - HEADS) * (HEADS / KV))
+                                                     [sd.z]];
+                dst[j] = x.x;
+                dst[j + HALF] = x.y;
+            }
+        for (int kvh = 0; kvh < KV && sd.y; ++kvh) {
+            const long long at = pool_rows(&in.tables[(size_t)i * stride], sd.z + 1,
+                                           kvh * (HEADS / KV))[sd.z];
+            for (int d = 0; d < HD; ++d) {
+                want_v[at + d] = r[(HEADS + KV + kvh) * HD + d];
+                k[at + d] = v[at + d] = -12345.0f;  // the kernel must write these
+            }
+        }
+    }
+    std::vector<float> out((size_t)S * HEADS * HD, -12345.0f);
+    run_grid(dim3{HEADS / 3, (unsigned)S, 1}, dim3{256, 1, 1}, [&] {
+        attn_decode<3, 0, false, true>(raw.data(), k.data(), v.data(), in.segs.data(), S,
+                                       in.tables.data(), stride, out.data(), HEADS, KV, LAYERS,
+                                       LAYER, capacity, 0, nullptr, nullptr, 0, 1, W,
+                                       cos_t.data(), sin_t.data());
+    });
+    const bool pools = k == want_k && v == want_v;
+    if (!pools) printf("rope in: the pools differ from rope_store's\n");
+    fails += !pools;
+    for (int i = 0; i < S; ++i) {
+        const int n = in.segs[i].z + 1;
+        bool ok = true;
+        for (int h = 0; h < HEADS; ++h) {
+            if (in.segs[i].y == 0) {
+                ok = ok && out[((size_t)i * HEADS + h) * HD] == -12345.0f;
+                continue;
+            }
+            float want[HD];
+            reference(&q[((size_t)i * HEADS + h) * HD], want_k.data(), want_v.data(),
+                      pool_rows(in.tables.data() + (size_t)i * stride, n, h), n, want);
+            ok = ok && std::memcmp(want, &out[((size_t)i * HEADS + h) * HD], sizeof(want)) == 0;
+        }
+        if (in.segs[i].y == 0) {
+            fails += !ok;
+            continue;
+        }
+        ++runs;
+        if (!ok) {
+            ++fails;
+            printf("rope in, history %d: differs\n", n);
+        }
+    }
+}
+
 int main(int argc, char** argv) {
     descending = argc > 1 && std::strcmp(argv[1], "descending") == 0;
     std::mt19937 gen(5);
@@ -76,20 +151,24 @@ int main(int argc, char** argv) {
             float *o = out.data(), *pp = parts.data();
             switch (kind) {
                 case 0: attn_decode<1, 0>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
-                                          LAYERS, LAYER, capacity, 0, nullptr, nullptr, 0, 1);
+                                          LAYERS, LAYER, capacity, 0, nullptr, nullptr, 0, 1,
+                                          HEADS * HD, nullptr, nullptr);
                         break;
                 case 1: attn_decode<3, 0>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
-                                          LAYERS, LAYER, capacity, 0, nullptr, nullptr, 0, 1);
+                                          LAYERS, LAYER, capacity, 0, nullptr, nullptr, 0, 1,
+                                          HEADS * HD, nullptr, nullptr);
                         break;
                 case 2: attn_decode<1, 4>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
-                                          LAYERS, LAYER, capacity, 0, wf.data(), pp, ON, split);
+                                          LAYERS, LAYER, capacity, 0, wf.data(), pp, ON, split,
+                                          HEADS * HD, nullptr, nullptr);
                         break;
                 case 3: attn_decode<1, 1>(qq, k, v, sg.data(), S, t, stride, o, HEADS, KV,
-                                          LAYERS, LAYER, capacity, 0, w8.data(), pp, ON, split);
+                                          LAYERS, LAYER, capacity, 0, w8.data(), pp, ON, split,
+                                          HEADS * HD, nullptr, nullptr);
                         break;
                 default: attn_decode<1, 1, true>(qq, k, v, sg.data(), S, t, stride, o, HEADS,
                                                  KV, LAYERS, LAYER, capacity, 0, w8.data(), pp,
-                                                 ON, split);
+                                                 ON, split, HEADS * HD, nullptr, nullptr);
             }
         };
         run_grid(dim3{(unsigned)(HEADS / G * split), (unsigned)S, 1}, dim3{256, 1, 1}, launch);
@@ -129,6 +208,7 @@ int main(int argc, char** argv) {
             }
         }
     }
+    rope_in_runs(in, lens, S, capacity, stride, gen, normal, runs, fails);
     printf("%d runs, %d failed\n", runs, fails);
     return fails != 0;
 }
