@@ -43,15 +43,15 @@ def test_which_steps_take_the_form(device: list, monkeypatch: pytest.MonkeyPatch
     assert plan is not None and plan.decode and plan.decode_heads == 3
     assert ka.rope_in_plan(8, 2, 256, 256, EXACT) is None  # group 4: not built
     assert ka.rope_in_plan(9, 3, 64, 256, parse_variant("online-q2-k32")) is None
-    monkeypatch.setattr(ka, "ROPE_IN", False)
-    assert ka.rope_in_plan(9, 3, 64, 256, EXACT) is None
-    # The backend asks only for pure decode steps of head_dim 64.
+    # The backend asks only for pure decode steps of head_dim 64, with the switch on.
     be = SimpleNamespace(cfg=SimpleNamespace(n_heads=9, n_kv_heads=3, head_dim=64),
                          variant=EXACT)
-    monkeypatch.setattr(ka, "ROPE_IN", True)
     segs = np.zeros((64, 4), np.int32)
     meta = SimpleNamespace(max_chunk=1, mixed=None, segments=segs, score_capacity=256)
-    assert cupy_rope_in.plan(be, meta) == plan
+    monkeypatch.setattr(ka, "ROPE_IN", False)
+    assert cupy_rope_in.plan(be, meta) is None
+    monkeypatch.setattr(ka, "ROPE_IN", True)
+    assert cupy_rope_in.plan(be, meta) == ka.rope_in_plan(9, 3, 64, 256, EXACT)
     assert cupy_rope_in.plan(be, SimpleNamespace(**{**meta.__dict__, "max_chunk": 2})) is None
     assert cupy_rope_in.plan(be, SimpleNamespace(**{**meta.__dict__, "mixed": object()})) is None
 

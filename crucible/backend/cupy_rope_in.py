@@ -30,7 +30,8 @@ class RawQKV:
 def plan(be: Any, meta: Any) -> LaunchPlan | None:
     """The RoPE-in launch for this step's attention, or None (prefill or mixed steps, a
     variant without the decode kernel, a step too small for a group a CTA)."""
-    if meta.max_chunk != 1 or meta.mixed is not None or be.cfg.head_dim != ka.HEAD_DIM:
+    if (not ka.ROPE_IN or meta.max_chunk != 1 or meta.mixed is not None
+            or be.cfg.head_dim != ka.HEAD_DIM):
         return None
     cfg = be.cfg
     return ka.rope_in_plan(cfg.n_heads, cfg.n_kv_heads, meta.segments.shape[0],

@@ -183,8 +183,10 @@ def step_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, out:
 
 KV_POSITION_BYTES = 2 * 64 * 4  # one position's K and V row of one KV head, f32
 # Decode steps whose attention takes the group a CTA run RoPE and the K/V store inside it
-# (attn_decode's RoPE-in form: one launch a layer fewer). Benches switch it off to compare.
-ROPE_IN = True
+# (attn_decode's RoPE-in form: one launch a layer fewer; backend/cupy_rope_in.py asks).
+# Off until the form has run on a GPU (tests/test_gpu_rope_in.py, compute-sanitizer);
+# its bits are checked on the host (tests/cuda_host/decode_attn_driver.cpp).
+ROPE_IN = False
 
 
 def decode_prefetch_len(ctas: int, sharing: int = 1) -> int:
@@ -235,7 +237,7 @@ def rope_in_plan(n_heads: int, n_kv_heads: int, rows: int, score_capacity: int,
                        capacity=score_capacity, smem_limit=smem_optin_limit(), decode=True,
                        rows=rows, sm_count=sm_count())
     group = n_heads // n_kv_heads
-    if not (ROPE_IN and plan.decode and plan.decode_heads == group
+    if not (plan.decode and plan.decode_heads == group
             and group in ROPE_IN_GROUPS and plan.smem_bytes
             + decode_static_bytes(group, rope=True) <= smem_optin_limit()):
         return None
