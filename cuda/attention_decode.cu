@@ -68,7 +68,6 @@
 #include "mma_row.cuh"
 #include "pdl.cuh"
 #include "rows_chunk.cuh"
-#include "rowops.cuh"
 #include "softmax_group.cuh"
 
 template <int OW> struct CruOWeight { typedef float type; };

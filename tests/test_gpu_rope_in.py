@@ -22,6 +22,7 @@ from crucible.kernels import linear_mma as lm  # noqa: E402
 from crucible.kernels.device_weight import upload_weight  # noqa: E402
 from crucible.kernels.model_ops import rows_launch  # noqa: E402
 from crucible.kernels.variants import parse_variant, score_capacity  # noqa: E402
+from crucible.step.batch import pack_decodes  # noqa: E402
 
 H, KV, HD, LAYERS, LAYER, D = 9, 3, 64, 3, 1, 576
 W = (H + 2 * KV) * HD
@@ -33,18 +34,14 @@ def step(rows: int, seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     lens = np.concatenate([[1, 2, 127, 128, 129, 256, 257, 600],
                            rng.integers(1, 400, rows - 8)])[:rows]
-    pages = -(-lens // 16)
-    perm = rng.permutation(int(pages.sum()) + 5)
-    width = int(pages.max())
-    tables = np.zeros((rows, width), np.int32)
-    at = 0
-    for i, n in enumerate(pages):
-        tables[i, :n] = perm[at:at + n]
-        at += n
-    segs = np.stack([np.arange(rows), np.ones(rows), lens - 1, np.arange(rows)], 1)
+    ends = np.cumsum(-(-lens // 16))
+    perm = rng.permutation(int(ends[-1]) + 5)
+    batch = pack_decodes([str(i) for i in range(rows)], lens - 1, np.split(perm[:ends[-1]],
+                                                                          ends[:-1]))
+    tables = batch.page_tables
     pool = (perm.size, LAYERS, 16, KV * HD)
     cos, sin = rope_table(1024, HD, 10000.0)
-    return dict(segs=cp.asarray(segs.astype(np.int32)), tables=cp.asarray(tables),
+    return dict(segs=cp.asarray(batch.segments), tables=cp.asarray(tables),
                 k=cp.asarray(rng.standard_normal(pool, np.float32)),
                 v=cp.asarray(rng.standard_normal(pool, np.float32)),
                 positions=cp.asarray((lens - 1).astype(np.int32)),
