@@ -88,6 +88,10 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, log: list[tuple]) -> DecodeGraphs:
     g.fed, g.last, g.last_replayed, g._read = ("fed0", "fed1"), 0, False, [None, None]
     g._warm_ids, g.argmax, g.ring, g.upload, g.stream = "warm", _Launcher(log), None, None, None
     g.make_room = None
+    g.memory = types.SimpleNamespace(released=0, sized=[])  # the pairs' shared memory
+    g.memory.release = lambda: setattr(g.memory, "released", g.memory.released + 1)
+    g.memory.logits = lambda rows, vocab: g.memory.sized.append((rows, vocab))
+    g.vocab = 32
 
     class Cap:
         def __init__(self, twin: int) -> None:
@@ -97,7 +101,8 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, log: list[tuple]) -> DecodeGraphs:
             log.append(("replay", self.twin, after))
             return ["row"] * 64
 
-    def capture(be: Any, stream: Any, meta_dev: Any, meta: Any, tail: Any) -> Cap:
+    def capture(be: Any, stream: Any, meta_dev: Any, meta: Any, memory: Any, tail: Any) -> Cap:
+        assert memory is g.memory  # every pair captures into the one shared memory
         twin = 1 - ["fed0", "fed1"].index(meta.fed)  # the views read the other twin's ids
         log.append(("capture", twin))
         tail("logits", True)
@@ -263,9 +268,10 @@ def test_out_of_memory_stops_the_start_up_and_turns_a_step_eager(
     # Buckets 1, 2 and 4, then twin 0 of 8, whose pair is given up with twin 1.
     assert g.capture_all(lambda meta: None, max_rows=64) == 7
     assert list(g.graphs) == [(1, 2048), (2, 2048), (4, 2048)] and g.num_out_of_memory == 1
+    assert g.memory.sized == [(64, 32)]  # the logits buffer at the top bucket's size first
     assert g.run(_decode(3), 256, None) is not None  # bucket 4 is there: a replay
     assert g.run(_decode(6), 256, None) is None  # bucket 8: no room even after dropping all
-    assert g.graphs == {} and g.num_out_of_memory == 2
+    assert g.graphs == {} and g.num_out_of_memory == 2 and g.memory.released == 2
     budget[0] = 2  # room again: the next step captures its pair and replays
     assert g.run(_decode(6), 256, None) is not None and list(g.graphs) == [(8, 2048)]
     with pytest.raises(MemoryError):  # a fed step cannot run eagerly

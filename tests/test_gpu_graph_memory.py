@@ -80,3 +80,48 @@ def test_a_step_out_of_memory_runs_again_with_the_same_bits() -> None:
     runner._forward_meta = lambda meta: (_ for _ in ()).throw(RuntimeError("kernel fault"))
     with pytest.raises(RuntimeError):
         llm.generate(prompts[:2], params[:2])
+
+
+def test_the_decode_graphs_share_one_working_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every decode pair up to 512 rows holds about what the 512-row pair alone holds: the
+    pairs share one pool and one logits buffer (crucible/backend/cupy_graph_memory.py).
+    The control gives each capture a memory of its own, as when every graph kept a private
+    pool: the four largest pairs alone then hold more than twice the 512-row pair."""
+    import cupy as cp
+
+    from crucible.backend import cupy_graphs
+    from crucible.backend.cupy_graph_memory import GraphMemory
+
+    model = tiny_random_model(seed=9, max_context=2048, weights="int8", **GEOM)
+    llm = LLM(model, settings=Settings(device="cuda", num_pages=2048, max_running=512))
+    g, forward = llm.engine.runner.backend.graphs, llm.engine.runner._forward_meta
+    assert [b for b, _ in g.graphs] == list(cupy_graphs.BUCKETS)  # captured at start-up
+    default = cp.get_default_memory_pool()
+
+    def held(capture: object) -> int:
+        """Device bytes the decode graphs hold once ``capture()`` made them."""
+        g.clear()
+        assert g.memory.pool is None  # released: nothing held before
+        base = default.used_bytes()
+        extra = capture() or []
+        pools = {id(m.pool): m.pool for m in [g.memory, *extra] if m.pool is not None}
+        return sum(p.total_bytes() for p in pools.values()) + default.used_bytes() - base
+
+    every = held(lambda: g.capture_all(forward, 512))
+    capacity = cupy_graphs.graph_capacity(256, g.ceiling)
+    alone = held(lambda: g._pair(512, capacity, forward))
+    assert 0 < alone and every <= 1.25 * alone, (every, alone)
+    # the control: a memory per capture
+    real, own = cupy_graphs.capture_forward, []
+
+    def private(forward_, stream, meta_dev, meta, memory, **kw):
+        own.append(GraphMemory())
+        return real(forward_, stream, meta_dev, meta, own[-1], **kw)
+
+    monkeypatch.setattr(cupy_graphs, "capture_forward", private)
+    top4 = held(lambda: [g._pair(b, capacity, forward) for b in cupy_graphs.BUCKETS[-4:]]
+                and own)
+    assert top4 > 2 * alone, (top4, alone)
+    g.clear()
+    for m in own:
+        m.release()

@@ -123,18 +123,27 @@ def test_capture_waits_for_the_default_stream_first(monkeypatch: pytest.MonkeyPa
                                       MemoryPool=lambda: types.SimpleNamespace(malloc=None),
                                       using_allocator=lambda _: nullcontext())
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    cap = cupy_graphs.capture_forward(lambda meta: log.append(("forward",)) or "logits",
-                                      Stream("graphs"), "meta_dev", "meta")
-    assert cap.graph == "graph" and cap.logits == "logits"
-    assert log == [("graphs", "waits", "event(default)"), ("forward",), ("graphs", "sync"),
-                   ("graphs", "begin"), ("forward",), ("graphs", "end")]
+    from crucible.backend import cupy_graph_memory as gm
+
+    memory = gm.GraphMemory()
+
+    def forward(meta: str) -> str:
+        # Both forwards run with the LM head pointed at the cache's shared logits buffer.
+        log.append(("forward", gm._CAPTURING.get() is memory))
+        return "logits"
+
+    cap = cupy_graphs.capture_forward(forward, Stream("graphs"), "meta_dev", "meta", memory)
+    assert cap.graph == "graph" and cap.logits == "logits" and cap.pool is memory.pool
+    assert gm._CAPTURING.get() is None  # and only while capturing
+    assert log == [("graphs", "waits", "event(default)"), ("forward", True), ("graphs", "sync"),
+                   ("graphs", "begin"), ("forward", True), ("graphs", "end")]
     # wait=False (prefill and mixed graphs, which replay on this stream): the capture
     # follows the warm-up on the stream without the host waiting for it.
     log.clear()
-    cupy_graphs.capture_forward(lambda meta: log.append(("forward",)) or "logits",
-                                Stream("graphs"), "meta_dev", "meta", wait=False)
-    assert log == [("graphs", "waits", "event(default)"), ("forward",), ("graphs", "begin"),
-                   ("forward",), ("graphs", "end")]
+    cupy_graphs.capture_forward(forward, Stream("graphs"), "meta_dev", "meta", memory,
+                                wait=False)
+    assert log == [("graphs", "waits", "event(default)"), ("forward", True), ("graphs", "begin"),
+                   ("forward", True), ("graphs", "end")]
 
 
 def test_dynamic_smem_opt_in_counts_static_memory() -> None:

@@ -1,9 +1,9 @@
 """The captured graphs' bound on device memory (crucible/backend/cupy_memory.py), host side:
 a fake device whose free memory is what the held graphs leave. Captures stop while a step's
 headroom is not free, the decode graphs make room (prefill and mixed graphs first, then
-the oldest decode pairs), and a step that runs out of memory runs once more after the
-release. Without the bound the chat mix's growing histories added graph keys until no
-eager step could allocate its logits (an H100 serve sweep, 10,757 failed requests)."""
+the decode graphs), and a step that runs out of memory runs again after each release.
+Without the bound the chat mix's growing histories added graph keys until no eager step
+could allocate its logits (an H100 serve sweep, 10,757 failed requests)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,13 @@ def device(total: float, be: SimpleNamespace) -> MemoryGuard:
 
 def backend(prefill: int, mixed: int, decode: int) -> SimpleNamespace:
     dec = SimpleNamespace(graphs=OrderedDict((k, ("a", "b")) for k in range(decode)),
-                          stream=SimpleNamespace(synchronize=lambda: None))
+                          cleared=0)
+
+    def clear() -> None:  # DecodeGraphs.clear: every pair, and their shared memory
+        dec.cleared += 1
+        dec.graphs.clear()
+
+    dec.clear = clear
     return SimpleNamespace(prefill_graphs=Cache(prefill), mixed_graphs=Cache(mixed), graphs=dec)
 
 
@@ -76,7 +82,7 @@ def test_no_capture_without_headroom_and_the_key_stays_sighted(fake_cupy: list[s
     assert cache.num_captures == 1 and "k" not in cache.seen
 
 
-def test_make_room_drops_prefill_and_mixed_first_then_the_oldest_decode_pairs(
+def test_make_room_drops_prefill_and_mixed_first_then_the_decode_graphs(
         fake_cupy: list[str]) -> None:
     be = backend(prefill=3, mixed=4, decode=5)  # 3 + 4 + 10 GB held
     guard = device(20, be)  # 3 GB free: room already
@@ -86,11 +92,14 @@ def test_make_room_drops_prefill_and_mixed_first_then_the_oldest_decode_pairs(
     assert be.prefill_graphs.graphs == {} and be.mixed_graphs.graphs == {}
     assert (be.prefill_graphs.max_graphs, be.mixed_graphs.max_graphs) == (1, 2)  # half
     assert list(be.graphs.graphs) == [0, 1, 2, 3, 4] and guard.num_dropped == 7
-    guard = device(9, be)  # 10 GB of pairs on 9 GB: 2 GB free takes the 2 oldest pairs
-    assert guard.make_room() and list(be.graphs.graphs) == [2, 3, 4]
-    assert fake_cupy[-1] == "synchronize"  # no pair goes while a replay may still run
+    assert be.graphs.cleared == 0
+    # 10 GB of pairs on 11 GB: the pairs share their memory, so one pair alone frees
+    # nothing: they all go at once (DecodeGraphs.clear waits for the device first)
+    guard = device(11, be)
+    assert guard.make_room() and be.graphs.graphs == OrderedDict() and be.graphs.cleared == 1
+    assert guard.num_dropped == 10  # this guard's: five pairs
     guard = device(1, be)  # nothing left to drop: no room, and it says so
-    assert not guard.make_room() and be.graphs.graphs == OrderedDict()
+    assert not guard.make_room() and be.graphs.cleared == 1
 
 
 def test_wire_hooks_every_cache() -> None:
@@ -101,7 +110,7 @@ def test_wire_hooks_every_cache() -> None:
     assert be.graphs.make_room == guard.make_room and guard.headroom == 5
 
 
-def test_a_step_out_of_memory_runs_once_more_after_the_release(
+def test_a_step_out_of_memory_runs_again_after_each_release(
         fake_cupy: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     be = backend(prefill=2, mixed=2, decode=1)
     be.memory = device(100, be)
@@ -122,10 +131,11 @@ def test_a_step_out_of_memory_runs_once_more_after_the_release(
         tries.append(1)
         raise OOM("out of memory")
 
+    assert be.graphs.cleared == 0  # the first retry leaves the decode graphs
     monkeypatch.setattr(cupy_route, "_route", never)
-    with pytest.raises(OOM):  # a second failure is the step's: no loop of retries
+    with pytest.raises(OOM):  # a third failure is the step's: no loop of retries
         cupy_route.run_step(be, None, None)
-    assert tries == [1, 1]
+    assert tries == [1, 1, 1] and be.graphs.cleared == 1  # the second retry drops them
 
     def broken(*a: object) -> str:
         raise ValueError("not a memory error")
@@ -133,7 +143,7 @@ def test_a_step_out_of_memory_runs_once_more_after_the_release(
     monkeypatch.setattr(cupy_route, "_route", broken)
     with pytest.raises(ValueError):  # other errors are not retried
         cupy_route.run_step(be, None, None)
-    assert be.memory.num_retries == 2
+    assert be.memory.num_retries == 3
 
 
 def test_headroom_covers_the_largest_eager_steps_logits() -> None:

@@ -205,6 +205,7 @@ def _policy_graphs(monkeypatch: pytest.MonkeyPatch, capture) -> MixedGraphs:
     g.stream = types.SimpleNamespace(synchronize=lambda: None)
     g.capture_s, g.num_out_of_memory, g.has_room = 0.0, 0, None
     g.capture_after, g.max_graphs = cmg.CAPTURE_AFTER, cmg.MAX_GRAPHS
+    g.memory = types.SimpleNamespace(release=lambda: None)  # what the graphs share
     return g
 
 
@@ -224,7 +225,7 @@ def test_captures_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     captured: list[int] = []
 
     def capture(forward: object, stream: object, meta_dev: object, meta: object,
-                wait: bool = True) -> _Cap:
+                memory: object, wait: bool = True) -> _Cap:
         # Mixed graphs replay on the capture stream, behind the warm-up: no host wait.
         assert wait is False
         captured.append(meta.num_rows)
@@ -250,7 +251,7 @@ def test_out_of_memory_halves_what_is_captured_again(monkeypatch: pytest.MonkeyP
     held: list[MixedGraphs] = []
 
     def capture(forward: object, stream: object, meta_dev: object, meta: object,
-                wait: bool = True) -> _Cap:
+                memory: object, wait: bool = True) -> _Cap:
         if len(held[0].graphs) >= 2:  # this device holds two graphs
             raise MemoryError("out of memory")
         return _Cap()

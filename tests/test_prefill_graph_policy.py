@@ -29,7 +29,7 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, captured: list[int]) -> cpg.Prefill
             return "logits"
 
     def capture(forward: object, stream: object, meta_dev: object, meta: object,
-                wait: bool = True) -> Cap:
+                memory: object, wait: bool = True) -> Cap:
         assert wait is False  # replayed on the capture stream, behind the warm-up
         captured.append(meta.num_rows)
         return Cap()
@@ -40,6 +40,7 @@ def _graphs(monkeypatch: pytest.MonkeyPatch, captured: list[int]) -> cpg.Prefill
     g.graphs, g.seen, g.num_captures, g.num_replays, g.num_eager = OrderedDict(), {}, 0, 0, 0
     g.num_out_of_memory, g.capture_s, g.has_room = 0, 0.0, None
     g.capture_after, g.max_graphs = cpg.CAPTURE_AFTER, cpg.MAX_GRAPHS
+    g.memory = types.SimpleNamespace(release=lambda: None)  # what the graphs share
     return g
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from crucible.backend import cupy_mma, cupy_rope_in, cupy_stack, stages
+from crucible.backend.cupy_graph_memory import logits_out
 from crucible.backend.cupy_memory import MemoryGuard, step_headroom
 from crucible.backend.cupy_meta import CupyMeta, device_meta
 from crucible.backend.cupy_route import graph_stats, mixed_feed_rows, run_step
@@ -24,16 +25,10 @@ from crucible.kernels import linear as ck
 from crucible.kernels import linear_chunks as cc
 from crucible.kernels import linear_mma as lm, linear_wgmma
 from crucible.kernels import linear_rows as cf
-from crucible.kernels.device_weight import DeviceWeight, upload_weight
+from crucible.kernels.device_weight import DeviceWeight, cupy, upload_weight
 from crucible.kernels.model_ops import flat_launch, rows_launch
 from crucible.kernels.variants import Variant, parse_variant
 from crucible.step.batch import PackedBatch
-
-
-def _cp() -> Any:
-    import cupy
-
-    return cupy
 
 
 class CupyBackend:
@@ -62,7 +57,7 @@ class CupyBackend:
         return f"cupy-{self.variant.name}" + ("-mma" if self.mma else "")
 
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
-        cp = _cp()
+        cp = cupy()
         cfg = self.cfg = geometry
         self.mode = weights.mode
         self.embedding = cp.asarray(weights.embedding)
@@ -87,7 +82,7 @@ class CupyBackend:
         from crucible.backend.cupy_mixed_graphs import MixedGraphs
         from crucible.backend.cupy_prefill_graphs import PrefillGraphs
 
-        cp, cfg = _cp(), self.cfg
+        cp, cfg = cupy(), self.cfg
         # One scratch page past the engine's pages: graph padding, capture stand-ins write it.
         shape = (num_pages + 1, cfg.n_layers, 16, cfg.kv_dim)
         self.k_pool, self.v_pool = cp.zeros(shape, cp.float32), cp.zeros(shape, cp.float32)
@@ -103,10 +98,10 @@ class CupyBackend:
         self.memory = MemoryGuard.wire(self, step_headroom(cfg, self.options.mixed_graph_rows))
 
     def memory_info(self) -> tuple[int, int]:
-        # A dropped engine's cached blocks go back first: the graphs' private pools allocate
-        # from the device, not from that cache, so it must not count as free.
-        _cp().get_default_memory_pool().free_all_blocks()
-        free, total = _cp().cuda.runtime.memGetInfo()
+        # A dropped engine's cached blocks go back first: the graphs' pools allocate from
+        # the device, not from that cache, so it must not count as free.
+        cupy().get_default_memory_pool().free_all_blocks()
+        free, total = cupy().cuda.runtime.memGetInfo()
         return int(free), int(total)
 
     def capture_graphs(self, forward: Forward, max_rows: int) -> int:
@@ -157,7 +152,7 @@ class CupyBackend:
             self.graphs.copied(event)
 
     def _drop_graphs(self) -> None:
-        _cp().cuda.Device().synchronize()
+        cupy().cuda.Device().synchronize()
         for g in (self.graphs, self.prefill_graphs, self.mixed_graphs):
             if g is not None:
                 g.clear()
@@ -170,7 +165,7 @@ class CupyBackend:
 
     def new(self, shape: tuple[int, ...]) -> Any:
         """An uninitialised f32 device array (the stages' outputs)."""
-        return _cp().empty(shape, dtype=np.float32)
+        return cupy().empty(shape, dtype=np.float32)
 
     def prepare(self, batch: PackedBatch) -> CupyMeta:
         return device_meta(batch)
@@ -232,7 +227,8 @@ class CupyBackend:
 
     def mlp_in(self, x: Any, layer: int) -> Any:
         """RMSNorm -> gate/up -> SwiGLU; returns [T, F] (decode sizes: norm, then chunks)."""
-        fused = cupy_mma.norm_gemm(self, x, f"l{layer}.ffn_norm", f"l{layer}.gate_up", True)
+        fused = cupy_mma.norm_gemm(self, x, f"l{layer}.ffn_norm", f"l{layer}.gate_up",
+                                   swiglu=True)
         if fused is not None:  # mma order, decode sizes: one launch (two past 2 rows)
             return fused
         wd = self._linear[f"l{layer}.gate_up"]
@@ -247,14 +243,16 @@ class CupyBackend:
                               eps=self.cfg.rms_eps, epi=cf.EPI_SWIGLU, pdl=self.options.pdl)
 
     def norm_linear(self, x: Any, norm: str, weight: str) -> Any:
-        """RMSNorm then a linear layer (the final norm and the LM head)."""
+        """RMSNorm then a linear layer (the final norm and the LM head, which writes into
+        its graph cache's shared logits buffer while a graph is captured)."""
         wd = self._linear[weight]
-        out = self.new((x.shape[0], wd.shape[0]))
+        out = logits_out(x.shape[0], wd.shape[0]) if weight == "lm_head" else None
+        out = self.new((x.shape[0], wd.shape[0])) if out is None else out
         if x.shape[0] >= ck.HEAD_TILED_FROM and wd.shape[0] >= ck.HEAD_WIDE:
             return self._gemm(self.rmsnorm(x, norm), wd, None, out, tiled=True)
         if not self.fuses(x, "norm_linear"):  # under mma: one launch where a form fuses it
-            fused = cupy_mma.norm_gemm(self, x, norm, weight)
-            return stages.norm_linear(self, x, norm, weight) if fused is None else fused
+            fused = cupy_mma.norm_gemm(self, x, norm, weight, out)
+            return self._gemm(self.rmsnorm(x, norm), wd, None, out) if fused is None else fused
         per_sm = cf.HEAD_CTAS_PER_SM if x.shape[0] == 1 else cf.CTAS_PER_SM
         return cf.linear_rows(x, wd, out, norm=self._norms[norm], eps=self.cfg.rms_eps,
                               ctas_per_sm=per_sm, pdl=self.options.pdl)
@@ -297,4 +295,4 @@ class CupyBackend:
         return y
 
     def to_host(self, x: Any) -> np.ndarray:
-        return _cp().asnumpy(x).astype(np.float32, copy=False)
+        return cupy().asnumpy(x).astype(np.float32, copy=False)

@@ -2,9 +2,10 @@
 the decode, singleton-prefill and mixed-step graphs (cupy_graphs.py, cupy_prefill_graphs.py,
 cupy_mixed_graphs.py), which differ in what they key, pad and feed.
 
-A capture runs the forward once eagerly (kernels compile, the private memory pool learns
-its size), then again under stream capture; the graph keeps that pool, its metadata buffer
-and its logits buffer for as long as it lives, so a replay only refills the metadata.
+A capture runs the forward once eagerly (kernels compile, the cache's memory pool grows to
+its working set), then again under stream capture; the graph keeps its metadata buffer and
+the memory its cache's graphs share (cupy_graph_memory.py: one pool for intermediates, one
+logits buffer) for as long as it lives, so a replay only refills the metadata.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from crucible.backend.cupy_graph_memory import GraphMemory
+
 
 @dataclass
 class Captured:
     graph: Any
     meta_dev: Any  # int32 buffer the metadata views point into
     logits: Any  # [R, vocab] device buffer written by the graph
-    pool: Any  # the graph's private memory pool: every intermediate it touches lives here
+    pool: Any  # its cache's memory pool: every intermediate it touches lives there
     done: Any = None  # event: this graph's last replay finished (its metadata may change)
     seconds: float = 0.0  # host time the capture took (warm-up, capture, instantiation)
 
@@ -67,15 +70,14 @@ class Captured:
 
 
 def capture_forward(forward: Callable[[Any], Any], stream: Any, meta_dev: Any, meta: Any,
-                    tail: Callable[[Any, bool], None] | None = None,
+                    memory: GraphMemory, tail: Callable[[Any, bool], None] | None = None,
                     wait: bool = True) -> Captured:
     """Capture ``forward(meta)`` (``meta``: views into ``meta_dev``) as a CUDA graph, then
     ``tail(logits, warm_up)`` (the decode graphs' argmax) when given.
 
-    Every array the forward allocates comes from a private memory pool that lives as long
-    as the graph. Intermediates freed during the forward are reused by later ones, exactly
-    as eagerly (one stream orders them), so a graph holds one forward's peak working set,
-    and nothing outside the graph can ever be handed its memory.
+    Every array the forward allocates comes from ``memory``'s pool, which the cache's other
+    graphs share and which nothing outside them is ever handed; its logits go into
+    ``memory``'s logits buffer (cupy_graph_memory.py says why sharing is safe).
 
     The warm-up runs on ``stream`` after everything queued on the default stream: that is
     where ``meta_dev`` was filled, and, with pipelined decode, where the previous step may
@@ -92,9 +94,9 @@ def capture_forward(forward: Callable[[Any], Any], stream: Any, meta_dev: Any, m
     import cupy as cp
 
     t0 = time.perf_counter()
-    pool = cp.cuda.MemoryPool()
+    pool = memory.take_pool()
     stream.wait_event(cp.cuda.Stream.null.record())
-    with cp.cuda.using_allocator(pool.malloc), stream:
+    with cp.cuda.using_allocator(pool.malloc), stream, memory.capturing():
         logits = forward(meta)  # warm-up: compiles, and sizes the pool
         if tail is not None:
             tail(logits, True)

@@ -3,7 +3,7 @@
 
 A key is captured on its ``capture_after``-th sighting while fewer than ``max_graphs`` are
 held; until then, and once the cache is full, its steps run eagerly (counted). A capture
-that runs out of device memory drops every graph of the cache (their private pools go back
+that runs out of device memory drops every graph of the cache (their memory goes back
 to the device), its step runs eagerly, and from then on at most half as many graphs as were
 held are captured: refilling the same set would run out again, each capture ~50 ms of the
 step loop, and drop them all once more. Before that, a capture is not even tried while the
@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Hashable
 
 from crucible.backend.cupy_capture import Captured
+from crucible.backend.cupy_graph_memory import GraphMemory
 
 MAX_SEEN = 4096  # keys whose sightings are counted (then the count starts over)
 
@@ -27,6 +28,7 @@ class GraphCache:
 
     def _init_cache(self, capture_after: int, max_graphs: int) -> None:
         self.graphs: dict[Hashable, Captured] = {}
+        self.memory = GraphMemory()  # what the graphs share: one forward's working set
         self.seen: dict[Hashable, int] = {}  # sightings of keys without a graph
         self.num_captures = 0
         self.num_replays = 0
@@ -41,12 +43,14 @@ class GraphCache:
         self.has_room: Callable[[], bool] | None = None
 
     def clear(self) -> None:
+        """Drop every graph; their shared memory goes back to the device."""
         self.stream.synchronize()
         self.graphs.clear()
         self.seen.clear()
+        self.memory.release()
 
     def drop_for_memory(self) -> int:
-        """Drop every graph for want of device memory (their pools go back to the device);
+        """Drop every graph for want of device memory (their memory goes back to the device);
         from then on at most half as many are captured. Returns how many were dropped."""
         n = len(self.graphs)
         self.max_graphs = min(self.max_graphs, n // 2)

@@ -16,8 +16,8 @@ class of the next power of two would have cost that from 4,097); a class per 256
 positions made every growing history cross into a new key and recapture mid-run.
 ``capture_all`` captures every bucket of the first class at start-up.
 
-Everything a graph touches lives at fixed addresses: its int32 metadata buffer,
-its private memory pool (activations, logits: ``capture_forward``), and the two ``fed``
+Everything a graph touches lives at fixed addresses: its int32 metadata buffer, the memory
+every decode graph shares (activations, logits: cupy_graph_memory.py), and the two ``fed``
 buffers. A graph ends with the greedy argmax of every row (cuda/sampling_greedy.cu), so a
 step whose rows are all plain greedy needs no sampling launch: the ids are already in
 ``fed``, and only the copy back is queued (``sampled_ids``). Other steps' samplers write
@@ -43,6 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 from crucible.backend.cupy_capture import Captured, capture_forward
+from crucible.backend.cupy_graph_memory import GraphMemory
 from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.backend.options import DECODE_GRAPH_ROWS
@@ -79,12 +80,14 @@ class DecodeGraphs:
 
         from crucible.kernels.sampling_greedy import GreedyLauncher
 
+        self.vocab = vocab_size
         self.width = table_width  # pages of one full context: the widest table a graph holds
         self.ceiling = -(-table_width * 16 // 256) * 256  # the context's score capacity
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)  # captures
         self.upload = cp.cuda.Stream(non_blocking=True)  # metadata, ahead of the replays
         self.graphs: OrderedDict[tuple[int, int], tuple[Captured, Captured]] = OrderedDict()
+        self.memory = GraphMemory()  # every pair's intermediates and logits (one forward's)
         self.num_captures = 0
         self.num_out_of_memory = 0  # captures abandoned for want of device memory
         self.num_replays = 0
@@ -101,8 +104,10 @@ class DecodeGraphs:
         self.make_room: Callable[[], bool] | None = None  # cupy_memory.MemoryGuard's
 
     def clear(self) -> None:
+        """Drop every pair; their shared memory goes back to the device."""
         self.stream.synchronize()
         self.graphs.clear()
+        self.memory.release()
 
     def table_width(self, capacity: int) -> int:
         """Page-table columns a graph of score capacity ``capacity`` holds: every position
@@ -172,7 +177,8 @@ class DecodeGraphs:
             self.argmax.launch(logits, None, bucket, self._warm_ids if warm_up else self.fed[twin])
 
         cap = capture_forward(forward, self.stream, meta_dev,
-                              self._views(meta_dev, bucket, capacity, twin), tail=argmax)
+                              self._views(meta_dev, bucket, capacity, twin), self.memory,
+                              tail=argmax)
         self.num_captures += 1
         return cap
 
@@ -205,6 +211,9 @@ class DecodeGraphs:
         before = self.num_captures
         top = next((x for x in BUCKETS if x >= max_rows), BUCKETS[-1])
         capacity = graph_capacity(256, self.ceiling)
+        # The shared logits buffer at its final size first: grown bucket by bucket, each
+        # outgrown buffer would live on with the graphs that write it.
+        self.memory.logits(top, self.vocab)
         for bucket in BUCKETS:
             if bucket > top:
                 break
@@ -228,7 +237,7 @@ class DecodeGraphs:
         try:
             pair = self._pair(bucket, capacity, forward)
         except cp.cuda.memory.OutOfMemoryError:
-            # Every graph's private pool goes back to the device; then one more try. A step
+            # Every graph's memory goes back to the device; then one more try. A step
             # that still finds no room runs eagerly, unless it is fed (only graphs read the
             # previous step's ids on the device).
             self.num_out_of_memory += 1

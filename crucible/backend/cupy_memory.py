@@ -1,27 +1,30 @@
 """Device memory the captured graphs may take, and what a step always finds free.
 
 The KV pool is sized first (engine/pool_size.py: a fraction of the memory free after the
-weights and a step's scratch), and the graphs take what is left as they are captured:
-each keeps a private pool of one forward's working set for as long as it lives, up to
-~400 MB for a 1,024-row mixed step (its logits alone are 200 MB). Sixty-four decode
-graphs, 64 prefill and 32 mixed ones can hold far more than the pool leaves, and without
-a bound they did: on an H100 with a 73 GB pool, the chat mix's growing histories kept
-adding graph keys until eager steps could not allocate their logits, and every step
-failed, for minutes (bench/serve-sweep-chat-oom-h100.log).
+weights and a step's scratch), and the graphs take what is left as they are captured.
+Each graph cache's graphs share one forward's working set and one logits buffer
+(cupy_graph_memory.py), so the three caches hold a few hundred MB on the default model
+however many graphs they keep. (When each graph kept a private pool they held the sum:
+on an H100 with a 73 GB KV pool the chat mix's graphs grew past what the pool left, and
+every step failed for minutes, bench/serve-sweep-chat-oom-h100.log and, with this guard
+but still private pools, bench/serve-sweep-chat-oom-guard-h100.log.)
 
-So a capture is made only while ``headroom`` bytes stay free, enough for the largest
-eager step (activations and logits of ``EAGER_ROWS`` rows) plus a margin for attention's
-scratch and the allocator. Free means free on the device once CuPy's default pool gave
-back the blocks it holds unused. Below it:
+Still, the device can run short (a larger model, a pool given by hand), so a capture is
+made only while ``headroom`` bytes stay free, enough for the largest eager step
+(activations and logits of ``EAGER_ROWS`` rows) plus a margin for attention's scratch and
+the allocator. Free means free on the device once CuPy's default pool gave back the blocks
+it holds unused. Below it:
 - a prefill or mixed key is not captured: its step runs eagerly (counted as a capture
   given up for want of memory) and a later sighting tries again, after ``RECHECK_S``;
 - the decode graphs, which a pipelined step cannot do without, first make room: the
-  prefill and mixed graphs are dropped (their pools go back to the device; each cache
+  prefill and mixed graphs are dropped (their memory goes back to the device; each cache
   then captures at most half as many as it held, as after an out-of-memory capture),
-  then the least recently used decode pairs.
-And a step that still runs out of memory drops the prefill and mixed graphs, returns the
-default pool's cached blocks and runs once more (cupy_route.run_step); the exact kernels
-write the same K/V bits again, so the retry changes nothing a request sees.
+  then the decode graphs themselves (they share their memory, so one pair alone frees
+  nothing).
+A step that still runs out of memory runs once more after the prefill and mixed graphs
+and the default pool's cached blocks went back to the device, and a third time after the
+decode graphs went too (cupy_route.run_step); the exact kernels write the same K/V bits
+again, so a retry changes nothing a request sees.
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ def step_headroom(cfg: Any, mixed_graph_rows: int) -> int:
 
 def free_bytes(need: int) -> int:
     """The device's free memory; when that is under ``need``, counted again once the
-    default pool's unused cached blocks went back to the device (a graph's private pool
-    allocates from the device and cannot use them)."""
+    default pool's unused cached blocks went back to the device (the graphs' pools
+    allocate from the device and cannot use them)."""
     import cupy as cp
 
     free = int(cp.cuda.runtime.memGetInfo()[0])
@@ -63,7 +66,7 @@ def free_bytes(need: int) -> int:
 
 class MemoryGuard:
     """``has_room``: whether a capture may take memory now; ``make_room``: drop graphs
-    (prefill and mixed first, then the oldest decode pairs) until it may."""
+    (prefill and mixed first, then the decode graphs) until it may."""
 
     def __init__(self, be: Any, headroom: int, free: Callable[[int], int] = free_bytes,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -103,39 +106,33 @@ class MemoryGuard:
         self._short_until = float("-inf")
         return self.has_room()
 
-    def release(self) -> None:
+    def release(self, decode: bool = False) -> None:
         """Drop every prefill and mixed graph (each cache then holds at most half as many
-        as it did) and return the default pool's cached blocks to the device."""
+        as it did), with ``decode`` the decode graphs too, and return the default pool's
+        cached blocks to the device."""
         import cupy as cp
 
         dropped = sum(cache.drop_for_memory() for cache in
                       (self.be.prefill_graphs, self.be.mixed_graphs)
                       if cache is not None and cache.graphs)
+        graphs = self.be.graphs
+        if decode and graphs is not None and graphs.graphs:
+            dropped += 2 * len(graphs.graphs)
+            graphs.clear()  # waits for the device: a pair may still be replaying
         cp.get_default_memory_pool().free_all_blocks()
         if dropped:  # rare, and what an operator sizing the pool wants to know
             self.num_dropped += dropped
-            log.warning("device memory is short: %d prefill/mixed graphs dropped (each kind "
-                        "now keeps at most half as many); a smaller KV pool leaves them room",
-                        dropped)
+            log.warning("device memory is short: %d graphs dropped (prefill and mixed "
+                        "caches now keep at most half as many); a smaller KV pool leaves "
+                        "them room", dropped)
 
     def make_room(self) -> bool:
         """For a decode capture: True once ``headroom`` is free (always, when it already
-        was); the other graphs go first, then the decode pairs, oldest first."""
+        was); the other graphs go first, then the decode graphs."""
         if self._room_now():
             return True
         self.release()
-        room = self._room_now()
-        decode = self.be.graphs
-        if room or decode is None or not decode.graphs:
-            return room
-        import cupy as cp
-
-        # Decode pairs replay on the default stream, maybe the previous step's still: a
-        # pair's pool must outlive its replays.
-        cp.cuda.Device().synchronize()
-        while decode.graphs:
-            decode.graphs.popitem(last=False)
-            self.num_dropped += 2
-            if self._room_now():
-                return True
-        return False
+        if self._room_now():
+            return True
+        self.release(decode=True)
+        return self._room_now()

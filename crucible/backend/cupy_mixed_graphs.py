@@ -202,7 +202,7 @@ class MixedGraphs(GraphCache):
             feed: np.ndarray | None = None, fed: Any = None) -> Any | None:
         """The step's logits [final rows, vocab] on the device (valid until the next step),
         or None when the step must run eagerly: a capture that ran out of device memory
-        drops every mixed graph (their private pools go back to the device) and the step
+        drops every mixed graph (their memory goes back to the device) and the step
         runs eagerly; later steps capture again, up to half as many graphs as were held.
         ``feed`` (a pipelined step) indexes ``fed``, the previous step's ids on the device."""
         import cupy as cp
@@ -212,7 +212,7 @@ class MixedGraphs(GraphCache):
         def capture() -> Any:
             meta_dev = cp.asarray(self.host_meta(None, key))
             return capture_forward(forward, self.stream, meta_dev, self._views(meta_dev, key),
-                                   wait=False)
+                                   self.memory, wait=False)
 
         cap = self._graph(key, capture)
         if cap is None:

@@ -13,11 +13,13 @@ from typing import Any
 from crucible.kernels import linear_mma as lm
 
 
-def norm_gemm(be: Any, x: Any, norm: str, weight: str, swiglu: bool = False) -> Any | None:
+def norm_gemm(be: Any, x: Any, norm: str, weight: str, out: Any = None,
+              swiglu: bool = False) -> Any | None:
     """``swiglu(norm(x) @ W)`` or ``norm(x) @ W`` in one launch; with ``swiglu`` past the
     prologue's rows, RMSNorm and then the GEMM with its SwiGLU epilogue (two launches where
     the separate stages take three). None where the stages stay separate (fma order, f32 or
-    unsupported weights, sizes for the tile kernel)."""
+    unsupported weights, sizes for the tile kernel). ``out``: where the result goes (else
+    a new array)."""
     wd = be._linear[weight]
     if not be.mma or wd.dtype_name != "int8" or not lm.supports(*wd.shape):
         return None
@@ -27,7 +29,7 @@ def norm_gemm(be: Any, x: Any, norm: str, weight: str, swiglu: bool = False) -> 
         form, fused_norm = lm.fused_form(m, n, k, True, norm=False), False
     if form is None:
         return None
-    out = be.new((m, n // 2 if swiglu else n))
+    out = be.new((m, n // 2 if swiglu else n)) if out is None else out
     if not fused_norm:
         return lm.linear_mma(be.rmsnorm(x, norm), wd, out, form=form, swiglu=True,
                              pdl=be.options.pdl)

@@ -85,7 +85,8 @@ class PrefillGraphs(GraphCache):
         def capture() -> Any:
             meta_dev = cp.asarray(self.host_meta(None, length, want))
             return capture_forward(forward, self.stream, meta_dev,
-                                   self._views(meta_dev, length, want, capacity), wait=False)
+                                   self._views(meta_dev, length, want, capacity), self.memory,
+                                   wait=False)
 
         cap = self._graph((length, want, capacity), capture)
         if cap is None:

@@ -37,18 +37,20 @@ from crucible.step.batch import PackedBatch
 def run_step(be: Any, batch: PackedBatch, forward: Forward,
              feed: np.ndarray | None = None) -> Any:
     """The step's final-row logits on the device (see the module docstring). A step that
-    runs out of device memory gets one more try once the prefill and mixed graphs and the
-    default pool's cached blocks went back to the device (backend/cupy_memory.py); the
-    same bits land in the same K/V slots again."""
-    try:
-        return _route(be, batch, forward, feed)
-    except Exception as exc:
-        guard = be.memory
-        if guard is None or not guard.out_of_memory(exc):
-            raise
-        guard.release()
-        guard.num_retries += 1
-        return _route(be, batch, forward, feed)
+    runs out of device memory gets another try once the prefill and mixed graphs and the
+    default pool's cached blocks went back to the device, and a last one once the decode
+    graphs went too (backend/cupy_memory.py); the same bits land in the same K/V slots
+    again."""
+    for decode in (False, True):
+        try:
+            return _route(be, batch, forward, feed)
+        except Exception as exc:
+            guard = be.memory
+            if guard is None or not guard.out_of_memory(exc):
+                raise
+            guard.release(decode=decode)
+            guard.num_retries += 1
+    return _route(be, batch, forward, feed)
 
 
 def _route(be: Any, batch: PackedBatch, forward: Forward, feed: np.ndarray | None) -> Any:

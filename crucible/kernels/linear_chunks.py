@@ -153,7 +153,7 @@ _RETIRED: list[Scratch] = []  # outgrown buffers: a captured graph may still lau
 
 def scratch(floats: int, tiles: int) -> Scratch:
     """The current stream's scratch, grown to at least ``floats`` partials and ``tiles``
-    counters (from the default memory pool, never a graph's private pool)."""
+    counters (from the default memory pool, never a graph cache's pool)."""
     cp = cupy()
     stream = cp.cuda.get_current_stream()
     key = (int(cp.cuda.runtime.getDevice()), int(stream.ptr))
