@@ -234,7 +234,7 @@ def test_start_up_captures_every_bucket_then_steps_only_replay(
     n = g.capture_all(lambda meta: None, max_rows=40)
     buckets = [b for b in cupy_graphs.BUCKETS if b <= 48]  # 40 rows fill the 48 bucket
     assert n == 2 * len(buckets) == g.num_captures
-    assert list(g.graphs) == [(b, 2048) for b in buckets]
+    assert list(g.graphs) == [(b, 2048) for b in reversed(buckets)]  # largest first
     def step(rows: int, pos: int) -> Any:
         return build_packed_batch([SegmentSpec(f"r{i}", [3], pos, [7 + i] * (pos // 16 + 1),
                                                [0]) for i in range(rows)])
@@ -265,11 +265,12 @@ def test_out_of_memory_stops_the_start_up_and_turns_a_step_eager(
         return real(*a, **k)
 
     monkeypatch.setattr(cupy_graphs, "capture_forward", capture)
-    # Buckets 1, 2 and 4, then twin 0 of 8, whose pair is given up with twin 1.
+    # Buckets 64, 48 and 32 (largest first), then twin 0 of 24, whose pair is given up
+    # with twin 1.
     assert g.capture_all(lambda meta: None, max_rows=64) == 7
-    assert list(g.graphs) == [(1, 2048), (2, 2048), (4, 2048)] and g.num_out_of_memory == 1
+    assert list(g.graphs) == [(64, 2048), (48, 2048), (32, 2048)] and g.num_out_of_memory == 1
     assert g.memory.sized == [(64, 32)]  # the logits buffer at the top bucket's size first
-    assert g.run(_decode(3), 256, None) is not None  # bucket 4 is there: a replay
+    assert g.run(_decode(40), 256, None) is not None  # bucket 48 is there: a replay
     assert g.run(_decode(6), 256, None) is None  # bucket 8: no room even after dropping all
     assert g.graphs == {} and g.num_out_of_memory == 2 and g.memory.released == 2
     budget[0] = 2  # room again: the next step captures its pair and replays

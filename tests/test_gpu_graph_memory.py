@@ -95,7 +95,7 @@ def test_the_decode_graphs_share_one_working_set(monkeypatch: pytest.MonkeyPatch
     model = tiny_random_model(seed=9, max_context=2048, weights="int8", **GEOM)
     llm = LLM(model, settings=Settings(device="cuda", num_pages=2048, max_running=512))
     g, forward = llm.engine.runner.backend.graphs, llm.engine.runner._forward_meta
-    assert [b for b, _ in g.graphs] == list(cupy_graphs.BUCKETS)  # captured at start-up
+    assert sorted(b for b, _ in g.graphs) == list(cupy_graphs.BUCKETS)  # at start-up
     default = cp.get_default_memory_pool()
 
     def held(capture: object) -> int:
@@ -103,14 +103,15 @@ def test_the_decode_graphs_share_one_working_set(monkeypatch: pytest.MonkeyPatch
         g.clear()
         assert g.memory.pool is None  # released: nothing held before
         base = default.used_bytes()
-        extra = capture() or []
+        made = capture()
+        extra = made if isinstance(made, list) else []  # memories of the control's own
         pools = {id(m.pool): m.pool for m in [g.memory, *extra] if m.pool is not None}
         return sum(p.total_bytes() for p in pools.values()) + default.used_bytes() - base
 
     every = held(lambda: g.capture_all(forward, 512))
     capacity = cupy_graphs.graph_capacity(256, g.ceiling)
     alone = held(lambda: g._pair(512, capacity, forward))
-    assert 0 < alone and every <= 1.25 * alone, (every, alone)
+    assert 0 < alone and every <= 1.25 * alone, (every, alone)  # (largest first)
     # the control: a memory per capture
     real, own = cupy_graphs.capture_forward, []
 

@@ -205,18 +205,21 @@ class DecodeGraphs:
     def capture_all(self, forward: Callable[[Any], Any], max_rows: int) -> int:
         """Capture both twins of every bucket up to ``max_rows``'s at the first capacity
         class, before any request (the engine's start-up): graphs a server replays all the
-        time are then never captured inside a step someone waits for. Returns how many."""
+        time are then never captured inside a step someone waits for. Returns how many.
+
+        Largest first: the shared pool (cupy_graph_memory.py) grows to the largest working
+        set at once and every smaller capture fits in its blocks. Smallest first, each
+        larger capture found only smaller free blocks and added its own: the 19 pairs held
+        2.35x what the 512-row pair alone does (H100, tests/test_gpu_graph_memory.py)."""
         import cupy as cp
 
         before = self.num_captures
         top = next((x for x in BUCKETS if x >= max_rows), BUCKETS[-1])
         capacity = graph_capacity(256, self.ceiling)
-        # The shared logits buffer at its final size first: grown bucket by bucket, each
-        # outgrown buffer would live on with the graphs that write it.
+        # The shared logits buffer at its final size: an outgrown one would live on with
+        # the graphs that write it.
         self.memory.logits(top, self.vocab)
-        for bucket in BUCKETS:
-            if bucket > top:
-                break
+        for bucket in reversed([b for b in BUCKETS if b <= top]):
             try:
                 self._pair(bucket, capacity, forward)
             except cp.cuda.memory.OutOfMemoryError:
