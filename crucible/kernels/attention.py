@@ -184,8 +184,12 @@ def step_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, out:
 KV_POSITION_BYTES = 2 * 64 * 4  # one position's K and V row of one KV head, f32
 # Decode steps whose attention takes the group a CTA run RoPE and the K/V store inside it
 # (attn_decode's RoPE-in form: one launch a layer fewer; backend/cupy_rope_in.py asks).
-# Off until the form has run on a GPU (tests/test_gpu_rope_in.py, compute-sanitizer);
-# its bits are checked on the host (tests/cuda_host/decode_attn_driver.cpp).
+# Its bits hold on the GPU (tests/test_gpu_rope_in.py; compute-sanitizer memcheck and
+# racecheck clean, bench/rope-in-*check-h100.log) and on the host (tests/cuda_host/
+# decode_attn_driver.cpp). Off: one layer's QKV GEMM + attention chain took 1.15x the
+# separate launches' time at 48 and 64 rows and 0.95x at 256 (H100, graph replays with
+# PDL, bench/rope-in-check-h100.json): the rotation on each CTA's critical path costs more
+# than the launch it saves where few CTAs run, which is batch 64, the case it was for.
 ROPE_IN = False
 
 
