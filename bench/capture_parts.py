@@ -15,6 +15,12 @@ script repeats those steps with a timer around each, per case:
   pool_warmup_host        the warm-up forward's host time in a fresh pool (its mallocs);
   pool_warmup_ms          the same synchronized;
   sized_warmup_host       a second warm-up in the now sized pool (no mallocs);
+  views_null_host         the graph's padded forward once more, on the default stream
+                          with the default allocator (the step's shape, no graph setting);
+  views_stream_host       the same on the graph's stream, default allocator;
+  views_pool_host         the same on the default stream, the graph's pool as allocator:
+                          with views_null and sized_warmup, which of stream and allocator
+                          makes a capture's forwards slower than an eager step;
   record_host             begin_capture + the forward's launches under capture;
   end_capture_host        end_capture (instantiation);
   first_replay_ms         the first launch of the graph, synchronized (its upload);
@@ -88,6 +94,11 @@ def parts(runner: ModelRunner, batch: PackedBatch) -> dict[str, float]:
         forward(views)
         out["record_host"] = (time.perf_counter() - t) * 1e3
         graph = clock("end_capture", stream.end_capture)
+    clock("views_null", lambda: forward(views), dev.synchronize)
+    with stream:
+        clock("views_stream", lambda: forward(views), stream.synchronize)
+    with cp.cuda.using_allocator(pool.malloc):
+        clock("views_pool", lambda: forward(views), dev.synchronize)
     mg.ring.upload(mg.host_meta(batch, key), meta_dev, stream)
     clock("first_replay", lambda: graph.launch(stream=stream), stream.synchronize)
     clock("replay", lambda: graph.launch(stream=stream), stream.synchronize)

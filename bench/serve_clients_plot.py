@@ -4,10 +4,10 @@
 
 Two panels, one line per (mix, engine mode), clients on a log axis. The issue's
 targets are drawn as dashed lines: 30,000 tok/s and a 10 ms gap p50 at 256 clients.
-serve_clients.py draws it at the end of a run. Unlike serve_plot.py, there is no stdlib
-fallback here, because two labelled panels are what make the figure readable. Where
-matplotlib is missing, the plot is skipped and the JSON says so. This script redraws it
-from the JSON anywhere matplotlib is installed.
+serve_clients.py draws it at the end of a run. Where matplotlib is missing (the GPU
+machine, CI), serve_plot.py's stdlib rasterizer draws each panel as a PNG of its own
+(``<name>-tok_per_s.png``, ``<name>-gap_p50_ms.png``): linear axes, series numbered in
+the JSON's ``series_colour_order``, no target lines. This script redraws from the JSON.
 """
 
 from __future__ import annotations
@@ -62,14 +62,25 @@ def draw(path: Path, result: dict[str, Any]) -> dict[str, Any]:
     return {"file": path.name, "renderer": "matplotlib"}
 
 
+def draw_stdlib(path: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Without matplotlib: one stdlib PNG per panel beside ``path``."""
+    from serve_plot import plot
+
+    panels = {}
+    for key, label in (("tok_per_s", "output tok/s"), ("gap_p50_ms", "gap p50 ms")):
+        out = path.with_name(f"{path.stem}-{key}.png")
+        panels[key] = plot(out, series(result, key), f"{label} against clients",
+                           "concurrent streaming clients", label)
+    return {"renderer": "stdlib", "panels": panels}
+
+
 def try_draw(path: Path, result: dict[str, Any]) -> dict[str, Any]:
     """Draw, or say why not: a plot never fails the bench."""
     try:
-        return draw(path, result)
-    except ImportError:
-        print(f"plot skipped: matplotlib is not installed (redraw with "
-              f"python3 bench/serve_clients_plot.py JSON {path})", flush=True)
-        return {"skipped": "matplotlib is not installed"}
+        try:
+            return draw(path, result)
+        except ImportError:
+            return draw_stdlib(path, result)
     except Exception as exc:  # noqa: BLE001 - the figures matter more than the picture
         print(f"plot skipped: {exc}", flush=True)
         return {"skipped": f"{type(exc).__name__}: {exc}"}
@@ -80,8 +91,8 @@ def main() -> None:
         sys.exit(__doc__.split("\n")[2].strip())
     src = Path(sys.argv[1])
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else src.with_suffix(".png")
-    info = draw(out, json.loads(src.read_text()))
-    print(f"wrote {out} ({info['renderer']})")
+    info = try_draw(out, json.loads(src.read_text()))
+    print(f"plot: {json.dumps(info)}")
 
 
 if __name__ == "__main__":

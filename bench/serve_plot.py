@@ -68,8 +68,8 @@ def _raster(path: Path, series: Series, w: int = 640, h: int = 400) -> dict[str,
 
     line(pad, h - pad, w - pad, h - pad, (0, 0, 0))
     line(pad, pad, pad, h - pad, (0, 0, 0))
-    text(w - pad - 40, h - pad + 8, f"{xmax:.4g}")  # x axis end value
-    text(2, pad - 14, f"{ymax:.4g}")  # y axis end value
+    text(w - pad - 40, h - pad + 8, f"{xmax:.6g}")  # x axis end value
+    text(2, pad - 14, f"{ymax:.6g}")  # y axis end value
     for i, pts in enumerate(series.values()):
         c = COLOURS[i % len(COLOURS)]
         for dy in range(8):  # legend: series number i in its colour, top right

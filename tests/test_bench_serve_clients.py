@@ -194,3 +194,24 @@ def test_both_modes_and_rounds_still_work(tmp_path: Path) -> None:
     assert all(lv["rounds"] == 2 and lv["errors"] == 0 for lv in r["levels"])
     assert len(r["rounds"]) == 4 and len(r["http_1_client_over_engine"]) == 2
     assert r["engine_batch1"][0]["repeats"] == 2 and "plot" not in r
+
+
+def test_without_matplotlib_each_panel_is_a_stdlib_png(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU machine has no matplotlib: the sweep's figure still comes back, one PNG per
+    panel, scaled to the largest value of the one series each holds."""
+    import serve_clients_plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing it raises ImportError
+
+    levels = [{"mix": "chat", "engine_mode": "process", "clients": c, "tok_per_s": t,
+               "gap_p50_ms": g} for c, t, g in ((1, 1100.0, 0.8), (256, 22000.0, 9.8),
+                                                (512, 21500.0, 16.8))]
+    info = serve_clients_plot.try_draw(tmp_path / "sweep.png", {"levels": levels})
+    assert info["renderer"] == "stdlib"
+    tok, gap = info["panels"]["tok_per_s"], info["panels"]["gap_p50_ms"]
+    assert (tok["y_max"], gap["y_max"], tok["x_max"]) == (22000.0, 16.8, 512.0)
+    assert tok["series_colour_order"] == ["chat/process"]
+    for name in ("sweep-tok_per_s.png", "sweep-gap_p50_ms.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 500
