@@ -6,7 +6,9 @@ shapes, so no model file is needed).
 Cases: the steps the throughput workload (bench/throughput.py) is made of under load, a
 token budget's worth of decode rows with long histories plus a prefill chunk, and for
 comparison a lone 1,024-token prefill and a pure decode step of 256 rows; then two small
-mixed steps of moderate load (tens of running requests, a prompt arriving). Per case:
+mixed steps of moderate load (tens of running requests, a prompt arriving), and the chat
+workload's two steps, whose slices follow a cached history (a turn's first joiner, a
+cohort: bench/chat_timeline.py). Per case:
   stages   GPU ms per forward stage summed over layers (ProfiledBackend: a spin kernel
            holds the GPU while the host queues, so these are kernel times back to back),
            with TFLOP/s for the GEMM stages;
@@ -50,12 +52,20 @@ CASES = (
     ("decode 64", 64, (128, 192), ()),  # gpu_generate's batch-64 decode: 128-token prompts
     ("mixed 256: 32 decode + 224 prefill", 32, (100, 900), (224,)),
     ("mixed 96: 16 decode + 2x40 prefill", 16, (100, 900), (40, 40)),
+    # The chat workload's steps (bench/chat_timeline.py): a turn's slices start past a cached
+    # history of ~900 tokens (PREFILL_START), beside the other users' decodes.
+    ("chat joiner: 63 decode + 84 prefill at ~900", 63, (850, 1000), (84,)),
+    ("chat cohort: 48 decode + 16x~60 prefill at ~900", 48, (850, 1000), (60,) * 15 + (75,)),
 )
+PREFILL_START = {"chat joiner": (850, 950), "chat cohort": (850, 950)}  # by name prefix
 PAGES_PER_ROW = 80  # 1,280 positions: every history above plus its token
 
 
 def make_batch(rng: np.random.Generator, decode: int, hist: tuple[int, int],
-               chunks: tuple[int, ...], vocab: int) -> PackedBatch:
+               chunks: tuple[int, ...], vocab: int,
+               start: tuple[int, int] = (0, 0)) -> PackedBatch:
+    """``decode`` one-row segments at histories in ``hist``, then a prefill slice per chunk
+    starting at a position in ``start`` (0: a new prompt)."""
     specs, page = [], 0
     for i in range(decode):
         pos = int(rng.integers(hist[0], hist[1]))
@@ -63,7 +73,8 @@ def make_batch(rng: np.random.Generator, decode: int, hist: tuple[int, int],
                                  list(range(page, page + PAGES_PER_ROW)), [0]))
         page += PAGES_PER_ROW
     for j, n in enumerate(chunks):
-        specs.append(SegmentSpec(f"p{j}", rng.integers(0, vocab, n).tolist(), 0,
+        pos = int(rng.integers(start[0], start[1])) if start[1] > start[0] else start[0]
+        specs.append(SegmentSpec(f"p{j}", rng.integers(0, vocab, n).tolist(), pos,
                                  list(range(page, page + PAGES_PER_ROW)), [n - 1]))
         page += PAGES_PER_ROW
     return build_packed_batch(specs)
@@ -123,17 +134,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", default="bench/mixed-step.json")
-    p.add_argument("--gemm", default="fma", choices=("fma", "mma"),
+    p.add_argument("--gemm", default="mma", choices=("fma", "mma"),
                    help="the int8 GEMMs' order (CRUCIBLE_GEMM)")
     p.add_argument("--cases", default="", help="comma-separated name prefixes to run (all)")
+    p.add_argument("--mixed-graph-rows", type=int, default=1024,
+                   help="the largest mixed step a graph replays (serve's 1,024)")
     args = p.parse_args(argv)
     wanted = tuple(c.strip() for c in args.cases.split(",") if c.strip())
     cases = tuple(c for c in CASES if not wanted or c[0].startswith(wanted))
     model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
     runner = ModelRunner(model, num_pages=PAGES_PER_ROW * 800, device="cuda",
-                         settings=Settings(device="cuda", gemm=args.gemm))
+                         settings=Settings(device="cuda", gemm=args.gemm,
+                                           mixed_graph_rows=args.mixed_graph_rows))
     rng = np.random.default_rng(0)
-    batches = {name: make_batch(rng, d, h, c, runner.config.vocab_size)
+    def start(name: str) -> tuple[int, int]:
+        return next((v for k, v in PREFILL_START.items() if name.startswith(k)), (0, 0))
+
+    batches = {name: make_batch(rng, d, h, c, runner.config.vocab_size, start(name))
                for name, d, h, c in cases}
     runs = [(name, False) for name in batches]
     runs += [(name, True) for name, d, _, c in cases if d and c]  # mixed: the baseline
@@ -159,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json, {"command": "python3 bench/mixed_step.py "
                            + " ".join(argv if argv is not None else sys.argv[1:]),
                            "cases": {n: {"decode_rows": d, "history": list(h),
-                                         "prefill_chunks": list(c)} for n, d, h, c in cases},
+                                         "prefill_chunks": list(c),
+                                         "prefill_start": list(start(n))}
+                                     for n, d, h, c in cases},
                            "results": summary})
     return 0
 
