@@ -21,16 +21,19 @@ def test_cupy_counts_every_graph_kind() -> None:
     assert graph_stats(be) == {"graph_decode_replays": 50, "graph_prefill_replays": 4,
                                "graph_mixed_replays": 741, "graph_captures": 63,
                                "graph_capture_ms": 1203, "graph_memory_drops": 0,
-                               "graph_memory_retries": 0}
+                               "graph_memory_retries": 0, "graph_memory_bytes": 0}
     be.memory = NS(num_dropped=12, num_retries=1)  # the memory guard's (cupy_memory.py)
     assert graph_stats(be)["graph_memory_drops"] == 12
     assert graph_stats(be)["graph_memory_retries"] == 1
+    # each kind's shared memory (cupy_graph_memory.py), summed over the kinds that have it
+    be.graphs.memory, be.mixed_graphs.memory = NS(nbytes=300 << 20), NS(nbytes=5 << 20)
+    assert graph_stats(be)["graph_memory_bytes"] == 305 << 20
     be.memory = None
     be.prefill_graphs = be.mixed_graphs = None
     assert graph_stats(be) == {"graph_decode_replays": 50, "graph_prefill_replays": 0,
                                "graph_mixed_replays": 0, "graph_captures": 38,
                                "graph_capture_ms": 0, "graph_memory_drops": 0,
-                               "graph_memory_retries": 0}
+                               "graph_memory_retries": 0, "graph_memory_bytes": 300 << 20}
     assert tuple(graph_stats(be)) == GRAPH_STATS
 
 
@@ -51,7 +54,7 @@ def test_engine_stats_carry_them() -> None:
 def test_metrics_render_them() -> None:
     stats = {"graph_decode_replays": 7, "graph_prefill_replays": 0,
              "graph_mixed_replays": 5, "graph_captures": 3, "graph_capture_ms": 1500,
-             "graph_memory_drops": 4, "graph_memory_retries": 2}
+             "graph_memory_drops": 4, "graph_memory_retries": 2, "graph_memory_bytes": 3 << 28}
     text = Metrics().render(stats, healthy=True, queue_bound=8)
     m = parse_metrics(text)
     assert m['crucible_graph_replays_total{kind="decode"}'] == 7
@@ -61,4 +64,6 @@ def test_metrics_render_them() -> None:
     assert m["crucible_graph_capture_seconds_total"] == 1.5
     assert m["crucible_graph_memory_drops_total"] == 4
     assert m["crucible_graph_memory_retries_total"] == 2
+    assert m["crucible_graph_memory_bytes"] == 3 << 28
+    assert "# TYPE crucible_graph_memory_bytes gauge" in text
     assert text.count("# TYPE crucible_graph_replays_total counter") == 1

@@ -94,4 +94,6 @@ def graph_stats(be: Any) -> dict[str, int]:
     seconds = sum(g.capture_s for g in kinds[1:] if g is not None)
     guard = getattr(be, "memory", None)
     drops, retries = (0, 0) if guard is None else (guard.num_dropped, guard.num_retries)
-    return dict(zip(GRAPH_STATS, (*replays, captures, round(seconds * 1000), drops, retries)))
+    held = sum(g.memory.nbytes for g in kinds if getattr(g, "memory", None) is not None)
+    return dict(zip(GRAPH_STATS, (*replays, captures, round(seconds * 1000), drops, retries,
+                                  held)))

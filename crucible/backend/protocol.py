@@ -30,7 +30,9 @@ Forward = Callable[[StepMeta], Array]  # step metadata -> logits of the final ro
 GRAPH_STATS = ("graph_decode_replays", "graph_prefill_replays", "graph_mixed_replays",
                "graph_captures", "graph_capture_ms",
                # graphs dropped for want of device memory, steps run again after running out
-               "graph_memory_drops", "graph_memory_retries")
+               "graph_memory_drops", "graph_memory_retries",
+               # device bytes the graphs hold now (pools and logits buffers: a gauge)
+               "graph_memory_bytes")
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,8 @@ class Metrics:
                stats.get("graph_memory_drops", 0))
         metric("crucible_graph_memory_retries_total", "counter", "Engine steps run again "
                "after running out of device memory.", stats.get("graph_memory_retries", 0))
+        metric("crucible_graph_memory_bytes", "gauge", "Device bytes the CUDA graphs hold "
+               "(each kind's shared pool and logits buffer).", stats.get("graph_memory_bytes", 0))
         metric("crucible_prompt_tokens_total", "counter", "Prompt tokens of ended requests.",
                prompt)
         metric("crucible_generation_tokens_total", "counter",
