@@ -8,9 +8,10 @@ One rule for every entry point:
   no more than ``max_running`` full contexts (pages beyond that would never be used).
 
 The scratch reserve covers what a step allocates besides the pool: activations of a full
-token budget, the logits of every running row, the captured graphs' private memory, and a
-fixed margin for the CUDA context and kernels. It is an estimate on the safe side; a pool
-that leaves less than the reserve free is refused with a message that says how much fits.
+token budget, the logits of every running row, the captured graphs' memory (one working set
+per graph kind: backend/cupy_graph_memory.py), and a fixed margin for the CUDA context and
+kernels. It is an estimate on the safe side; a pool that leaves less than the reserve free
+is refused with a message that says how much fits.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from crucible.step.batch import PAGE_SIZE
 
 GiB = 1 << 30
 MARGIN = 2 * GiB  # CUDA context, modules, allocator slack
-GRAPH_COPIES = 4  # captured graphs each keep a forward's working set
+GRAPH_COPIES = 4  # an eager step's working set and each graph kind's shared one
 def page_bytes(geometry: Geometry) -> int:
     """K and V of one page across every layer, f32."""
     return 2 * geometry.n_layers * PAGE_SIZE * geometry.kv_dim * 4
