@@ -120,7 +120,8 @@ def test_capture_waits_for_the_default_stream_first(monkeypatch: pytest.MonkeyPa
 
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null=Stream("default")),
-                                      MemoryPool=lambda: types.SimpleNamespace(malloc=None),
+                                      MemoryPool=lambda: types.SimpleNamespace(
+                                          malloc=None, total_bytes=lambda: 4096),
                                       using_allocator=lambda _: nullcontext())
     monkeypatch.setitem(sys.modules, "cupy", fake)
     from crucible.backend import cupy_graph_memory as gm
@@ -135,6 +136,7 @@ def test_capture_waits_for_the_default_stream_first(monkeypatch: pytest.MonkeyPa
     cap = cupy_graphs.capture_forward(forward, Stream("graphs"), "meta_dev", "meta", memory)
     assert cap.graph == "graph" and cap.logits == "logits" and cap.pool is memory.pool
     assert gm._CAPTURING.get() is None  # and only while capturing
+    assert memory.nbytes == 4096  # measured once the capture is made (graph_stats reads it)
     assert log == [("graphs", "waits", "event(default)"), ("forward", True), ("graphs", "sync"),
                    ("graphs", "begin"), ("forward", True), ("graphs", "end")]
     # wait=False (prefill and mixed graphs, which replay on this stream): the capture

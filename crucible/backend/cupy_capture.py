@@ -109,4 +109,5 @@ def capture_forward(forward: Callable[[Any], Any], stream: Any, meta_dev: Any, m
                 tail(logits, False)
         finally:
             graph = stream.end_capture()
+    memory.measure()
     return Captured(graph, meta_dev, logits, pool, seconds=time.perf_counter() - t0)

@@ -40,6 +40,7 @@ class GraphMemory:
     def __init__(self) -> None:
         self.pool: Any = None  # cupy.cuda.MemoryPool, made on the first capture
         self._logits: Any = None  # [rows, vocab] f32 from the default pool
+        self.nbytes = 0  # device bytes held (the pool's blocks, the logits buffer): measure
 
     def take_pool(self) -> Any:
         import cupy as cp
@@ -63,11 +64,11 @@ class GraphMemory:
             buf = self._logits = cp.ndarray((n, vocab), cp.float32, memptr=mem)
         return buf[:rows]
 
-    @property
-    def nbytes(self) -> int:
-        """Device bytes held: the pool's blocks and the current logits buffer."""
+    def measure(self) -> None:
+        """Refresh ``nbytes`` after a capture, the only time this memory grows: the engine
+        reports it with every step (graph_stats), so it is read there, not recounted."""
         held = 0 if self.pool is None else int(self.pool.total_bytes())
-        return held + (0 if self._logits is None else int(self._logits.nbytes))
+        self.nbytes = held + (0 if self._logits is None else int(self._logits.nbytes))
 
     def release(self) -> None:
         """Give the memory back to the device. Only once the cache dropped every graph: the
@@ -79,7 +80,7 @@ class GraphMemory:
         cp.cuda.Device().synchronize()
         if self.pool is not None:
             self.pool.free_all_blocks()
-        self.pool, self._logits = None, None
+        self.pool, self._logits, self.nbytes = None, None, 0
 
     @contextmanager
     def capturing(self) -> Iterator[None]:
