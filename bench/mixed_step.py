@@ -56,27 +56,30 @@ CASES = (
     # history of ~900 tokens (PREFILL_START), beside the other users' decodes.
     ("chat joiner: 63 decode + 84 prefill at ~900", 63, (850, 1000), (84,)),
     ("chat cohort: 48 decode + 16x~60 prefill at ~900", 48, (850, 1000), (60,) * 15 + (75,)),
+    # the cohort's two halves alone: which attention launch holds its time
+    ("chat cohort slices: 16x~60 prefill at ~900", 0, (0, 0), (60,) * 15 + (75,)),
+    ("chat decode 48 at ~900", 48, (850, 1000), ()),
 )
 PREFILL_START = {"chat joiner": (850, 950), "chat cohort": (850, 950)}  # by name prefix
 PAGES_PER_ROW = 80  # 1,280 positions: every history above plus its token
 
 
 def make_batch(rng: np.random.Generator, decode: int, hist: tuple[int, int],
-               chunks: tuple[int, ...], vocab: int,
-               start: tuple[int, int] = (0, 0)) -> PackedBatch:
+               chunks: tuple[int, ...], vocab: int, start: tuple[int, int] = (0, 0),
+               pages: int = PAGES_PER_ROW) -> PackedBatch:
     """``decode`` one-row segments at histories in ``hist``, then a prefill slice per chunk
-    starting at a position in ``start`` (0: a new prompt)."""
+    starting at a position in ``start`` (0: a new prompt); ``pages`` of its own each."""
     specs, page = [], 0
     for i in range(decode):
         pos = int(rng.integers(hist[0], hist[1]))
         specs.append(SegmentSpec(f"d{i}", [int(rng.integers(vocab))], pos,
-                                 list(range(page, page + PAGES_PER_ROW)), [0]))
-        page += PAGES_PER_ROW
+                                 list(range(page, page + pages)), [0]))
+        page += pages
     for j, n in enumerate(chunks):
         pos = int(rng.integers(start[0], start[1])) if start[1] > start[0] else start[0]
         specs.append(SegmentSpec(f"p{j}", rng.integers(0, vocab, n).tolist(), pos,
-                                 list(range(page, page + PAGES_PER_ROW)), [n - 1]))
-        page += PAGES_PER_ROW
+                                 list(range(page, page + pages)), [n - 1]))
+        page += pages
     return build_packed_batch(specs)
 
 

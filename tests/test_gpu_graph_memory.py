@@ -128,3 +128,27 @@ def test_the_decode_graphs_share_one_working_set(monkeypatch: pytest.MonkeyPatch
     g.clear()
     for m in own:
         m.release()
+
+
+def test_graph_stats_report_the_bytes_the_graphs_hold() -> None:
+    """``graph_memory_bytes`` (the `/metrics` gauge) is what the caches' pools and logits
+    buffers hold on the device: at least the decode graphs' logits at their top bucket once
+    they are captured, more once a run captured mixed graphs too, and 0 once all are
+    dropped (the control: a gauge stuck at its start-up value fails the last check)."""
+    model = tiny_random_model(seed=10, max_context=2048, weights="int8", **GEOM)
+    llm = engine(model)
+    be = llm.engine.runner.backend
+    start = be.graph_stats()["graph_memory_bytes"]
+    g = be.graphs
+    top = max(b for b, _ in g.graphs)
+    assert start == g.memory.nbytes >= top * model.config.vocab_size * 4
+    prompts, params = workload(model.config.vocab_size)
+    llm.generate(prompts, params)
+    made = [k for k in (be.prefill_graphs, be.mixed_graphs) if k.num_captures]
+    assert made  # the staggered workload captures prefill or mixed graphs
+    after = be.graph_stats()["graph_memory_bytes"]
+    kinds = (be.graphs, be.prefill_graphs, be.mixed_graphs)
+    assert after == sum(k.memory.nbytes for k in kinds) > start
+    assert all(k.memory.nbytes >= k.memory.pool.total_bytes() > 0 for k in made)
+    be.memory.release(decode=True)
+    assert be.graph_stats()["graph_memory_bytes"] == 0

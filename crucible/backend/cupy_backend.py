@@ -94,7 +94,7 @@ class CupyBackend:
             self.prefill_graphs = PrefillGraphs(table_width=width, scratch_page=num_pages)
         if self.options.mixed_graphs:
             self.mixed_graphs = MixedGraphs(table_width=width, scratch_page=num_pages,
-                                            max_tokens=self.options.mixed_graph_rows)
+                                            max_tokens=self.options.mixed_graph_rows, owner=self)
         self.memory = MemoryGuard.wire(self, step_headroom(cfg, self.options.mixed_graph_rows))
 
     def memory_info(self) -> tuple[int, int]:

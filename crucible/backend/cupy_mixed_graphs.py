@@ -12,20 +12,23 @@ A step qualifies when it has at most ``max_tokens`` rows (``MAX_TOKENS`` unless
 bucket. The buckets are coarse on purpose: chat traffic makes steps of every size, and each
 key costs a capture (a warm-up forward and the capture itself). So final rows round to a
 power of two, the slices' row grid covers at least a quarter of the rows (tiles past a
-slice's end exit; past four slices, at least the step's rows), and the score capacity to a
-power of two (a larger score buffer changes no bits, only shared memory).
+slice's end exit; past four slices, at least the step's rows), and each launch's score
+capacity to its class: the largest at which its kernel still fits as many CTAs an SM
+(kernels/capacity.py; a larger score buffer changes no bits, only shared memory).
 Up to 16 slices: a chat server's turns arrive in cohorts (the users whose replies ended in
 one step), so a step holds a dozen or more ~100-token slices beside the decodes; while at
 most 4 were taken, such steps ran eagerly, ~9.4 ms of host launches for ~5 ms of GPU work
 on the H200 (bench/chat_timeline.py, docs/prefix-cache.md).
-One capacity, the step's longest history, sizes the decode rows' launch (the decode
-kernel keeps its two CTAs an SM up to 4,096); the slices' launch gets its own, their
-longest end but at least SLICE_CAPACITY_FLOOR, as an eager step sizes each launch by its
-own rows (cupy_meta.MixedSegments). Sized by the decode rows' longest history, the
-exact tiled kernel's score buffer left one CTA an SM instead of three past 1,024
-positions (kernels/variants.py plan_launch: 119 KB at 2,048, 70 KB at 1,024), which cost
-1,024-row mixed graphs 12% of the random workload (bench/mixed-graph-rows-mma-h200.json);
-bench/mixed_graph_keys.py counts the keys each rule makes:
+The decode rows' launch and the slices' each get their own capacity, the decode rows'
+longest history and the slices' longest end (at least SLICE_CAPACITY_FLOOR), as an eager
+step sizes each launch by its own rows (cupy_meta.MixedSegments). Sized by the decode
+rows' longest history, the exact tiled kernel's score buffer left one CTA an SM instead of
+three past 1,024 positions (kernels/variants.py plan_launch: 119 KB at 2,048, 70 KB at
+1,024), which cost 1,024-row mixed graphs 12% of the random workload
+(bench/mixed-graph-rows-mma-h200.json). Powers of two did the same in a chat server's
+common case, slices ending at 1,025-2,048 (C = 2,048: one CTA an SM where 1,792 fits two);
+the classes keep each launch's occupancy. bench/mixed_graph_keys.py counts the keys each
+rule makes:
 - rows: real rows first as packed, then padding rows (token 0 at position 0 on the scratch
   page past the pool, like the decode graphs' padding requests);
 - one-row segments: a list of ``tokens`` entries: the step's decode rows, then one per
@@ -69,6 +72,7 @@ from crucible.backend.cupy_graphs import BUCKETS
 from crucible.backend.cupy_meta import CupyMeta, MixedSegments, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.backend.options import MIXED_GRAPH_ROWS
+from crucible.kernels.capacity import CapacityClasses, device_classes
 from crucible.step.batch import PackedBatch
 
 MAX_TOKENS = 512  # the default max_tokens
@@ -92,10 +96,13 @@ def _up(x: int, buckets: tuple[int, ...]) -> int:
     return next((b for b in buckets if b >= x), -(-x // buckets[-1]) * buckets[-1])
 
 
+def _end(segments: np.ndarray) -> int:
+    """The segments' longest absolute end (at least 1)."""
+    return max(1, int((segments[:, 2] + segments[:, 1]).max())) if segments.shape[0] else 1
+
+
 def _capacity(segments: np.ndarray) -> int:
-    if segments.shape[0] == 0:
-        return 256
-    return _up(int((segments[:, 2] + segments[:, 1]).max()), CAPACITY_BUCKETS)
+    return _up(_end(segments), CAPACITY_BUCKETS)
 
 
 def is_mixed_graph_step(batch: PackedBatch, max_tokens: int = MAX_TOKENS) -> bool:
@@ -110,7 +117,7 @@ def is_mixed_graph_step(batch: PackedBatch, max_tokens: int = MAX_TOKENS) -> boo
 
 class MixedGraphs(GraphCache):
     def __init__(self, table_width: int, scratch_page: int,
-                 max_tokens: int = MAX_TOKENS) -> None:
+                 max_tokens: int = MAX_TOKENS, owner: Any = None) -> None:
         import cupy as cp
 
         if max_tokens not in MIXED_GRAPH_ROWS:
@@ -118,6 +125,9 @@ class MixedGraphs(GraphCache):
                              f"{MIXED_GRAPH_ROWS}")
         self.max_tokens = max_tokens
         self.width = table_width  # pages of one full context
+        # ``owner`` (the backend: its cfg and variant) sizes the launches' score-capacity
+        # classes; without one, powers of two.
+        self.owner, self.classes = owner, None
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.ring = PinnedRing()
@@ -134,9 +144,27 @@ class MixedGraphs(GraphCache):
         s = _up(multi.shape[0], SLICE_BUCKETS)
         floor = t // max(4, s)  # the grid: a quarter of the rows a slice, or t rows in all
         chunk = min(t, max(floor, 1 << max(4, int(multi[:, 1].max() - 1).bit_length())))
-        cap = _capacity(segs)
-        return (t, f, s, chunk, cap,
-                min(cap, max(SLICE_CAPACITY_FLOOR, _capacity(multi))))
+        classes = self._classes()
+        if classes is None:  # powers of two (host-only tests; the rule before the classes)
+            cap = _capacity(segs)
+            return (t, f, s, chunk, cap,
+                    min(cap, max(SLICE_CAPACITY_FLOOR, _capacity(multi))))
+        single = segs[segs[:, 1] == 1]
+        return (t, f, s, chunk, classes.decode(_end(single), t),
+                classes.slices(max(SLICE_CAPACITY_FLOOR, _end(multi)), chunk, s))
+
+    def _classes(self) -> CapacityClasses | None:
+        """The owner's launch classes (kernels/capacity.py), remade when its geometry or
+        attention variant is not the one they were made for."""
+        owner = getattr(self, "owner", None)
+        if owner is None:
+            return None
+        c, cfg = self.classes, owner.cfg
+        if c is None or (c.n_heads, c.n_kv_heads, c.variant) != \
+                (cfg.n_heads, cfg.n_kv_heads, owner.variant):
+            c = self.classes = device_classes(cfg.n_heads, cfg.n_kv_heads, owner.variant,
+                                              -(-self.width * 16 // 256) * 256)
+        return c
 
     def _sizes(self, key: Key) -> tuple[int, int, list[int]]:
         """(table width, table rows, the buffer's part sizes: 4 row columns, one-row

@@ -1,0 +1,117 @@
+"""Mixed graphs keyed by capacity classes against powers of two, replayed on the GPU (random
+weights of the default model's shapes, so no model file is needed).
+
+    python3 bench/capacity_classes.py [--rounds 3] [--replays 20] [--json PATH]
+
+A mixed graph bakes in each attention launch's score capacity, which sizes a CTA's shared
+memory. Powers of two (the rule before kernels/capacity.py) gave slices ending at
+1,025-2,048 positions C = 2,048, one CTA of the exact tiled kernel an SM, and decode rows
+past 2,048 positions C = 4,096, two attn_decode CTAs an SM; the classes keep 2 and 3. The
+cases are a chat server's steps late in its conversations (bench/chat_timeline.py's
+cohorts and joiners, histories up to ~2,600 positions) and one of 256 running requests.
+Rules: "classes" (the default: occupancy classes, one-wave grids spread), "occupancy"
+(the classes without the spread) and "powers". Per case and rule: the key's two
+capacities and the replay's time (``--replays`` replays back to back, synchronized, after
+the capture), the rules' order alternating by round; ratios are each rule's time over the
+classes' per round. Every rule's replay must give the same logits bit for bit (the
+capacity changes no arithmetic): checked every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from common import SMOLLM2, stat, write_json
+from mixed_step import PAGES_PER_ROW, make_batch
+
+from crucible.engine.runner import ModelRunner
+from crucible.engine.settings import Settings
+from crucible.model.tiny import tiny_random_model
+
+# (name, decode rows, their history range, prefill chunk lengths, the chunks' start range)
+CASES = (
+    ("cohort late: 48 decode at 1,300-2,600 + 16x~60 at ~1,300", 48, (1300, 2600),
+     (60,) * 15 + (75,), (1250, 1350)),
+    ("joiner late: 63 decode at 1,300-2,600 + 84 at ~1,400", 63, (1300, 2600), (84,),
+     (1350, 1450)),
+    ("cohort: 48 decode at 850-1,000 + 16x~60 at ~960", 48, (850, 1000), (60,) * 15 + (75,),
+     (940, 980)),
+    ("serve 256: 244 decode at 300-2,600 + 4x~70 at ~1,100", 244, (300, 2600), (70,) * 4,
+     (1000, 1200)),
+)
+
+
+def replay_ms(runner: ModelRunner, batch: Any, replays: int) -> tuple[float, Any, tuple]:
+    """Capture the step's mixed graph (its sightings first), then time back-to-back replays."""
+    import cupy as cp
+
+    mg = runner.backend.mixed_graphs
+    before = mg.num_replays
+    for _ in range(mg.capture_after + 1):
+        out = runner.forward_device(batch)
+    assert mg.num_replays > before, "the step did not replay a mixed graph"
+    cp.cuda.Device().synchronize()
+    t = time.perf_counter()
+    for _ in range(replays):
+        out = runner.forward_device(batch)
+    cp.cuda.Device().synchronize()
+    return (time.perf_counter() - t) * 1e3 / replays, cp.asnumpy(out), mg.key(batch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--json", default="bench/capacity-classes.json")
+    args = p.parse_args(argv)
+    model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
+    runner = ModelRunner(model, num_pages=176 * 256, device="cuda",
+                         settings=Settings(device="cuda", mixed_graph_rows=1024))
+    mg = runner.backend.mixed_graphs
+    rng = np.random.default_rng(0)
+    batches = {name: make_batch(rng, d, h, c, runner.config.vocab_size, s, pages=176)
+               for name, d, h, c, s in CASES}
+    owner = mg.owner
+    mg.key(batches[CASES[0][0]])  # makes the owner's classes
+    spread = mg.classes
+    rules = {"classes": spread, "occupancy": dataclasses.replace(spread, spread=False),
+             "powers": None}
+    res: dict[str, dict[str, list[float]]] = {}
+    keys: dict[str, dict[str, list[int]]] = {}
+    for r in range(args.rounds):
+        for name, batch in batches.items():
+            got = {}
+            for rule in list(rules) if r % 2 == 0 else list(rules)[::-1]:
+                mg.clear()  # every key captured afresh under this rule
+                mg.owner, mg.classes = (owner, rules[rule]) if rules[rule] else (None, None)
+                ms, logits, key = replay_ms(runner, batch, args.replays)
+                got[rule] = logits.view(np.uint32).tobytes()
+                res.setdefault(name, {}).setdefault(rule + "_ms", []).append(ms)
+                keys.setdefault(name, {})[rule] = [int(key[4]), int(key[5])]
+            if len(set(got.values())) != 1:
+                raise SystemExit(f"{name}: the rules' logits differ")
+            d = res[name]
+            for rule in ("occupancy", "powers"):
+                d.setdefault(f"{rule}_over_classes", []).append(
+                    d[f"{rule}_ms"][-1] / d["classes_ms"][-1])
+        print(f"round {r} done", file=sys.stderr, flush=True)
+    mg.owner, mg.classes = owner, spread
+    summary = {n: {"capacities (decode, slices)": keys[n],
+                   **{k: stat(v) for k, v in d.items()}} for n, d in res.items()}
+    for n, d in summary.items():
+        print(f"{n}: {keys[n]} classes {d['classes_ms']['median']:.2f} ms; over it: "
+              + ", ".join(f"{r} x{d[r + '_over_classes']['median']:.3f}"
+                          for r in ("occupancy", "powers")), file=sys.stderr)
+    write_json(args.json, {"command": "python3 bench/capacity_classes.py "
+                           + " ".join(argv if argv is not None else sys.argv[1:]),
+                           "logits_identical": True, "results": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

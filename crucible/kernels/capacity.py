@@ -1,0 +1,125 @@
+"""Score-capacity classes for graph keys: the largest capacity an attention launch can take
+without losing a CTA per SM.
+
+A CUDA graph bakes in its attention launches' score capacity C (the shared score buffer's
+floats per distribution), so a graph key rounds the step's capacity up to a class; coarse
+classes mean few captures. The capacity changes no bit (each row's loops run to its own
+length; only the buffer's stride and size grow), but it sizes a CTA's dynamic shared memory
+and with it how many CTAs an SM holds. Powers of two cost the default model's exact tiled
+kernel half its CTAs in a common chat case: slices ending past 1,024 positions got C = 2,048
+(119 KB a CTA: one an SM) where C = 1,792 still fits two, and decode rows past 2,048 got
+4,096 (two CTAs an SM where 3,328 keeps three).
+
+So a class here is the largest multiple of 256 (at most a ceiling, the context's capacity)
+whose launch runs the same kernel with the same CTAs an SM as the capacity asked for:
+as coarse as it can be at no cost to the device. Where the launch's grid fits the GPU in
+one wave anyway, the class may hold fewer CTAs an SM, down to what that wave needs: the
+block scheduler fills an SM up to its limit, so a small grid then spreads over more SMs. How many CTAs fit is the driver's answer
+(cuOccupancyMaxActiveBlocksPerMultiprocessor), which counts registers, threads and shared
+memory; host-only tests pass an occupancy function of their own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from crucible.kernels.variants import LaunchPlan, Variant, plan_launch
+
+STEP = 256  # score_capacity's granule
+
+Occupancy = Callable[[LaunchPlan], int]  # CTAs an SM for one launch plan
+
+
+@dataclass(frozen=True)
+class CapacityClasses:
+    """The classes of one model geometry and attention variant on one device."""
+
+    n_heads: int
+    n_kv_heads: int
+    variant: Variant
+    ceiling: int  # the context's score capacity: no class goes past it
+    smem_limit: int  # the device's opt-in shared memory per CTA
+    sm_count: int
+    occupancy: Occupancy
+    spread: bool = True  # one-wave grids: as few CTAs an SM as hold the grid at once
+
+    def _plan(self, capacity: int, decode: bool, rows: int) -> LaunchPlan | None:
+        try:
+            return plan_launch(self.variant, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+                               head_dim=64, capacity=capacity, smem_limit=self.smem_limit,
+                               decode=decode, rows=rows, sm_count=self.sm_count)
+        except ValueError:  # past every kernel's shared memory
+            return None
+
+    def _widest(self, capacity: int, decode: bool, rows: int, grid: Callable[[LaunchPlan], int]
+                ) -> int:
+        capacity = -(-capacity // STEP) * STEP
+        first = self._plan(capacity, decode, rows)
+        if first is None:
+            return capacity
+        # A grid of one wave needs only ceil(grid / SMs) CTAs an SM; fewer allowed spreads it
+        # over more SMs (the block scheduler packs an SM up to its limit: a chat joiner's
+        # 63 slice CTAs ran 7% slower at two an SM than at one).
+        ctas = self.occupancy(first)
+        if self.spread:
+            ctas = min(ctas, max(1, -(-grid(first) // self.sm_count)))
+        c = capacity
+        while c + STEP <= self.ceiling:
+            nxt = self._plan(c + STEP, decode, rows)
+            if nxt is None or (nxt.variant, nxt.decode, nxt.decode_heads, nxt.threads) != \
+                    (first.variant, first.decode, first.decode_heads, first.threads) \
+                    or self.occupancy(nxt) < ctas:
+                break
+            c += STEP
+        return c
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 (a few dozen keys per engine)
+    def decode(self, capacity: int, rows: int) -> int:
+        """The class of a launch of ``rows`` one-row segments (attn_decode)."""
+        return self._widest(capacity, True, rows,
+                            lambda p: self.n_heads // p.decode_heads * rows)
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019
+    def slices(self, capacity: int, chunk: int = 1 << 20, slices: int = 1) -> int:
+        """The class of a launch of ``slices`` prefill slices over a grid of ``chunk`` rows
+        each (the tiled kernel)."""
+        return self._widest(capacity, False, 0,
+                            lambda p: self.n_kv_heads * -(-chunk // p.variant.rows) * slices)
+
+
+def device_occupancy(plan: LaunchPlan) -> int:
+    """CTAs an SM the driver fits for ``plan``'s kernel, threads and shared memory."""
+    from crucible.kernels.loader import attention_kernel, decode_kernel, ensure_dynamic_smem
+
+    kernel = decode_kernel(plan.decode_heads) if plan.decode else attention_kernel(plan.variant)
+    ensure_dynamic_smem(kernel, plan.smem_bytes)  # a launch past 48 KiB needs the opt-in
+    return _occupancy(getattr(kernel, "kernel", kernel), plan.threads, plan.smem_bytes)
+
+
+def _occupancy(func: Any, threads: int, smem: int) -> int:
+    kernel_ptr = int(func.ptr)  # the loaded CUfunction (compiles the module on first use)
+    n = ctypes.c_int(0)
+    rc = _driver_occupancy()(ctypes.byref(n), ctypes.c_void_p(kernel_ptr),
+                             ctypes.c_int(threads), ctypes.c_size_t(smem))
+    if rc != 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: CUresult {rc}")
+    return int(n.value)
+
+
+@functools.cache
+def _driver_occupancy() -> Any:
+    fn = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def device_classes(n_heads: int, n_kv_heads: int, variant: Variant,
+                   ceiling: int) -> CapacityClasses:
+    from crucible.kernels.loader import sm_count, smem_optin_limit
+
+    return CapacityClasses(n_heads, n_kv_heads, variant, ceiling, smem_optin_limit(),
+                           sm_count(), device_occupancy)
