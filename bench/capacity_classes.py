@@ -14,7 +14,9 @@ Rules: "classes" (the default: occupancy classes, one-wave grids spread), "occup
 capacities and the replay's time (``--replays`` replays back to back, synchronized, after
 the capture), the rules' order alternating by round; ratios are each rule's time over the
 classes' per round. Every rule's replay must give the same logits bit for bit (the
-capacity changes no arithmetic): checked every round.
+capacity changes no arithmetic): checked every round. Then the decode graphs (pure decode
+steps, batch 64 to 256): their capacity class (``graph_capacity``) against the spread class
+CapacityClasses.decode gives the bucket, timed and checked the same way.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 import numpy as np
 from common import SMOLLM2, stat, write_json
-from mixed_step import PAGES_PER_ROW, make_batch
+from mixed_step import make_batch
 
 from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
@@ -48,19 +50,82 @@ CASES = (
 
 def replay_ms(runner: ModelRunner, batch: Any, replays: int) -> tuple[float, Any, tuple]:
     """Capture the step's mixed graph (its sightings first), then time back-to-back replays."""
+    mg = runner.backend.mixed_graphs
+    ms, logits = timed_replays(lambda: runner.forward_device(batch), replays,
+                               lambda: mg.num_replays)
+    return ms, logits, mg.key(batch)
+
+
+# Steps of the other graph kinds, keyed today by graph_capacity (decode: 2,048, then every
+# 1,024) or the exact capacity (a lone prefill): (name, decode rows, history range, prompt
+# length). Batch 64 is #15's decode figure (128-token prompts).
+GRAPH_CASES = (("decode 64 at 128-192", 64, (128, 192), 0),
+               ("decode 128 at 300-1,200", 128, (300, 1200), 0),
+               ("decode 256 at 300-2,600", 256, (300, 2600), 0),
+               ("prefill 96", 0, (0, 0), 96),
+               ("prefill 320", 0, (0, 0), 320),
+               ("prefill 1,000", 0, (0, 0), 1000))
+
+
+def graph_ab(runner: ModelRunner, rounds: int, replays: int) -> dict[str, Any]:
+    """Decode and lone-prefill graphs at today's capacity against the spread class
+    (CapacityClasses.decode / .slices for the step's grid), timed and checked as above."""
+    from crucible.backend import cupy_graphs
+    from crucible.kernels.variants import score_capacity
+
+    be = runner.backend
+    g, pg, classes = be.graphs, be.prefill_graphs, be.mixed_graphs.classes
+    real = cupy_graphs.graph_capacity
+    rng = np.random.default_rng(1)
+    out: dict[str, Any] = {}
+    for name, rows, hist, n in GRAPH_CASES:
+        batch = make_batch(rng, rows, hist, (n,) if n else (), runner.config.vocab_size,
+                           pages=176)
+        exact = score_capacity(batch.max_end)
+        if rows:
+            cap = real(exact, g.ceiling)
+            caps = {"today": cap, "spread": classes.decode(cap, rows)}
+        else:
+            caps = {"today": exact, "spread": classes.slices(exact, n, 1)}
+        got, times = {}, {k: [] for k in caps}
+        for r in range(rounds):
+            for rule in list(caps) if r % 2 == 0 else list(caps)[::-1]:
+                c = caps[rule]
+                if rows:
+                    cupy_graphs.graph_capacity = lambda _c, _ceiling, v=c: v  # noqa: E731
+                    step, count = (lambda: runner.forward_device(batch)), (lambda: g.num_replays)
+                else:
+                    step = lambda v=c: pg.run(batch, v, runner._forward_meta)  # noqa: E731
+                    count = lambda: pg.num_replays  # noqa: E731
+                try:
+                    ms, logits = timed_replays(step, replays, count)
+                finally:
+                    cupy_graphs.graph_capacity = real
+                got[rule] = logits.view(np.uint32).tobytes()
+                times[rule].append(ms)
+            if len(set(got.values())) != 1:
+                raise SystemExit(f"{name}: the capacities' logits differ")
+        out[name] = {"capacities": caps, **{f"{k}_ms": stat(v) for k, v in times.items()},
+                     "today_over_spread": stat(
+                         [a / b for a, b in zip(times["today"], times["spread"])])}
+        print(f"{name}: {caps} x{out[name]['today_over_spread']['median']:.3f}",
+              file=sys.stderr)
+    return out
+
+
+def timed_replays(step: Any, replays: int, count: Any) -> tuple[float, Any]:
     import cupy as cp
 
-    mg = runner.backend.mixed_graphs
-    before = mg.num_replays
-    for _ in range(mg.capture_after + 1):
-        out = runner.forward_device(batch)
-    assert mg.num_replays > before, "the step did not replay a mixed graph"
+    before = count()
+    for _ in range(3):  # a mixed or prefill key is captured on its second sighting
+        step()
+    assert count() > before, "the step did not replay a graph"
     cp.cuda.Device().synchronize()
     t = time.perf_counter()
     for _ in range(replays):
-        out = runner.forward_device(batch)
+        out = step()
     cp.cuda.Device().synchronize()
-    return (time.perf_counter() - t) * 1e3 / replays, cp.asnumpy(out), mg.key(batch)
+    return (time.perf_counter() - t) * 1e3 / replays, cp.asnumpy(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                     d[f"{rule}_ms"][-1] / d["classes_ms"][-1])
         print(f"round {r} done", file=sys.stderr, flush=True)
     mg.owner, mg.classes = owner, spread
+    others = graph_ab(runner, args.rounds, args.replays)
     summary = {n: {"capacities (decode, slices)": keys[n],
                    **{k: stat(v) for k, v in d.items()}} for n, d in res.items()}
     for n, d in summary.items():
@@ -109,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                           for r in ("occupancy", "powers")), file=sys.stderr)
     write_json(args.json, {"command": "python3 bench/capacity_classes.py "
                            + " ".join(argv if argv is not None else sys.argv[1:]),
-                           "logits_identical": True, "results": summary})
+                           "logits_identical": True, "results": summary,
+                           "decode_and_prefill_graphs": others})
     return 0
 
 
