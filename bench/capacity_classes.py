@@ -68,14 +68,15 @@ GRAPH_CASES = (("decode 64 at 128-192", 64, (128, 192), 0),
 
 
 def graph_ab(runner: ModelRunner, rounds: int, replays: int) -> dict[str, Any]:
-    """Decode and lone-prefill graphs at today's capacity against the spread class
-    (CapacityClasses.decode / .slices for the step's grid), timed and checked as above."""
+    """Decode and lone-prefill graphs at the capacity before the classes against their
+    class (DecodeGraphs.capacity_class, PrefillGraphs' classes), timed and checked as
+    above."""
     from crucible.backend import cupy_graphs
     from crucible.kernels.variants import score_capacity
 
     be = runner.backend
-    g, pg, classes = be.graphs, be.prefill_graphs, be.mixed_graphs.classes
-    real = cupy_graphs.graph_capacity
+    g, pg = be.graphs, be.prefill_graphs
+    owned = pg.classes
     rng = np.random.default_rng(1)
     out: dict[str, Any] = {}
     for name, rows, hist, n in GRAPH_CASES:
@@ -83,32 +84,35 @@ def graph_ab(runner: ModelRunner, rounds: int, replays: int) -> dict[str, Any]:
                            pages=176)
         exact = score_capacity(batch.max_end)
         if rows:
-            cap = real(exact, g.ceiling)
-            caps = {"today": cap, "spread": classes.decode(cap, rows)}
+            bucket = next(b for b in cupy_graphs.BUCKETS if b >= rows)
+            caps = {"before": cupy_graphs.graph_capacity(exact, g.ceiling),
+                    "classes": g.capacity_class(exact, bucket)}
         else:
-            caps = {"today": exact, "spread": classes.slices(exact, n, 1)}
+            caps = {"before": exact, "classes": owned.get().slices(exact, n, 1)}
         got, times = {}, {k: [] for k in caps}
         for r in range(rounds):
             for rule in list(caps) if r % 2 == 0 else list(caps)[::-1]:
                 c = caps[rule]
-                if rows:
-                    cupy_graphs.graph_capacity = lambda _c, _ceiling, v=c: v  # noqa: E731
+                if rows:  # the bucket replays at c: a pair of that key
+                    g.capacity_class = lambda _c, _b, v=c: v  # noqa: E731
                     step, count = (lambda: runner.forward_device(batch)), (lambda: g.num_replays)
-                else:
-                    step = lambda v=c: pg.run(batch, v, runner._forward_meta)  # noqa: E731
+                else:  # the prefill graphs widen an exact capacity themselves
+                    pg.classes = owned if rule == "classes" else None
+                    step = lambda: pg.run(batch, exact, runner._forward_meta)  # noqa: E731
                     count = lambda: pg.num_replays  # noqa: E731
                 try:
                     ms, logits = timed_replays(step, replays, count)
                 finally:
-                    cupy_graphs.graph_capacity = real
+                    g.__dict__.pop("capacity_class", None)
+                    pg.classes = owned
                 got[rule] = logits.view(np.uint32).tobytes()
                 times[rule].append(ms)
             if len(set(got.values())) != 1:
                 raise SystemExit(f"{name}: the capacities' logits differ")
         out[name] = {"capacities": caps, **{f"{k}_ms": stat(v) for k, v in times.items()},
-                     "today_over_spread": stat(
-                         [a / b for a, b in zip(times["today"], times["spread"])])}
-        print(f"{name}: {caps} x{out[name]['today_over_spread']['median']:.3f}",
+                     "before_over_classes": stat(
+                         [a / b for a, b in zip(times["before"], times["classes"])])}
+        print(f"{name}: {caps} x{out[name]['before_over_classes']['median']:.3f}",
               file=sys.stderr)
     return out
 
@@ -141,9 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     batches = {name: make_batch(rng, d, h, c, runner.config.vocab_size, s, pages=176)
                for name, d, h, c, s in CASES}
-    owner = mg.owner
-    mg.key(batches[CASES[0][0]])  # makes the owner's classes
-    spread = mg.classes
+    owned = mg.classes
+    spread = owned.get()
     rules = {"classes": spread, "occupancy": dataclasses.replace(spread, spread=False),
              "powers": None}
     res: dict[str, dict[str, list[float]]] = {}
@@ -153,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             got = {}
             for rule in list(rules) if r % 2 == 0 else list(rules)[::-1]:
                 mg.clear()  # every key captured afresh under this rule
-                mg.owner, mg.classes = (owner, rules[rule]) if rules[rule] else (None, None)
+                mg.classes = owned if rules[rule] else None
+                owned.classes = rules[rule] or spread
                 ms, logits, key = replay_ms(runner, batch, args.replays)
                 got[rule] = logits.view(np.uint32).tobytes()
                 res.setdefault(name, {}).setdefault(rule + "_ms", []).append(ms)
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 d.setdefault(f"{rule}_over_classes", []).append(
                     d[f"{rule}_ms"][-1] / d["classes_ms"][-1])
         print(f"round {r} done", file=sys.stderr, flush=True)
-    mg.owner, mg.classes = owner, spread
+    mg.classes, owned.classes = owned, spread
     others = graph_ab(runner, args.rounds, args.replays)
     summary = {n: {"capacities (decode, slices)": keys[n],
                    **{k: stat(v) for k, v in d.items()}} for n, d in res.items()}

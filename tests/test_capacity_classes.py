@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from crucible.backend.cupy_mixed_graphs import MixedGraphs
-from crucible.kernels.capacity import CapacityClasses
+from crucible.kernels.capacity import CapacityClasses, OwnedClasses
 from crucible.kernels.variants import (
     LaunchPlan,
     decode_static_bytes,
@@ -71,9 +71,10 @@ def test_the_default_models_classes() -> None:
 def graphs(with_classes: bool) -> MixedGraphs:
     g = MixedGraphs.__new__(MixedGraphs)  # host side only: no device, no stream
     g.width, g.scratch = 512, 9000
-    cfg = SimpleNamespace(n_heads=9, n_kv_heads=3)
-    g.owner = SimpleNamespace(cfg=cfg, variant=VARIANT) if with_classes else None
-    g.classes = classes() if with_classes else None
+    owner = SimpleNamespace(cfg=SimpleNamespace(n_heads=9, n_kv_heads=3), variant=VARIANT)
+    g.classes = OwnedClasses(owner, 8192) if with_classes else None
+    if g.classes is not None:
+        g.classes.classes = classes()  # the modelled device's, kept: same geometry, variant
     return g
 
 
@@ -110,3 +111,19 @@ def test_one_wave_grids_spread() -> None:
     assert dataclasses.replace(c, spread=False).slices(1280, 128, 1) == 1792
     assert c.decode(2600, 40) > 3328 and occupancy(plan(c.decode(2600, 40), True, 40)) >= 1
     assert occupancy(plan(c.decode(2600, 64), True, 64)) == 2  # 192 CTAs: 2 an SM suffice
+
+
+def test_decode_graphs_widen_past_the_stack() -> None:
+    """Decode buckets past the batch-1 stack replay at their grid's class (64 rows: 192
+    CTAs, two an SM hold them); bucket 1 keeps graph_capacity's, which the stack's
+    attention (W_o staged beside the scores) is fitted to; no owner: graph_capacity's."""
+    from crucible.backend.cupy_graphs import DecodeGraphs, graph_capacity
+
+    g = DecodeGraphs.__new__(DecodeGraphs)
+    g.ceiling = 8192
+    assert g.capacity_class(300, 64) == graph_capacity(300, 8192) == 2048
+    g.classes = graphs(True).classes
+    assert g.capacity_class(300, 1) == 2048
+    wide = g.capacity_class(300, 64)
+    assert wide > 2048 and occupancy(plan(wide, True, 64)) == 2 < occupancy(plan(2048, True, 64))
+    assert g.capacity_class(2600, 256) == 3328  # 768 CTAs: waves either way, three an SM

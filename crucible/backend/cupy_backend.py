@@ -89,9 +89,9 @@ class CupyBackend:
         width = -(-cfg.max_context // 16)
         self.graphs = self.prefill_graphs = self.mixed_graphs = None
         if self.options.decode_graphs:
-            self.graphs = DecodeGraphs(cfg.vocab_size, table_width=width, scratch_page=num_pages)
+            self.graphs = DecodeGraphs(cfg.vocab_size, width, num_pages, owner=self)
         if self.options.prefill_graphs:
-            self.prefill_graphs = PrefillGraphs(table_width=width, scratch_page=num_pages)
+            self.prefill_graphs = PrefillGraphs(width, num_pages, owner=self)
         if self.options.mixed_graphs:
             self.mixed_graphs = MixedGraphs(table_width=width, scratch_page=num_pages,
                                             max_tokens=self.options.mixed_graph_rows, owner=self)

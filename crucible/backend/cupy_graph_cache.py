@@ -25,6 +25,7 @@ class GraphCache:
     """A subclass sets ``stream`` and calls ``_init_cache``; ``_graph`` does the rest."""
 
     stream: Any
+    classes: Any = None  # kernels/capacity.py OwnedClasses (None: capacities as asked)
 
     def _init_cache(self, capture_after: int, max_graphs: int) -> None:
         self.graphs: dict[Hashable, Captured] = {}

@@ -47,6 +47,8 @@ from crucible.backend.cupy_graph_memory import GraphMemory
 from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.backend.options import DECODE_GRAPH_ROWS
+from crucible.kernels.capacity import OwnedClasses
+from crucible.kernels.decode_stack import MAX_ROWS as STACK_ROWS
 from crucible.step.batch import PackedBatch
 
 # Up to the default max_running (options.DECODE_GRAPH_ROWS): under load most decode
@@ -75,7 +77,10 @@ def is_decode_step(batch: PackedBatch) -> bool:
 
 
 class DecodeGraphs:
-    def __init__(self, vocab_size: int, table_width: int, scratch_page: int) -> None:
+    classes: OwnedClasses | None = None  # (fakes built without __init__ have none)
+
+    def __init__(self, vocab_size: int, table_width: int, scratch_page: int,
+                 owner: Any = None) -> None:
         import cupy as cp
 
         from crucible.kernels.sampling_greedy import GreedyLauncher
@@ -83,6 +88,8 @@ class DecodeGraphs:
         self.vocab = vocab_size
         self.width = table_width  # pages of one full context: the widest table a graph holds
         self.ceiling = -(-table_width * 16 // 256) * 256  # the context's score capacity
+        # ``owner`` (the backend) sizes the spread classes of buckets past the stack's rows
+        self.classes = None if owner is None else OwnedClasses(owner, self.ceiling)
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)  # captures
         self.upload = cp.cuda.Stream(non_blocking=True)  # metadata, ahead of the replays
@@ -108,6 +115,16 @@ class DecodeGraphs:
         self.stream.synchronize()
         self.graphs.clear()
         self.memory.release()
+
+    def capacity_class(self, capacity: int, bucket: int) -> int:
+        """The capacity a bucket's step replays at: ``graph_capacity``'s class, widened
+        to the bucket's grid class (kernels/capacity.py: a one-wave grid spreads over more
+        SMs) past the batch-1 stack's rows, whose attention also stages W_o beside the
+        scores (kernels/decode_stack.py fits it to the capacity)."""
+        c = graph_capacity(capacity, self.ceiling)
+        if self.classes is None or bucket <= STACK_ROWS:
+            return c
+        return self.classes.get().decode(c, bucket)
 
     def table_width(self, capacity: int) -> int:
         """Page-table columns a graph of score capacity ``capacity`` holds: every position
@@ -215,13 +232,12 @@ class DecodeGraphs:
 
         before = self.num_captures
         top = next((x for x in BUCKETS if x >= max_rows), BUCKETS[-1])
-        capacity = graph_capacity(256, self.ceiling)
         # The shared logits buffer at its final size: an outgrown one would live on with
         # the graphs that write it.
         self.memory.logits(top, self.vocab)
         for bucket in reversed([b for b in BUCKETS if b <= top]):
             try:
-                self._pair(bucket, capacity, forward)
+                self._pair(bucket, self.capacity_class(256, bucket), forward)
             except cp.cuda.memory.OutOfMemoryError:
                 # What was captured stays; the rest is captured (or run eagerly) as needed.
                 self.num_out_of_memory += 1
@@ -236,7 +252,7 @@ class DecodeGraphs:
 
         b = batch.num_rows
         bucket = next(x for x in BUCKETS if x >= b)
-        capacity = graph_capacity(capacity, self.ceiling)
+        capacity = self.capacity_class(capacity, bucket)
         try:
             pair = self._pair(bucket, capacity, forward)
         except cp.cuda.memory.OutOfMemoryError:

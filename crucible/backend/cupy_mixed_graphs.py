@@ -72,7 +72,7 @@ from crucible.backend.cupy_graphs import BUCKETS
 from crucible.backend.cupy_meta import CupyMeta, MixedSegments, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.backend.options import MIXED_GRAPH_ROWS
-from crucible.kernels.capacity import CapacityClasses, device_classes
+from crucible.kernels.capacity import OwnedClasses
 from crucible.step.batch import PackedBatch
 
 MAX_TOKENS = 512  # the default max_tokens
@@ -127,7 +127,8 @@ class MixedGraphs(GraphCache):
         self.width = table_width  # pages of one full context
         # ``owner`` (the backend: its cfg and variant) sizes the launches' score-capacity
         # classes; without one, powers of two.
-        self.owner, self.classes = owner, None
+        ceiling = -(-table_width * 16 // 256) * 256
+        self.classes = None if owner is None else OwnedClasses(owner, ceiling)
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.ring = PinnedRing()
@@ -144,7 +145,7 @@ class MixedGraphs(GraphCache):
         s = _up(multi.shape[0], SLICE_BUCKETS)
         floor = t // max(4, s)  # the grid: a quarter of the rows a slice, or t rows in all
         chunk = min(t, max(floor, 1 << max(4, int(multi[:, 1].max() - 1).bit_length())))
-        classes = self._classes()
+        classes = None if self.classes is None else self.classes.get()
         if classes is None:  # powers of two (host-only tests; the rule before the classes)
             cap = _capacity(segs)
             return (t, f, s, chunk, cap,
@@ -152,19 +153,6 @@ class MixedGraphs(GraphCache):
         single = segs[segs[:, 1] == 1]
         return (t, f, s, chunk, classes.decode(_end(single), t),
                 classes.slices(max(SLICE_CAPACITY_FLOOR, _end(multi)), chunk, s))
-
-    def _classes(self) -> CapacityClasses | None:
-        """The owner's launch classes (kernels/capacity.py), remade when its geometry or
-        attention variant is not the one they were made for."""
-        owner = getattr(self, "owner", None)
-        if owner is None:
-            return None
-        c, cfg = self.classes, owner.cfg
-        if c is None or (c.n_heads, c.n_kv_heads, c.variant) != \
-                (cfg.n_heads, cfg.n_kv_heads, owner.variant):
-            c = self.classes = device_classes(cfg.n_heads, cfg.n_kv_heads, owner.variant,
-                                              -(-self.width * 16 // 256) * 256)
-        return c
 
     def _sizes(self, key: Key) -> tuple[int, int, list[int]]:
         """(table width, table rows, the buffer's part sizes: 4 row columns, one-row

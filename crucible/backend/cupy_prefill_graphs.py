@@ -6,7 +6,8 @@ of a few hundred tokens. A graph replays the whole forward with one launch.
 
 A step qualifies when it holds exactly one segment of more than one row whose final rows
 are either none (a middle chunk) or just its last row. Its graph is keyed by
-``(length, want_logits, score_capacity)``, the things that shape the kernel launches; the
+``(length, want_logits, score capacity)``, the things that shape the kernel launches (the
+capacity widened to its class, kernels/capacity.py, so a short prompt's grid spreads); the
 request's tokens, positions, slots and page table are data, refilled in one host-to-device
 copy before each replay. A key is captured the second time it is seen: a capture costs a few
 eager forwards, and a server's prompts mostly have lengths never seen again (captured on
@@ -28,6 +29,7 @@ from crucible.backend.cupy_capture import capture_forward
 from crucible.backend.cupy_graph_cache import GraphCache
 from crucible.backend.cupy_meta import CupyMeta, split
 from crucible.backend.cupy_pinned import PinnedRing
+from crucible.kernels.capacity import OwnedClasses
 from crucible.step.batch import PackedBatch
 
 MAX_GRAPHS = 64
@@ -43,7 +45,7 @@ def is_singleton_prefill(batch: PackedBatch) -> bool:
 
 
 class PrefillGraphs(GraphCache):
-    def __init__(self, table_width: int, scratch_page: int) -> None:
+    def __init__(self, table_width: int, scratch_page: int, owner: Any = None) -> None:
         import cupy as cp
 
         self.width = table_width
@@ -51,6 +53,9 @@ class PrefillGraphs(GraphCache):
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.ring = PinnedRing()  # page-locked metadata staging (cupy_pinned.py)
         self._init_cache(CAPTURE_AFTER, MAX_GRAPHS)
+        # ``owner`` (the backend) sizes the capacity classes (kernels/capacity.py)
+        ceiling = -(-table_width * 16 // 256) * 256
+        self.classes = None if owner is None else OwnedClasses(owner, ceiling)
 
     def host_meta(self, batch: PackedBatch | None, length: int, want: bool) -> np.ndarray:
         """Tokens, positions, pages, slots, the segment, the page table, the final row."""
@@ -81,6 +86,8 @@ class PrefillGraphs(GraphCache):
         import cupy as cp
 
         length, want = batch.num_rows, batch.final_rows.shape[0] == 1
+        if self.classes is not None:  # a short prompt's grid spreads over more SMs
+            capacity = self.classes.get().slices(capacity, length, 1)
 
         def capture() -> Any:
             meta_dev = cp.asarray(self.host_meta(None, length, want))

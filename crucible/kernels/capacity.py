@@ -123,3 +123,21 @@ def device_classes(n_heads: int, n_kv_heads: int, variant: Variant,
 
     return CapacityClasses(n_heads, n_kv_heads, variant, ceiling, smem_optin_limit(),
                            sm_count(), device_occupancy)
+
+
+class OwnedClasses:
+    """A graph cache's classes: its owner's (the backend's ``cfg`` and ``variant``), made on
+    first use and remade when the geometry or variant is no longer theirs. ``classes`` may
+    be set directly (host-only tests, benchmarks comparing rules)."""
+
+    def __init__(self, owner: Any, ceiling: int) -> None:
+        self.owner, self.ceiling = owner, ceiling
+        self.classes: CapacityClasses | None = None
+
+    def get(self) -> CapacityClasses:
+        c, cfg = self.classes, self.owner.cfg
+        if c is None or (c.n_heads, c.n_kv_heads, c.variant) != \
+                (cfg.n_heads, cfg.n_kv_heads, self.owner.variant):
+            c = self.classes = device_classes(cfg.n_heads, cfg.n_kv_heads, self.owner.variant,
+                                              self.ceiling)
+        return c
