@@ -9,14 +9,14 @@ memory. Powers of two (the rule before kernels/capacity.py) gave slices ending a
 past 2,048 positions C = 4,096, two attn_decode CTAs an SM; the classes keep 2 and 3. The
 cases are a chat server's steps late in its conversations (bench/chat_timeline.py's
 cohorts and joiners, histories up to ~2,600 positions) and one of 256 running requests.
-Rules: "classes" (the default: occupancy classes, one-wave grids spread), "occupancy"
-(the classes without the spread) and "powers". Per case and rule: the key's two
-capacities and the replay's time (``--replays`` replays back to back, synchronized, after
-the capture), the rules' order alternating by round; ratios are each rule's time over the
-classes' per round. Every rule's replay must give the same logits bit for bit (the
-capacity changes no arithmetic): checked every round. Then the decode graphs (pure decode
-steps, batch 64 to 256): their capacity class (``graph_capacity``) against the spread class
-CapacityClasses.decode gives the bucket, timed and checked the same way.
+Rules: "classes" (the default: occupancy classes), "spread" (the spread rule, off by
+default: one-wave grids as few CTAs an SM as they need) and "powers". Per case and rule:
+the key's two capacities and the replay's time (``--replays`` replays back to back,
+synchronized, after the capture), the rules' order alternating by round; ratios are each
+rule's time over the classes' per round. Every rule's replay must give the same logits bit
+for bit (the capacity changes no arithmetic): checked every round. Then the decode graphs
+(batch 64 to 256) and the lone-prefill graphs (96 to 1,000 tokens) with and without the
+spread rule, timed and checked the same way.
 """
 
 from __future__ import annotations
@@ -68,15 +68,16 @@ GRAPH_CASES = (("decode 64 at 128-192", 64, (128, 192), 0),
 
 
 def graph_ab(runner: ModelRunner, rounds: int, replays: int) -> dict[str, Any]:
-    """Decode and lone-prefill graphs at the capacity before the classes against their
-    class (DecodeGraphs.capacity_class, PrefillGraphs' classes), timed and checked as
-    above."""
+    """Decode and lone-prefill graphs without the spread rule (their capacities as before
+    the classes) and with it ("classes" below), timed and checked as above."""
     from crucible.backend import cupy_graphs
     from crucible.kernels.variants import score_capacity
 
     be = runner.backend
     g, pg = be.graphs, be.prefill_graphs
     owned = pg.classes
+    spread = dataclasses.replace(owned.get(), spread=True)
+    g.classes.classes = owned.classes = spread  # kept while the geometry and variant hold
     rng = np.random.default_rng(1)
     out: dict[str, Any] = {}
     for name, rows, hist, n in GRAPH_CASES:
@@ -114,6 +115,7 @@ def graph_ab(runner: ModelRunner, rounds: int, replays: int) -> dict[str, Any]:
                          [a / b for a, b in zip(times["before"], times["classes"])])}
         print(f"{name}: {caps} x{out[name]['before_over_classes']['median']:.3f}",
               file=sys.stderr)
+    g.classes.classes = owned.classes = None  # the shipped rule again, remade on use
     return out
 
 
@@ -146,9 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     batches = {name: make_batch(rng, d, h, c, runner.config.vocab_size, s, pages=176)
                for name, d, h, c, s in CASES}
     owned = mg.classes
-    spread = owned.get()
-    rules = {"classes": spread, "occupancy": dataclasses.replace(spread, spread=False),
-             "powers": None}
+    shipped = owned.get()
+    spread = dataclasses.replace(shipped, spread=True)
+    rules = {"classes": shipped, "spread": spread, "powers": None}
     res: dict[str, dict[str, list[float]]] = {}
     keys: dict[str, dict[str, list[int]]] = {}
     for r in range(args.rounds):
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             for rule in list(rules) if r % 2 == 0 else list(rules)[::-1]:
                 mg.clear()  # every key captured afresh under this rule
                 mg.classes = owned if rules[rule] else None
-                owned.classes = rules[rule] or spread
+                owned.classes = rules[rule] or shipped
                 ms, logits, key = replay_ms(runner, batch, args.replays)
                 got[rule] = logits.view(np.uint32).tobytes()
                 res.setdefault(name, {}).setdefault(rule + "_ms", []).append(ms)
@@ -165,18 +167,18 @@ def main(argv: list[str] | None = None) -> int:
             if len(set(got.values())) != 1:
                 raise SystemExit(f"{name}: the rules' logits differ")
             d = res[name]
-            for rule in ("occupancy", "powers"):
+            for rule in ("spread", "powers"):
                 d.setdefault(f"{rule}_over_classes", []).append(
                     d[f"{rule}_ms"][-1] / d["classes_ms"][-1])
         print(f"round {r} done", file=sys.stderr, flush=True)
-    mg.classes, owned.classes = owned, spread
+    mg.classes, owned.classes = owned, shipped
     others = graph_ab(runner, args.rounds, args.replays)
     summary = {n: {"capacities (decode, slices)": keys[n],
                    **{k: stat(v) for k, v in d.items()}} for n, d in res.items()}
     for n, d in summary.items():
         print(f"{n}: {keys[n]} classes {d['classes_ms']['median']:.2f} ms; over it: "
               + ", ".join(f"{r} x{d[r + '_over_classes']['median']:.3f}"
-                          for r in ("occupancy", "powers")), file=sys.stderr)
+                          for r in ("spread", "powers")), file=sys.stderr)
     write_json(args.json, {"command": "python3 bench/capacity_classes.py "
                            + " ".join(argv if argv is not None else sys.argv[1:]),
                            "logits_identical": True, "results": summary,

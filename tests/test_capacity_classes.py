@@ -5,7 +5,6 @@ SM that both attention kernels have at the default model's group."""
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -29,8 +28,8 @@ def occupancy(plan: LaunchPlan) -> int:
     return min(3, SM_SMEM // (plan.smem_bytes + static + RESERVED))
 
 
-def classes(ceiling: int = 8192) -> CapacityClasses:
-    return CapacityClasses(9, 3, VARIANT, ceiling, OPTIN, 132, occupancy)
+def classes(ceiling: int = 8192, spread: bool = False) -> CapacityClasses:
+    return CapacityClasses(9, 3, VARIANT, ceiling, OPTIN, 132, occupancy, spread)
 
 
 def plan(capacity: int, decode: bool = False, rows: int = 0) -> LaunchPlan:
@@ -40,7 +39,7 @@ def plan(capacity: int, decode: bool = False, rows: int = 0) -> LaunchPlan:
 
 @pytest.mark.parametrize("decode,rows", [(False, 0), (True, 512), (True, 16)])
 def test_a_class_is_the_widest_capacity_at_the_same_occupancy(decode: bool, rows: int) -> None:
-    c = dataclasses.replace(classes(), spread=False)  # the occupancy rule alone
+    c = classes()  # the occupancy rule (no spread: the default)
     for asked in range(1, 8193, 97):
         got = c.decode(asked, rows) if decode else c.slices(asked)
         first = plan(-(-asked // 256) * 256, decode, rows)
@@ -68,21 +67,22 @@ def test_the_default_models_classes() -> None:
     assert classes(ceiling=1536).slices(1280) == 1536  # never past the context
 
 
-def graphs(with_classes: bool) -> MixedGraphs:
+def graphs(with_classes: bool, spread: bool = False) -> MixedGraphs:
     g = MixedGraphs.__new__(MixedGraphs)  # host side only: no device, no stream
     g.width, g.scratch = 512, 9000
     owner = SimpleNamespace(cfg=SimpleNamespace(n_heads=9, n_kv_heads=3), variant=VARIANT)
     g.classes = OwnedClasses(owner, 8192) if with_classes else None
-    if g.classes is not None:
-        g.classes.classes = classes()  # the modelled device's, kept: same geometry, variant
+    if g.classes is not None:  # the modelled device's, kept: same geometry and variant
+        g.classes.classes = classes(spread=spread)
     return g
 
 
 def test_mixed_keys_take_each_launchs_class() -> None:
     """Chat steps late in their conversations: decodes at ~2,500 positions beside slices
     ending past 1,024. Each launch gets its own class; powers of two (no owner) give the
-    capacities that cost CTAs. A cohort's slices fill several waves, so they keep two CTAs
-    an SM (1,792); a lone joiner's 96 CTAs fit one wave at one an SM (4,352)."""
+    capacities that cost CTAs. Under the spread rule a cohort's slices, which fill several
+    waves, keep two CTAs an SM (1,792), and a lone joiner's 96 CTAs, one wave at one an SM,
+    take the widest class that holds one (4,352)."""
     def step(decode_start: int, slice_start: int, slices: int, n: int) -> object:
         dec = [SegmentSpec(f"d{i}", [1], decode_start, list(range(200)), [0]) for i in range(48)]
         return build_packed_batch(dec + [SegmentSpec(f"p{j}", [1] * n, slice_start,
@@ -90,39 +90,43 @@ def test_mixed_keys_take_each_launchs_class() -> None:
                                          for j in range(slices)])
 
     cohort, joiner = step(2500, 1000, 16, 60), step(2500, 1000, 1, 84)
-    assert MixedGraphs.key(graphs(True), cohort)[4:] == (3328, 1792)
-    assert MixedGraphs.key(graphs(True), joiner)[4:] == (3328, 4352)
-    assert MixedGraphs.key(graphs(False), cohort)[4:] == (4096, 2048)
-    assert MixedGraphs.key(graphs(False), joiner)[4:] == (4096, 2048)
-    # short histories: one decode class, the slices' floor where their grid needs 3 an SM
+    for batch in (cohort, joiner):
+        assert MixedGraphs.key(graphs(True), batch)[4:] == (3328, 1792)
+        assert MixedGraphs.key(graphs(False), batch)[4:] == (4096, 2048)
+    assert MixedGraphs.key(graphs(True, spread=True), cohort)[4:] == (3328, 1792)
+    assert MixedGraphs.key(graphs(True, spread=True), joiner)[4:] == (3328, 4352)
+    # short histories: one decode class, the slices' floor
     assert MixedGraphs.key(graphs(True), step(300, 0, 16, 60))[4:] == (3328, 1024)
-    g = graphs(True)
+    g = graphs(True, spread=True)
     w, rows, _ = g._sizes(MixedGraphs.key(g, joiner))
     assert w == 4352 // 16 and rows == MixedGraphs.key(g, joiner)[0] + 2  # every history
 
 
 def test_one_wave_grids_spread() -> None:
-    """A grid that fits one wave at one CTA an SM takes the widest capacity that still
-    holds one (the scheduler cannot pack it); with ``spread`` off, the occupancy class."""
-    c = classes()
+    """Under the spread rule a grid that fits one wave at one CTA an SM takes the widest
+    capacity that still holds one; without it (the default), the occupancy class."""
+    c = classes(spread=True)
     assert c.slices(1280, 128, 1) == 4352  # 3 x 32 CTAs < 132 SMs
     assert c.slices(1280, 128, 2) == 1792  # 192 CTAs: two an SM hold them in one wave
     assert c.slices(1280, 128, 16) == 1792  # 1,536: waves either way
-    assert dataclasses.replace(c, spread=False).slices(1280, 128, 1) == 1792
+    assert classes().slices(1280, 128, 1) == 1792
     assert c.decode(2600, 40) > 3328 and occupancy(plan(c.decode(2600, 40), True, 40)) >= 1
     assert occupancy(plan(c.decode(2600, 64), True, 64)) == 2  # 192 CTAs: 2 an SM suffice
 
 
-def test_decode_graphs_widen_past_the_stack() -> None:
-    """Decode buckets past the batch-1 stack replay at their grid's class (64 rows: 192
-    CTAs, two an SM hold them); bucket 1 keeps graph_capacity's, which the stack's
-    attention (W_o staged beside the scores) is fitted to; no owner: graph_capacity's."""
+def test_decode_graphs_widen_past_the_stack_under_the_spread_rule() -> None:
+    """Under the spread rule, decode buckets past the batch-1 stack replay at their grid's
+    class (64 rows: 192 CTAs, two an SM hold them); bucket 1 keeps graph_capacity's, which
+    the stack's attention (W_o staged beside the scores) is fitted to; without the rule or
+    an owner, graph_capacity's everywhere."""
     from crucible.backend.cupy_graphs import DecodeGraphs, graph_capacity
 
     g = DecodeGraphs.__new__(DecodeGraphs)
     g.ceiling = 8192
     assert g.capacity_class(300, 64) == graph_capacity(300, 8192) == 2048
     g.classes = graphs(True).classes
+    assert g.capacity_class(300, 64) == 2048 and g.capacity_class(2600, 256) == 3072
+    g.classes = graphs(True, spread=True).classes
     assert g.capacity_class(300, 1) == 2048
     wide = g.capacity_class(300, 64)
     assert wide > 2048 and occupancy(plan(wide, True, 64)) == 2 < occupancy(plan(2048, True, 64))

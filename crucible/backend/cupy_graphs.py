@@ -88,7 +88,7 @@ class DecodeGraphs:
         self.vocab = vocab_size
         self.width = table_width  # pages of one full context: the widest table a graph holds
         self.ceiling = -(-table_width * 16 // 256) * 256  # the context's score capacity
-        # ``owner`` (the backend) sizes the spread classes of buckets past the stack's rows
+        # ``owner`` (the backend) sizes the spread rule's classes (capacity_class)
         self.classes = None if owner is None else OwnedClasses(owner, self.ceiling)
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)  # captures
@@ -117,14 +117,13 @@ class DecodeGraphs:
         self.memory.release()
 
     def capacity_class(self, capacity: int, bucket: int) -> int:
-        """The capacity a bucket's step replays at: ``graph_capacity``'s class, widened
-        to the bucket's grid class (kernels/capacity.py: a one-wave grid spreads over more
-        SMs) past the batch-1 stack's rows, whose attention also stages W_o beside the
+        """The capacity a bucket's step replays at: ``graph_capacity``'s class, under the
+        spread rule (kernels/capacity.py, off by default) widened to the bucket's grid
+        class past the batch-1 stack's rows, whose attention also stages W_o beside the
         scores (kernels/decode_stack.py fits it to the capacity)."""
         c = graph_capacity(capacity, self.ceiling)
-        if self.classes is None or bucket <= STACK_ROWS:
-            return c
-        return self.classes.get().decode(c, bucket)
+        classes = None if self.classes is None or bucket <= STACK_ROWS else self.classes.get()
+        return classes.decode(c, bucket) if classes is not None and classes.spread else c
 
     def table_width(self, capacity: int) -> int:
         """Page-table columns a graph of score capacity ``capacity`` holds: every position

@@ -6,8 +6,8 @@ of a few hundred tokens. A graph replays the whole forward with one launch.
 
 A step qualifies when it holds exactly one segment of more than one row whose final rows
 are either none (a middle chunk) or just its last row. Its graph is keyed by
-``(length, want_logits, score capacity)``, the things that shape the kernel launches (the
-capacity widened to its class, kernels/capacity.py, so a short prompt's grid spreads); the
+``(length, want_logits, score capacity)``, the things that shape the kernel launches (under
+the spread rule, kernels/capacity.py, the capacity widened to its grid's class); the
 request's tokens, positions, slots and page table are data, refilled in one host-to-device
 copy before each replay. A key is captured the second time it is seen: a capture costs a few
 eager forwards, and a server's prompts mostly have lengths never seen again (captured on
@@ -86,8 +86,9 @@ class PrefillGraphs(GraphCache):
         import cupy as cp
 
         length, want = batch.num_rows, batch.final_rows.shape[0] == 1
-        if self.classes is not None:  # a short prompt's grid spreads over more SMs
-            capacity = self.classes.get().slices(capacity, length, 1)
+        classes = None if self.classes is None else self.classes.get()
+        if classes is not None and classes.spread:  # (kernels/capacity.py; off by default)
+            capacity = classes.slices(capacity, length, 1)
 
         def capture() -> Any:
             meta_dev = cp.asarray(self.host_meta(None, length, want))

@@ -12,11 +12,21 @@ kernel half its CTAs in a common chat case: slices ending past 1,024 positions g
 
 So a class here is the largest multiple of 256 (at most a ceiling, the context's capacity)
 whose launch runs the same kernel with the same CTAs an SM as the capacity asked for:
-as coarse as it can be at no cost to the device. Where the launch's grid fits the GPU in
-one wave anyway, the class may hold fewer CTAs an SM, down to what that wave needs: the
-block scheduler fills an SM up to its limit, so a small grid then spreads over more SMs. How many CTAs fit is the driver's answer
+as coarse as it can be at no cost to the device. How many CTAs fit is the driver's answer
 (cuOccupancyMaxActiveBlocksPerMultiprocessor), which counts registers, threads and shared
 memory; host-only tests pass an occupancy function of their own.
+
+Measured on an H100 (bench/capacity-classes-occupancy-h100.json, replays of 1,024-row mixed
+graphs against powers of two, same bits): a chat cohort's step 1.47-1.50x faster, a step of
+256 running requests 1.13x, but a lone joiner's step beside 63 decodes 0.93x. Which of
+its two launches lost is not known. Its slice grid is 63 live CTAs, under one wave at any
+occupancy; a guess, not measured yet, is that the block scheduler packs such a grid onto
+fewer SMs when more fit each. The
+``spread`` rule (off: ``SPREAD``) tests it: a grid that fits one wave takes the widest
+class holding just the CTAs an SM that wave needs, so it must spread; with it on, the
+decode graphs past the batch-1 stack and the lone-prefill graphs take classes too (their
+own capacities already keep the occupancy, so only the spread could change them).
+bench/capacity_classes.py measures it against the rule shipped.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from typing import Any, Callable
 from crucible.kernels.variants import LaunchPlan, Variant, plan_launch
 
 STEP = 256  # score_capacity's granule
+SPREAD = False  # the spread rule's default: unmeasured (above)
 
 Occupancy = Callable[[LaunchPlan], int]  # CTAs an SM for one launch plan
 
@@ -44,7 +55,7 @@ class CapacityClasses:
     smem_limit: int  # the device's opt-in shared memory per CTA
     sm_count: int
     occupancy: Occupancy
-    spread: bool = True  # one-wave grids: as few CTAs an SM as hold the grid at once
+    spread: bool = SPREAD  # one-wave grids: as few CTAs an SM as hold the grid (above)
 
     def _plan(self, capacity: int, decode: bool, rows: int) -> LaunchPlan | None:
         try:
@@ -60,9 +71,7 @@ class CapacityClasses:
         first = self._plan(capacity, decode, rows)
         if first is None:
             return capacity
-        # A grid of one wave needs only ceil(grid / SMs) CTAs an SM; fewer allowed spreads it
-        # over more SMs (the block scheduler packs an SM up to its limit: a chat joiner's
-        # 63 slice CTAs ran 7% slower at two an SM than at one).
+        # A grid of one wave needs only ceil(grid / SMs) CTAs an SM (the spread rule).
         ctas = self.occupancy(first)
         if self.spread:
             ctas = min(ctas, max(1, -(-grid(first) // self.sm_count)))
