@@ -3,13 +3,15 @@
 # fit the device's 10 minutes a command (the model takes two back-to-back runs to arrive:
 # part a needs no model, so it rides with the first).
 #
-#     OUT=/some/dir PART=a bash bench/chat_evidence.sh                  # ~1.5 min, no model
+#     OUT=/some/dir PART=a bash bench/chat_evidence.sh                  # ~3 min, no model
 #     OUT=/some/dir PART=b MODEL=/path/smollm2.gguf bash bench/chat_evidence.sh   # ~8 min
 #         (MIX=chat: the chat mix alone, ~4.5 min)
 #     OUT=/some/dir PART=c MODEL=/path/smollm2.gguf bash bench/chat_evidence.sh   # ~3 min
 #
-# a: a mixed graph capture's host time by part (bench/capture_parts.py), then the graphs'
-#    memory bound under the chat mix (bench/graph_memory_check.py, random weights).
+# a: a mixed graph capture's host time by part (bench/capture_parts.py), the graphs'
+#    memory bound under the chat mix (bench/graph_memory_check.py, random weights), then
+#    the capacity classes against powers of two and the spread rule
+#    (bench/capacity_classes.py, ~1.5 min).
 # b: the serving sweep under the defaults on the issue and chat mixes, steady state
 #    (12-second windows after a 3-second settle, two rounds; docs/serving.md).
 # c: the prefix cache's chat bench at serve's budget and graph rows (3 rounds, the
@@ -26,7 +28,9 @@ a)
         > "$OUT/capture-parts.log" 2>&1
     tail -20 "$OUT/capture-parts.log"
     (cd bench && python3 graph_memory_check.py --requests 1000 --rounds 3 \
-        --json "$OUT/graph-memory-check.json" 2>&1 | tail -3) ;;
+        --json "$OUT/graph-memory-check.json" 2>&1 | tail -3)
+    python3 bench/capacity_classes.py --rounds 3 --replays 20 \
+        --json "$OUT/capacity-classes.json" 2>&1 | tail -10 ;;
 b)
     MODEL=${MODEL:?set MODEL to the default model GGUF}
     python3 bench/serve_clients.py --model "$MODEL" --device cuda --mix "${MIX:-issue,chat}" \
