@@ -2,7 +2,7 @@
 against the shipped kernel, in one process: bits compared, alternating order.
 
     python3 bench/prefill_attention.py --alt old=path/attention.cu [--alt new=...]
-        [--shapes single-1024,2x512] [--rounds 7] [--json bench/x.json]
+        [--prefetch] [--shapes single-1024,2x512] [--rounds 7] [--json bench/x.json]
 
 An ``--alt`` file is a whole attention.cu (same kernel names and arguments) with its
 includes inlined or taken from cuda/; it is compiled here with the project's options. Shapes
@@ -28,12 +28,14 @@ N_HEADS, N_KV = 9, 3
 DEFAULT_SHAPES = "single-1024,2x512,scheduled-4x512-second,4x256,single-256,heterogeneous"
 
 
-def kernels(cp: Any, alts: dict[str, str]) -> dict[str, Any]:
+def kernels(cp: Any, alts: dict[str, str], prefetch: bool = False) -> dict[str, Any]:
     from crucible.kernels.loader import attention_kernel
     from crucible.kernels.source import cuda_source_dir
     from crucible.kernels.variants import parse_variant
 
     fns = {"shipped": attention_kernel(parse_variant("exact-q4-k64"))}
+    if prefetch:  # the prefetching instance (attention_prefetch.cuh), off by default
+        fns["prefetch"] = attention_kernel(parse_variant("exact-q4-k64"), prefetch=True)
     for name, path in alts.items():
         with open(path) as f:
             mod = cp.RawModule(code=f.read(), name_expressions=[KERNEL],
@@ -103,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default=DEFAULT_SHAPES)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--json", default=None)
+    p.add_argument("--prefetch", action="store_true",
+                   help="also time attn_exact<4, 64, false, true> (the prefetching instance)")
     args = p.parse_args(argv)
     alts = {}
     for a in args.alt:
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not name or not path or name == "shipped":
             p.error(f"--alt takes NAME=PATH (NAME not 'shipped'), got {a!r}")
         alts[name] = path
-    fns = kernels(cp, alts)
+    fns = kernels(cp, alts, args.prefetch)
     result: dict[str, Any] = {"command": "python3 " + " ".join(sys.argv), "kernel": KERNEL,
                               "shapes": {}}
     for shape in args.shapes.split(","):

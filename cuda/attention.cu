@@ -13,7 +13,7 @@
 // Kernels (arithmetic spelled once in common.cuh)
 //   attn_reference        grid (n_heads, T), 256 threads; the canonical order (DESIGN s.5).
 //                         Dynamic smem: capacity C floats of scores.
-//   attn_exact<Q, KT, CACHE> grid (n_kv_heads, ceil(max_chunk/Q), S), 32*Q*G threads.
+//   attn_exact<Q, KT, CACHE, PF> grid (n_kv_heads, ceil(max_chunk/Q), S), 32*Q*G threads.
 //                         One CTA = one segment x one KV head x Q adjacent rows; its Q*G
 //                         (row, head) "distributions" share every K/V tile staged in smem.
 //                         Bit-identical to the reference: QK replays the warp's xor tree
@@ -23,6 +23,8 @@
 //                         thread at Q = 4). Dynamic smem 4*(KT*68 + Q*G*64 + 96 + Q*G*C).
 //                         CACHE (diagnostic "-cache" names) first copies the tile's page-table
 //                         entries into smem (+C/4 bytes) so both passes translate from there.
+//                         PF (<4, 64, false, true> only, 384 threads): each tile's loads are
+//                         issued a tile ahead into registers (attention_prefetch.cuh).
 //   attn_online<Q, KT>    same grid/tiles, flash-style running max/denominator/output with
 //                         tile-sized score scratch. Reorders f32 work: diagnostic only.
 // Tile helpers shared by both tiled families (staging, tree dots, PV ownership) live in
@@ -30,6 +32,7 @@
 // Assumptions: the wrapper checks shapes; C is a multiple of 256 >= every row's causal
 // length; only positions < the tile's longest causal length are read, so pages beyond a
 // request's end are never touched. No standard headers (NVRTC).
+#include "attention_prefetch.cuh"
 #include "attention_pv.cuh"
 #include "common.cuh"
 
@@ -86,8 +89,11 @@ attn_reference(const float* __restrict__ q, const float* __restrict__ k_pool,
 // ------------------------------------------------------------------------------------
 // Exact tiled GQA: full score vectors in smem, K pass then V pass over the same buffer.
 // ------------------------------------------------------------------------------------
-template <int Q, int KT, bool CACHE>
-__global__ void __launch_bounds__(32 * Q * 8)
+// PF (attention_prefetch.cuh): the next tile's loads in flight while a tile is computed;
+// launched only with 384 threads (q4 tiles at group 3) where shared memory already holds
+// at most two CTAs an SM, so its bound lets it take the registers that needs.
+template <int Q, int KT, bool CACHE, bool PF = false>
+__global__ void __launch_bounds__(PF ? 384 : 32 * Q * 8, PF ? 2 : 0)  // 0: no minimum
 attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
            const float* __restrict__ v_pool, const int4* __restrict__ segs,
            const int* __restrict__ tables, int table_stride, float* __restrict__ out,
@@ -107,11 +113,18 @@ attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
         t.table = table_s;
     }
     cru_stage_q(q_s, lens, q, t, n_heads);
+    CruTileRegs<KT> next;  // PF: the next tile, loaded one tile ahead
+    if (PF) next.load(k_pool, t, 0, n_layers, layer, kv_dim);
 
     for (int base = 0; base < t.lmax; base += KT) {  // pass 1: K -> full score vectors
         __syncthreads();
-        cru_stage<KT, true>(kv, k_pool, t, base, n_layers, layer, kv_dim);
+        if (PF) next.template store<true>(kv, t, base);
+        else cru_stage<KT, true>(kv, k_pool, t, base, n_layers, layer, kv_dim);
         __syncthreads();
+        if (PF) {  // after the last K tile, V tile 0: its loads run through the softmax
+            const bool more = base + KT < t.lmax;
+            next.load(more ? k_pool : v_pool, t, more ? base + KT : 0, n_layers, layer, kv_dim);
+        }
         cru_qk_tile<KT>(kv, q_s, lens, scores, capacity, 0, base, t.nw);
     }
     __syncthreads();
@@ -147,8 +160,10 @@ attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int base = 0; base < t.lmax; base += KT) {
             __syncthreads();
-            cru_stage<KT, false>(kv, v_pool, t, base, n_layers, layer, kv_dim);
+            if (PF) next.template store<false>(kv, t, base);
+            else cru_stage<KT, false>(kv, v_pool, t, base, n_layers, layer, kv_dim);
             __syncthreads();
+            if (PF && base + KT < t.lmax) next.load(v_pool, t, base + KT, n_layers, layer, kv_dim);
             cru_pv_quad_tile(p, kv, scores, capacity, base, min(KT, t.lmax - base), lo, acc);
         }
 #pragma unroll
@@ -252,5 +267,6 @@ CRU_INSTANTIATE(attn_exact, 4, 64, false)
 CRU_INSTANTIATE(attn_exact, 2, 32, false)
 CRU_INSTANTIATE(attn_exact, 1, 16, false)
 CRU_INSTANTIATE(attn_exact, 4, 64, true)
+CRU_INSTANTIATE(attn_exact, 4, 64, false, true)
 CRU_INSTANTIATE(attn_online, 4, 64)
 #endif

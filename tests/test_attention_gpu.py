@@ -104,3 +104,28 @@ def test_mixed_step_split_matches_one_launch() -> None:
     # Negative control: the online variant over the same step differs from those bits.
     online, _ = run_variant(Variant("online", 2, 32), d)
     assert not bool((online.view(cp.uint32) == out.view(cp.uint32)).all())
+
+
+def test_the_prefetching_instance_gives_the_reference_bits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chat-like launches past 1,024 positions (a cohort of slices after long histories, a
+    lone joiner, a long prompt): with variants.PREFETCH on, exact-q4-k64 takes attn_exact's
+    prefetching instance there (the plan says so) and must give the reference's bits; off,
+    the plain instance. The online control above shows the comparison can fail."""
+    from crucible.checks.attention_cases import build
+    from crucible.checks.attention_check import run_variant, to_device
+    from crucible.kernels import variants
+
+    starts = np.random.default_rng(8).integers(900, 1300, 16)
+    cases = (Case("chat-cohort", 9, 3, tuple((int(s), 60) for s in starts),
+                  pages="interleaved", seed=8),
+             Case("chat-joiner", 9, 3, ((1400, 84),), seed=9),
+             Case("long-prompt", 9, 3, ((0, 1500),), seed=10))
+    for case in cases:
+        d = to_device(build(case))
+        ref, _ = run_variant(Variant("reference"), d)
+        for on in (True, False):
+            monkeypatch.setattr(variants, "PREFETCH", on)
+            out, plan = run_variant(Variant("exact", 4, 64), d)
+            assert plan.prefetch == on, case.name
+            assert bool((out.view(cp.uint32) == ref.view(cp.uint32)).all()), (case.name, on)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from crucible.kernels import variants
 from crucible.kernels.launch import launch
 from crucible.kernels.loader import (
     attention_kernel,
@@ -117,8 +118,10 @@ def paged_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, segments: Any,
     requested = parse_variant(variant) if isinstance(variant, str) else variant
     plan = plan_launch(requested, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=HEAD_DIM,
                        capacity=score_capacity, smem_limit=smem_optin_limit(),
-                       decode=max_chunk == 1, rows=segments.shape[0], sm_count=sm_count())
-    kernel = decode_kernel(plan.decode_heads) if plan.decode else attention_kernel(plan.variant)
+                       decode=max_chunk == 1, rows=segments.shape[0], sm_count=sm_count(),
+                       prefetch=variants.PREFETCH)
+    kernel = (decode_kernel(plan.decode_heads) if plan.decode
+              else attention_kernel(plan.variant, plan.prefetch))
     ensure_dynamic_smem(kernel, plan.smem_bytes)
     i32 = np.int32
     n_layers, stride = k_pool.shape[1], page_tables.shape[1]

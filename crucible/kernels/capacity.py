@@ -36,6 +36,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from crucible.kernels import variants
 from crucible.kernels.variants import LaunchPlan, Variant, plan_launch
 
 STEP = 256  # score_capacity's granule
@@ -61,7 +62,8 @@ class CapacityClasses:
         try:
             return plan_launch(self.variant, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
                                head_dim=64, capacity=capacity, smem_limit=self.smem_limit,
-                               decode=decode, rows=rows, sm_count=self.sm_count)
+                               decode=decode, rows=rows, sm_count=self.sm_count,
+                               prefetch=variants.PREFETCH)
         except ValueError:  # past every kernel's shared memory
             return None
 
@@ -78,8 +80,10 @@ class CapacityClasses:
         c = capacity
         while c + STEP <= self.ceiling:
             nxt = self._plan(c + STEP, decode, rows)
-            if nxt is None or (nxt.variant, nxt.decode, nxt.decode_heads, nxt.threads) != \
-                    (first.variant, first.decode, first.decode_heads, first.threads) \
+            if nxt is None or (nxt.variant, nxt.decode, nxt.decode_heads, nxt.threads,
+                               nxt.prefetch) != (first.variant, first.decode,
+                                                 first.decode_heads, first.threads,
+                                                 first.prefetch) \
                     or self.occupancy(nxt) < ctas:
                 break
             c += STEP
@@ -103,7 +107,8 @@ def device_occupancy(plan: LaunchPlan) -> int:
     """CTAs an SM the driver fits for ``plan``'s kernel, threads and shared memory."""
     from crucible.kernels.loader import attention_kernel, decode_kernel, ensure_dynamic_smem
 
-    kernel = decode_kernel(plan.decode_heads) if plan.decode else attention_kernel(plan.variant)
+    kernel = (decode_kernel(plan.decode_heads) if plan.decode
+              else attention_kernel(plan.variant, plan.prefetch))
     ensure_dynamic_smem(kernel, plan.smem_bytes)  # a launch past 48 KiB needs the opt-in
     return _occupancy(getattr(kernel, "kernel", kernel), plan.threads, plan.smem_bytes)
 

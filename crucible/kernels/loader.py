@@ -14,18 +14,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from crucible.kernels.source import compile_module
-from crucible.kernels.variants import DECODE_GROUPS, ROPE_IN_GROUPS, Variant, all_variants
+from crucible.kernels.variants import (
+    DECODE_GROUPS,
+    PREFETCH_VARIANT,
+    ROPE_IN_GROUPS,
+    Variant,
+    all_variants,
+)
 
 SOURCE = "attention.cu"
 
 
-def kernel_name(variant: Variant) -> str:
-    """The name expression of a variant's kernel (also its lookup key)."""
+def kernel_name(variant: Variant, prefetch: bool = False) -> str:
+    """The name expression of a variant's kernel (also its lookup key); ``prefetch``: the
+    exact q4-k64 instance that loads each tile a tile ahead (variants.plan_launch)."""
     if variant.family == "reference":
         return "attn_reference"
     if variant.family == "exact":
         cache = "true" if variant.cache else "false"
-        return f"attn_exact<{variant.rows}, {variant.tile}, {cache}>"
+        pf = ", true" if prefetch else ""
+        return f"attn_exact<{variant.rows}, {variant.tile}, {cache}{pf}>"
     return f"attn_online<{variant.rows}, {variant.tile}>"
 
 
@@ -41,7 +49,8 @@ def _cupy() -> Any:
 def attention_module() -> Any:
     """The compiled module; compiled once per process, with every variant instantiated."""
     _cupy()  # a clear error without CuPy
-    return compile_module(SOURCE, tuple(kernel_name(v) for v in all_variants()))
+    names = tuple(kernel_name(v) for v in all_variants())
+    return compile_module(SOURCE, names + (kernel_name(PREFETCH_VARIANT, prefetch=True),))
 
 
 @functools.cache
@@ -85,8 +94,8 @@ def decode_kernel(heads: int = 1, o_weight_bytes: int = 0, mma: bool = False,
 
 
 @functools.cache
-def attention_kernel(variant: Variant) -> Any:
-    return attention_module().get_function(kernel_name(variant))
+def attention_kernel(variant: Variant, prefetch: bool = False) -> Any:
+    return attention_module().get_function(kernel_name(variant, prefetch))
 
 
 @functools.cache

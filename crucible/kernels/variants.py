@@ -31,6 +31,12 @@ MAX_GROUP = 8
 KV_STRIDE = 68  # floats per staged K/V row (see cuda/attention.cu)
 STATS_FLOATS = 96  # causal lengths + per-distribution statistics
 REFERENCE_STATIC_BYTES = 64  # attn_reference's static reduction scratch (upper bound)
+# attn_exact<4, 64, false, true> (cuda/attention_prefetch.cuh): each K/V tile's loads issued
+# a tile ahead, into registers; 384 threads only (group 3), and only where shared memory
+# already holds at most two CTAs an SM, since its 80 registers allow no third. Same bits
+# (tests/cuda_host/prefill_attn_driver.cpp); off until timed on a GPU (docs/throughput.md).
+PREFETCH = False
+PREFETCH_GROUP = 3
 
 _log = logging.getLogger(__name__)
 
@@ -135,6 +141,9 @@ def decode_heads_per_cta(n_heads: int, n_kv_heads: int, rows: int, sm_count: int
     return 1
 
 
+PREFETCH_VARIANT = Variant("exact", 4, 64)
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     variant: Variant  # what actually runs
@@ -144,17 +153,20 @@ class LaunchPlan:
     reason: str | None = None  # why it differs from the request
     decode: bool = False  # the exact family's decode launch (attn_decode, same bits)
     decode_heads: int = 1  # query heads per attn_decode CTA
+    prefetch: bool = False  # attn_exact's prefetching instance (PREFETCH above)
 
 
 @functools.lru_cache(maxsize=4096)  # asked for every layer of every step, with few keys
 def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: int,
                 capacity: int, smem_limit: int, decode: bool = False, rows: int = 0,
-                sm_count: int = 132) -> LaunchPlan:
+                sm_count: int = 132, prefetch: bool = False) -> LaunchPlan:
     """Pick the kernel for one call; the result is a pure function of its arguments.
 
     ``decode``: every segment is one row (``rows`` of them). The exact family then runs
     attn_decode, which is bit-identical to the reference (as every exact kernel is) and
-    built for single rows; with many rows each CTA serves a KV head's whole group."""
+    built for single rows; with many rows each CTA serves a KV head's whole group.
+    ``prefetch`` (callers pass PREFETCH): exact-q4-k64 at group 3 runs its prefetching
+    instance where its shared memory leaves room for at most two CTAs an SM."""
     ref = LaunchPlan(Variant("reference"), requested, reference_smem_bytes(capacity), 256)
     if ref.smem_bytes + REFERENCE_STATIC_BYTES > smem_limit:
         # Nothing can hold a score vector this long; refuse rather than launch out of bounds.
@@ -182,7 +194,11 @@ def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: 
         candidate = Variant(requested.family, rows, requested.tile, requested.cache)
         smem = tiled_smem_bytes(candidate, group, capacity)
         if smem <= smem_limit:
-            plan = LaunchPlan(candidate, requested, smem, 32 * rows * group)
+            # three CTAs an SM (the SM's memory is the opt-in limit plus 1 KiB, and each CTA
+            # reserves 1 KiB) would not fit: the prefetching instance loses nothing
+            two = 3 * (smem + 1024) > smem_limit + 1024
+            pf = prefetch and candidate == PREFETCH_VARIANT and group == PREFETCH_GROUP and two
+            plan = LaunchPlan(candidate, requested, smem, 32 * rows * group, prefetch=pf)
             if rows == requested.rows:
                 return plan
             return _reported(plan, f"capacity {capacity} needs fewer rows per tile")
@@ -191,7 +207,8 @@ def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: 
 
 
 def _reported(plan: LaunchPlan, reason: str) -> LaunchPlan:
-    plan = LaunchPlan(plan.variant, plan.requested, plan.smem_bytes, plan.threads, reason)
+    plan = LaunchPlan(plan.variant, plan.requested, plan.smem_bytes, plan.threads, reason,
+                      prefetch=plan.prefetch)
     _say_once(plan.requested.name, plan.variant.name, reason)
     return plan
 

@@ -3,14 +3,15 @@
 // spelling of the reference attention order in attn_ref.h, bit for bit
 // (tests/test_kernels_on_host.py builds it).
 //
-// Sweep: exact-q4-k64 (the default), -q2-k32, -q1-k16 and q4-k64 with the page-table cache,
+// Sweep: exact-q4-k64 (the default), -q2-k32, -q1-k16, q4-k64 with the page-table cache and
+// q4-k64's prefetching instance (attention_prefetch.cuh: 384 threads, so group 3),
 // 9 query heads over 3 KV heads (the default model's), one launch over seven segments as
 // the scheduler packs them: prefill chunks of 4 to 70 rows starting anywhere (0, 5, 100,
 // 127), decode rows (at 0, 299 and 600), so rows end inside and across K tiles and pages;
-// pages shuffled, two layers (layer 1 read). A run is one (variant, segment): 28.
+// pages shuffled, two layers (layer 1 read). A run is one (variant, segment): 35.
 // `descending` as the first argument makes the reference's PV chain run in descending
 // history order: the negative control, which must fail every run whose rows have two
-// positions or more (24 of 28; the decode row at 0 has one).
+// positions or more (30 of 35; the decode row at 0 has one).
 #include "prelude.h"
 #include "attention.cu"
 #include "attn_ref.h"
@@ -44,8 +45,9 @@ int main(int argc, char** argv) {
         row += n;
     }
     int runs = 0, fails = 0;
-    const char* names[] = {"exact-q4-k64", "exact-q2-k32", "exact-q1-k16", "exact-q4-k64-cache"};
-    for (int form = 0; form < 4; ++form) {
+    const char* names[] = {"exact-q4-k64", "exact-q2-k32", "exact-q1-k16", "exact-q4-k64-cache",
+                           "exact-q4-k64 prefetching"};
+    for (int form = 0; form < 5; ++form) {
         const int Q = form == 1 ? 2 : form == 2 ? 1 : 4;
         std::vector<float> out(in.q.size(), -12345.0f);  // a sentinel: a missed write shows
         auto launch = [&] {
@@ -60,8 +62,10 @@ int main(int argc, char** argv) {
                                                  LAYERS, LAYER, capacity); break;
                 case 2: attn_exact<1, 16, false>(qq, k, v, sg, t, stride, o, HEADS, KV,
                                                  LAYERS, LAYER, capacity); break;
-                default: attn_exact<4, 64, true>(qq, k, v, sg, t, stride, o, HEADS, KV,
-                                                 LAYERS, LAYER, capacity);
+                case 3: attn_exact<4, 64, true>(qq, k, v, sg, t, stride, o, HEADS, KV,
+                                                LAYERS, LAYER, capacity); break;
+                default: attn_exact<4, 64, false, true>(qq, k, v, sg, t, stride, o, HEADS, KV,
+                                                        LAYERS, LAYER, capacity);
             }
         };
         run_grid(dim3{(unsigned)KV, (unsigned)((max_chunk + Q - 1) / Q), (unsigned)S},
