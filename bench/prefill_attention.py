@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--json", default=None)
     p.add_argument("--prefetch", action="store_true",
-                   help="also time attn_exact<4, 64, false, true> (the prefetching instance)")
+                   help="also time attn_exact_pf (the prefetching instance)")
     args = p.parse_args(argv)
     alts = {}
     for a in args.alt:

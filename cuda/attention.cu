@@ -13,7 +13,7 @@
 // Kernels (arithmetic spelled once in common.cuh)
 //   attn_reference        grid (n_heads, T), 256 threads; the canonical order (DESIGN s.5).
 //                         Dynamic smem: capacity C floats of scores.
-//   attn_exact<Q, KT, CACHE, PF> grid (n_kv_heads, ceil(max_chunk/Q), S), 32*Q*G threads.
+//   attn_exact<Q, KT, CACHE> grid (n_kv_heads, ceil(max_chunk/Q), S), 32*Q*G threads.
 //                         One CTA = one segment x one KV head x Q adjacent rows; its Q*G
 //                         (row, head) "distributions" share every K/V tile staged in smem.
 //                         Bit-identical to the reference: QK replays the warp's xor tree
@@ -23,8 +23,8 @@
 //                         thread at Q = 4). Dynamic smem 4*(KT*68 + Q*G*64 + 96 + Q*G*C).
 //                         CACHE (diagnostic "-cache" names) first copies the tile's page-table
 //                         entries into smem (+C/4 bytes) so both passes translate from there.
-//                         PF (<4, 64, false, true> only, 384 threads): each tile's loads are
-//                         issued a tile ahead into registers (attention_prefetch.cuh).
+//   attn_exact_pf         attn_exact<4, 64, false> with each tile's loads issued a tile ahead
+//                         into registers (attention_prefetch.cuh); 384 threads only.
 //   attn_online<Q, KT>    same grid/tiles, flash-style running max/denominator/output with
 //                         tile-sized score scratch. Reorders f32 work: diagnostic only.
 // Tile helpers shared by both tiled families (staging, tree dots, PV ownership) live in
@@ -89,15 +89,14 @@ attn_reference(const float* __restrict__ q, const float* __restrict__ k_pool,
 // ------------------------------------------------------------------------------------
 // Exact tiled GQA: full score vectors in smem, K pass then V pass over the same buffer.
 // ------------------------------------------------------------------------------------
-// PF (attention_prefetch.cuh): the next tile's loads in flight while a tile is computed;
-// launched only with 384 threads (q4 tiles at group 3) where shared memory already holds
-// at most two CTAs an SM, so its bound lets it take the registers that needs.
-template <int Q, int KT, bool CACHE, bool PF = false>
-__global__ void __launch_bounds__(PF ? 384 : 32 * Q * 8, PF ? 2 : 0)  // 0: no minimum
-attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
-           const float* __restrict__ v_pool, const int4* __restrict__ segs,
-           const int* __restrict__ tables, int table_stride, float* __restrict__ out,
-           int n_heads, int n_kv_heads, int n_layers, int layer, int capacity) {
+// The body of attn_exact and attn_exact_pf. PF (attention_prefetch.cuh): the next tile's
+// loads in flight while a tile is computed.
+template <int Q, int KT, bool CACHE, bool PF>
+__device__ __forceinline__ void
+cru_attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
+               const float* __restrict__ v_pool, const int4* __restrict__ segs,
+               const int* __restrict__ tables, int table_stride, float* __restrict__ out,
+               int n_heads, int n_kv_heads, int n_layers, int layer, int capacity) {
     CRU_DYNAMIC_SMEM(float4, smem4);
     TileJob t = cru_tile_job(segs, tables, table_stride, n_heads, n_kv_heads, Q);
     if (t.n_rows == 0) return;  // ragged segment: uniform early exit
@@ -186,6 +185,27 @@ attn_exact(const float* __restrict__ q, const float* __restrict__ k_pool,
     }
 }
 
+#define CRU_EXACT_ARGS                                                                  \
+    const float* __restrict__ q, const float* __restrict__ k_pool,                      \
+        const float* __restrict__ v_pool, const int4* __restrict__ segs,                \
+        const int* __restrict__ tables, int table_stride, float* __restrict__ out,      \
+        int n_heads, int n_kv_heads, int n_layers, int layer, int capacity
+#define CRU_EXACT_PASS                                                                  \
+    q, k_pool, v_pool, segs, tables, table_stride, out, n_heads, n_kv_heads, n_layers,  \
+        layer, capacity
+
+template <int Q, int KT, bool CACHE>
+__global__ void __launch_bounds__(32 * Q * 8) attn_exact(CRU_EXACT_ARGS) {
+    cru_attn_exact<Q, KT, CACHE, false>(CRU_EXACT_PASS);
+}
+
+// q4-k64 with each tile's loads a tile ahead: launched only with 384 threads (group 3) and
+// only where shared memory already holds at most two CTAs an SM, so its bound lets it take
+// the registers the prefetch needs (80 against the plain instance's 56).
+__global__ void __launch_bounds__(384, 2) attn_exact_pf(CRU_EXACT_ARGS) {
+    cru_attn_exact<4, 64, false, true>(CRU_EXACT_PASS);
+}
+
 // ------------------------------------------------------------------------------------
 // Online (flash-style) diagnostic family: tile-sized scores, running m / l / output.
 // ------------------------------------------------------------------------------------
@@ -267,6 +287,5 @@ CRU_INSTANTIATE(attn_exact, 4, 64, false)
 CRU_INSTANTIATE(attn_exact, 2, 32, false)
 CRU_INSTANTIATE(attn_exact, 1, 16, false)
 CRU_INSTANTIATE(attn_exact, 4, 64, true)
-CRU_INSTANTIATE(attn_exact, 4, 64, false, true)
 CRU_INSTANTIATE(attn_online, 4, 64)
 #endif

@@ -1,7 +1,7 @@
 // attention_prefetch.cuh: one thread's share of a K or V tile held in registers from its
 // load to its store into shared memory, for attn_exact's prefetching instance
-// (attn_exact<4, 64, false, true>, attention.cu). The loop that stages tile t + 1 while
-// tile t is computed then issues t + 1's loads right after t's store, and the loads are in
+// (attn_exact_pf, attention.cu: attn_exact<4, 64, false> with PF). Its loop issues tile
+// t + 1's loads right after tile t's store, and the loads are in
 // flight through t's QK or PV work (and the K pass's last tile's loads of V tile 0 through
 // the softmax); with the plain staging (cru_stage) every tile waits out its loads.
 //

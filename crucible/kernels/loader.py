@@ -31,9 +31,12 @@ def kernel_name(variant: Variant, prefetch: bool = False) -> str:
     if variant.family == "reference":
         return "attn_reference"
     if variant.family == "exact":
+        if prefetch:
+            if variant != PREFETCH_VARIANT:
+                raise ValueError(f"no prefetching instance of {variant.name}")
+            return "attn_exact_pf"
         cache = "true" if variant.cache else "false"
-        pf = ", true" if prefetch else ""
-        return f"attn_exact<{variant.rows}, {variant.tile}, {cache}{pf}>"
+        return f"attn_exact<{variant.rows}, {variant.tile}, {cache}>"
     return f"attn_online<{variant.rows}, {variant.tile}>"
 
 

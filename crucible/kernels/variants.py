@@ -31,7 +31,7 @@ MAX_GROUP = 8
 KV_STRIDE = 68  # floats per staged K/V row (see cuda/attention.cu)
 STATS_FLOATS = 96  # causal lengths + per-distribution statistics
 REFERENCE_STATIC_BYTES = 64  # attn_reference's static reduction scratch (upper bound)
-# attn_exact<4, 64, false, true> (cuda/attention_prefetch.cuh): each K/V tile's loads issued
+# attn_exact_pf (cuda/attention.cu, attention_prefetch.cuh): each K/V tile's loads issued
 # a tile ahead, into registers; 384 threads only (group 3), and only where shared memory
 # already holds at most two CTAs an SM, since its 80 registers allow no third. Same bits
 # (tests/cuda_host/prefill_attn_driver.cpp); off until timed on a GPU (docs/throughput.md).

@@ -4,7 +4,7 @@
 // (tests/test_kernels_on_host.py builds it).
 //
 // Sweep: exact-q4-k64 (the default), -q2-k32, -q1-k16, q4-k64 with the page-table cache and
-// q4-k64's prefetching instance (attention_prefetch.cuh: 384 threads, so group 3),
+// q4-k64's prefetching instance (attn_exact_pf: 384 threads, so group 3),
 // 9 query heads over 3 KV heads (the default model's), one launch over seven segments as
 // the scheduler packs them: prefill chunks of 4 to 70 rows starting anywhere (0, 5, 100,
 // 127), decode rows (at 0, 299 and 600), so rows end inside and across K tiles and pages;
@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
                                                  LAYERS, LAYER, capacity); break;
                 case 3: attn_exact<4, 64, true>(qq, k, v, sg, t, stride, o, HEADS, KV,
                                                 LAYERS, LAYER, capacity); break;
-                default: attn_exact<4, 64, false, true>(qq, k, v, sg, t, stride, o, HEADS, KV,
-                                                        LAYERS, LAYER, capacity);
+                default: attn_exact_pf(qq, k, v, sg, t, stride, o, HEADS, KV, LAYERS, LAYER,
+                                       capacity);
             }
         };
         run_grid(dim3{(unsigned)KV, (unsigned)((max_chunk + Q - 1) / Q), (unsigned)S},
