@@ -10,7 +10,8 @@ past 2,048 positions C = 4,096, two attn_decode CTAs an SM; the classes keep 2 a
 cases are a chat server's steps late in its conversations (bench/chat_timeline.py's
 cohorts and joiners, histories up to ~2,600 positions) and one of 256 running requests.
 Rules: "classes" (the default: occupancy classes), "spread" (the spread rule, off by
-default: one-wave grids as few CTAs an SM as they need) and "powers". Per case and rule:
+default: one-wave grids as few CTAs an SM as they need), "powers", and "prefetch" (the
+classes with attn_exact's prefetching instance, variants.PREFETCH). Per case and rule:
 the key's two capacities and the replay's time (``--replays`` replays back to back,
 synchronized, after the capture), the rules' order alternating by round; ratios are each
 rule's time over the classes' per round. Every rule's replay must give the same logits bit
@@ -32,6 +33,7 @@ from common import SMOLLM2, stat, write_json
 from mixed_step import make_batch
 
 from crucible.engine.runner import ModelRunner
+from crucible.kernels import variants
 from crucible.engine.settings import Settings
 from crucible.model.tiny import tiny_random_model
 
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     owned = mg.classes
     shipped = owned.get()
     spread = dataclasses.replace(shipped, spread=True)
-    rules = {"classes": shipped, "spread": spread, "powers": None}
+    rules = {"classes": shipped, "spread": spread, "powers": None, "prefetch": shipped}
     res: dict[str, dict[str, list[float]]] = {}
     keys: dict[str, dict[str, list[int]]] = {}
     for r in range(args.rounds):
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 mg.clear()  # every key captured afresh under this rule
                 mg.classes = owned if rules[rule] else None
                 owned.classes = rules[rule] or shipped
+                variants.PREFETCH = rule == "prefetch"  # read when the graph is captured
                 ms, logits, key = replay_ms(runner, batch, args.replays)
                 got[rule] = logits.view(np.uint32).tobytes()
                 res.setdefault(name, {}).setdefault(rule + "_ms", []).append(ms)
@@ -167,18 +170,18 @@ def main(argv: list[str] | None = None) -> int:
             if len(set(got.values())) != 1:
                 raise SystemExit(f"{name}: the rules' logits differ")
             d = res[name]
-            for rule in ("spread", "powers"):
+            for rule in ("spread", "powers", "prefetch"):
                 d.setdefault(f"{rule}_over_classes", []).append(
                     d[f"{rule}_ms"][-1] / d["classes_ms"][-1])
         print(f"round {r} done", file=sys.stderr, flush=True)
-    mg.classes, owned.classes = owned, shipped
+    mg.classes, owned.classes, variants.PREFETCH = owned, shipped, False
     others = graph_ab(runner, args.rounds, args.replays)
     summary = {n: {"capacities (decode, slices)": keys[n],
                    **{k: stat(v) for k, v in d.items()}} for n, d in res.items()}
     for n, d in summary.items():
         print(f"{n}: {keys[n]} classes {d['classes_ms']['median']:.2f} ms; over it: "
               + ", ".join(f"{r} x{d[r + '_over_classes']['median']:.3f}"
-                          for r in ("spread", "powers")), file=sys.stderr)
+                          for r in ("spread", "powers", "prefetch")), file=sys.stderr)
     write_json(args.json, {"command": "python3 bench/capacity_classes.py "
                            + " ".join(argv if argv is not None else sys.argv[1:]),
                            "logits_identical": True, "results": summary,

@@ -6,11 +6,12 @@ against the shipped kernel, in one process: bits compared, alternating order.
 
 An ``--alt`` file is a whole attention.cu (same kernel names and arguments) with its
 includes inlined or taken from cuda/; it is compiled here with the project's options. Shapes
-are gpu-prefill-attention-bench's (checks/attention_suite.py: bench_shapes) on the default
-model's geometry (9 query heads over 3 KV heads), data in layer 1 of a 3-layer pool. Per
-shape and kernel: us per launch (20 launches between CUDA events, median and min-max over
-rounds), whether its output equals the shipped kernel's bit for bit, and the shipped
-kernel's time over its own, paired per round (above 1: this kernel is faster).
+are gpu-prefill-attention-bench's (checks/attention_suite.py: bench_shapes) and two chat
+launches (CHAT_SHAPES) on the default model's geometry (9 query heads over 3 KV heads),
+data in layer 1 of a 3-layer pool. Per shape and kernel: us per launch (20 launches
+between CUDA events, median and min-max over rounds), whether its output equals the
+shipped kernel's bit for bit, and the shipped kernel's time over its own, paired per round
+(above 1: this kernel is faster). ``--prefetch`` adds attn_exact_pf ("prefetch").
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from typing import Any
 import numpy as np
 
 KERNEL = "attn_exact<4, 64, false>"
+# A chat server's launches past 1,024 positions (where the prefetching instance would run):
+# a cohort's 16 slices of 60 after ~1,300 cached positions, a lone 84-row joiner after 1,400.
+CHAT_SHAPES = {"chat-cohort-1300": tuple((1240 + 8 * i, 60) for i in range(16)),
+               "chat-joiner-1400": ((1400, 84),)}
 N_HEADS, N_KV = 9, 3
 DEFAULT_SHAPES = "single-1024,2x512,scheduled-4x512-second,4x256,single-256,heterogeneous"
 
@@ -51,7 +56,7 @@ def time_shape(cp: Any, fns: dict[str, Any], shape: str, rounds: int) -> dict[st
     from crucible.kernels.loader import ensure_dynamic_smem, sm_count, smem_optin_limit
     from crucible.kernels.variants import parse_variant, plan_launch
 
-    slices = bench_shapes()[shape]
+    slices = {**bench_shapes(), **CHAT_SHAPES}[shape]
     b = build(Case(shape, N_HEADS, N_KV, slices))
     d = to_device(b)
     plan = plan_launch(parse_variant("exact-q4-k64"), n_heads=N_HEADS, n_kv_heads=N_KV,

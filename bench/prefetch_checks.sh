@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# attn_exact_pf's GPU checks (the prefetching instance of the exact tiled attention,
+# cuda/attention_prefetch.cuh; docs/attention.md), in the order they gate each other.
+# Random data and random weights: no model needed. About four minutes.
+#
+#     OUT=/some/dir bash bench/prefetch_checks.sh
+#
+# 1. tests/test_attention_gpu.py: every variant against the reference, and the new test's
+#    chat-like launches with variants.PREFETCH on and off, bit for bit.
+# 2. compute-sanitizer memcheck and racecheck over bench/prefill_attention.py --prefetch on
+#    one chat-like shape (both instances, one round).
+# 3. bench/prefill_attention.py --prefetch: both instances' time and bits on the shapes
+#    where the prefetching one would run (capacity >= 1,280) and two where it would not.
+# 4. bench/capacity_classes.py: the mixed, decode and prefill graphs' replays under every
+#    rule, the prefetching instance among them ("prefetch").
+set -u
+OUT=${OUT:?set OUT to a directory for the logs}
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$OUT"
+python3 -m pytest -q tests/test_attention_gpu.py > "$OUT/prefetch-tests.log" 2>&1
+tail -2 "$OUT/prefetch-tests.log"
+for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" python3 bench/prefill_attention.py --prefetch \
+        --shapes chat-joiner-1400 --rounds 1 > "$OUT/prefetch-$tool.log" 2>&1
+    tail -1 "$OUT/prefetch-$tool.log"
+done
+python3 bench/prefill_attention.py --prefetch --rounds 7 \
+    --shapes chat-cohort-1300,chat-joiner-1400,history-64-at-960,history-64-at-512,single-1024 \
+    --json "$OUT/prefetch-attention.json"
+python3 bench/capacity_classes.py --rounds 3 --replays 20 \
+    --json "$OUT/capacity-classes.json" 2>&1 | tail -12
