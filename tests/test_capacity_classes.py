@@ -71,7 +71,7 @@ def graphs(with_classes: bool, spread: bool = False) -> MixedGraphs:
     g = MixedGraphs.__new__(MixedGraphs)  # host side only: no device, no stream
     g.width, g.scratch = 512, 9000
     owner = SimpleNamespace(cfg=SimpleNamespace(n_heads=9, n_kv_heads=3), variant=VARIANT)
-    g.classes = OwnedClasses(owner, 8192) if with_classes else None
+    g.classes = OwnedClasses(owner, 512) if with_classes else None
     if g.classes is not None:  # the modelled device's, kept: same geometry and variant
         g.classes.classes = classes(spread=spread)
     return g

@@ -49,6 +49,7 @@ from crucible.backend.cupy_pinned import PinnedRing
 from crucible.backend.options import DECODE_GRAPH_ROWS
 from crucible.kernels.capacity import OwnedClasses
 from crucible.kernels.decode_stack import MAX_ROWS as STACK_ROWS
+from crucible.kernels.variants import score_capacity
 from crucible.step.batch import PackedBatch
 
 # Up to the default max_running (options.DECODE_GRAPH_ROWS): under load most decode
@@ -87,9 +88,9 @@ class DecodeGraphs:
 
         self.vocab = vocab_size
         self.width = table_width  # pages of one full context: the widest table a graph holds
-        self.ceiling = -(-table_width * 16 // 256) * 256  # the context's score capacity
+        self.ceiling = score_capacity(table_width * 16)  # the context's score capacity
         # ``owner`` (the backend) sizes the spread rule's classes (capacity_class)
-        self.classes = None if owner is None else OwnedClasses(owner, self.ceiling)
+        self.classes = None if owner is None else OwnedClasses(owner, table_width)
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)  # captures
         self.upload = cp.cuda.Stream(non_blocking=True)  # metadata, ahead of the replays

@@ -127,8 +127,7 @@ class MixedGraphs(GraphCache):
         self.width = table_width  # pages of one full context
         # ``owner`` (the backend: its cfg and variant) sizes the launches' score-capacity
         # classes; without one, powers of two.
-        ceiling = -(-table_width * 16 // 256) * 256
-        self.classes = None if owner is None else OwnedClasses(owner, ceiling)
+        self.classes = None if owner is None else OwnedClasses(owner, table_width)
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.ring = PinnedRing()

@@ -54,8 +54,7 @@ class PrefillGraphs(GraphCache):
         self.ring = PinnedRing()  # page-locked metadata staging (cupy_pinned.py)
         self._init_cache(CAPTURE_AFTER, MAX_GRAPHS)
         # ``owner`` (the backend) sizes the capacity classes (kernels/capacity.py)
-        ceiling = -(-table_width * 16 // 256) * 256
-        self.classes = None if owner is None else OwnedClasses(owner, ceiling)
+        self.classes = None if owner is None else OwnedClasses(owner, table_width)
 
     def host_meta(self, batch: PackedBatch | None, length: int, want: bool) -> np.ndarray:
         """Tokens, positions, pages, slots, the segment, the page table, the final row."""

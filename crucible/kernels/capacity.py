@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from crucible.kernels import variants
-from crucible.kernels.variants import LaunchPlan, Variant, plan_launch
+from crucible.kernels.variants import LaunchPlan, Variant, plan_launch, score_capacity
 
-STEP = 256  # score_capacity's granule
+STEP = 256  # score_capacity's granule: the classes' step
 SPREAD = False  # the spread rule's default: unmeasured (above)
 
 Occupancy = Callable[[LaunchPlan], int]  # CTAs an SM for one launch plan
@@ -69,7 +69,7 @@ class CapacityClasses:
 
     def _widest(self, capacity: int, decode: bool, rows: int, grid: Callable[[LaunchPlan], int]
                 ) -> int:
-        capacity = -(-capacity // STEP) * STEP
+        capacity = score_capacity(max(1, capacity))
         first = self._plan(capacity, decode, rows)
         if first is None:
             return capacity
@@ -144,8 +144,9 @@ class OwnedClasses:
     first use and remade when the geometry or variant is no longer theirs. ``classes`` may
     be set directly (host-only tests, benchmarks comparing rules)."""
 
-    def __init__(self, owner: Any, ceiling: int) -> None:
-        self.owner, self.ceiling = owner, ceiling
+    def __init__(self, owner: Any, table_width: int) -> None:
+        # no class past the context's capacity (its page table's ``table_width`` pages)
+        self.owner, self.ceiling = owner, score_capacity(table_width * 16)
         self.classes: CapacityClasses | None = None
 
     def get(self) -> CapacityClasses:
