@@ -114,7 +114,13 @@ def device_occupancy(plan: LaunchPlan) -> int:
 
 
 def _occupancy(func: Any, threads: int, smem: int) -> int:
+    import cupy as cp
+
     kernel_ptr = int(func.ptr)  # the loaded CUfunction (compiles the module on first use)
+    # A driver call needs a current context, and a thread that has not yet touched the
+    # runtime has none (an AsyncLLMEngine's step thread: CUresult 201). cudaSetDevice makes
+    # the device's primary context, the one CuPy uses, current on this thread.
+    cp.cuda.runtime.setDevice(cp.cuda.runtime.getDevice())
     n = ctypes.c_int(0)
     rc = _driver_occupancy()(ctypes.byref(n), ctypes.c_void_p(kernel_ptr),
                              ctypes.c_int(threads), ctypes.c_size_t(smem))

@@ -35,7 +35,7 @@ REFERENCE_STATIC_BYTES = 64  # attn_reference's static reduction scratch (upper 
 # a tile ahead, into registers; 384 threads only (group 3), and only where shared memory
 # already holds at most two CTAs an SM, since its 80 registers allow no third. Same bits
 # (tests/cuda_host/prefill_attn_driver.cpp); off until timed on a GPU (docs/throughput.md).
-PREFETCH = False
+PREFETCH = True
 PREFETCH_GROUP = 3
 
 _log = logging.getLogger(__name__)
