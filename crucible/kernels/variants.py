@@ -32,9 +32,12 @@ KV_STRIDE = 68  # floats per staged K/V row (see cuda/attention.cu)
 STATS_FLOATS = 96  # causal lengths + per-distribution statistics
 REFERENCE_STATIC_BYTES = 64  # attn_reference's static reduction scratch (upper bound)
 # attn_exact_pf (cuda/attention.cu, attention_prefetch.cuh): each K/V tile's loads issued
-# a tile ahead, into registers; 384 threads only (group 3), and only where shared memory
-# already holds at most two CTAs an SM, since its 80 registers allow no third. Same bits
-# (tests/cuda_host/prefill_attn_driver.cpp); off until timed on a GPU (docs/throughput.md).
+# a tile ahead, into registers; 384 threads only (group 3). Its 80 registers allow two CTAs
+# an SM, and it wins even where the plain instance fits three (C <= 1,024): on an H100,
+# 1.27x and 1.42x on a chat cohort's and joiner's launches (C 1,792), 1.18x and 1.15x on 64
+# slices at 960 and 512 (C 1,024 and 768), 1.03x on a 1,024-token prefill
+# (bench/prefetch-attention-h100.json). Same bits (tests/cuda_host/prefill_attn_driver.cpp,
+# tests/test_attention_gpu.py); memcheck and racecheck clean (bench/prefetch-*-h100.log).
 PREFETCH = True
 PREFETCH_GROUP = 3
 
@@ -166,7 +169,7 @@ def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: 
     attn_decode, which is bit-identical to the reference (as every exact kernel is) and
     built for single rows; with many rows each CTA serves a KV head's whole group.
     ``prefetch`` (callers pass PREFETCH): exact-q4-k64 at group 3 runs its prefetching
-    instance where its shared memory leaves room for at most two CTAs an SM."""
+    instance."""
     ref = LaunchPlan(Variant("reference"), requested, reference_smem_bytes(capacity), 256)
     if ref.smem_bytes + REFERENCE_STATIC_BYTES > smem_limit:
         # Nothing can hold a score vector this long; refuse rather than launch out of bounds.
@@ -194,10 +197,7 @@ def plan_launch(requested: Variant, *, n_heads: int, n_kv_heads: int, head_dim: 
         candidate = Variant(requested.family, rows, requested.tile, requested.cache)
         smem = tiled_smem_bytes(candidate, group, capacity)
         if smem <= smem_limit:
-            # three CTAs an SM (the SM's memory is the opt-in limit plus 1 KiB, and each CTA
-            # reserves 1 KiB) would not fit: the prefetching instance loses nothing
-            two = 3 * (smem + 1024) > smem_limit + 1024
-            pf = prefetch and candidate == PREFETCH_VARIANT and group == PREFETCH_GROUP and two
+            pf = prefetch and candidate == PREFETCH_VARIANT and group == PREFETCH_GROUP
             plan = LaunchPlan(candidate, requested, smem, 32 * rows * group, prefetch=pf)
             if rows == requested.rows:
                 return plan
