@@ -9,9 +9,10 @@ memory. Powers of two (the rule before kernels/capacity.py) gave slices ending a
 past 2,048 positions C = 4,096, two attn_decode CTAs an SM; the classes keep 2 and 3. The
 cases are a chat server's steps late in its conversations (bench/chat_timeline.py's
 cohorts and joiners, histories up to ~2,600 positions) and one of 256 running requests.
-Rules: "classes" (the default: occupancy classes), "spread" (the spread rule, off by
-default: one-wave grids as few CTAs an SM as they need), "powers", and "prefetch" (the
-classes with attn_exact's prefetching instance, variants.PREFETCH). Per case and rule:
+Rules: "classes" (occupancy classes, the plain attn_exact instance), "spread" (the spread
+rule, off by default: one-wave grids as few CTAs an SM as they need), "powers", and
+"prefetch" (the classes with attn_exact's prefetching instance, variants.PREFETCH: the
+shipped default since 2026-12-05). Per case and rule:
 the key's two capacities and the replay's time (``--replays`` replays back to back,
 synchronized, after the capture), the rules' order alternating by round; ratios are each
 rule's time over the classes' per round. Every rule's replay must give the same logits bit
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     shipped = owned.get()
     spread = dataclasses.replace(shipped, spread=True)
     rules = {"classes": shipped, "spread": spread, "powers": None, "prefetch": shipped}
+    prefetch_default = variants.PREFETCH
     res: dict[str, dict[str, list[float]]] = {}
     keys: dict[str, dict[str, list[int]]] = {}
     for r in range(args.rounds):
@@ -174,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                 d.setdefault(f"{rule}_over_classes", []).append(
                     d[f"{rule}_ms"][-1] / d["classes_ms"][-1])
         print(f"round {r} done", file=sys.stderr, flush=True)
-    mg.classes, owned.classes, variants.PREFETCH = owned, shipped, False
+    mg.classes, owned.classes, variants.PREFETCH = owned, shipped, False  # graph_ab: plain
     others = graph_ab(runner, args.rounds, args.replays)
+    variants.PREFETCH = prefetch_default
     summary = {n: {"capacities (decode, slices)": keys[n],
                    **{k: stat(v) for k, v in d.items()}} for n, d in res.items()}
     for n, d in summary.items():
