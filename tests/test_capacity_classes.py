@@ -1,7 +1,8 @@
 """Score-capacity classes (kernels/capacity.py) and the mixed graphs' keys that use them, on
-the host: the driver's occupancy answer is modelled from shared memory alone (an H100's
-and H200's 228 KiB an SM, 1 KiB reserved a CTA) with the register bound of three CTAs an
-SM that both attention kernels have at the default model's group."""
+the host: the driver's occupancy answer is modelled from shared memory (an H100's and
+H200's 228 KiB an SM, 1 KiB reserved a CTA) and the register bounds the kernels have at the
+default model's group: three CTAs an SM for attn_decode and the plain attn_exact, two for
+its prefetching instance (80 registers, 384 threads; variants.PREFETCH)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from crucible.backend.cupy_mixed_graphs import MixedGraphs
+from crucible.kernels import variants
 from crucible.kernels.capacity import CapacityClasses, OwnedClasses
 from crucible.kernels.variants import (
     LaunchPlan,
@@ -25,7 +27,7 @@ VARIANT = parse_variant("exact-q4-k64")
 
 def occupancy(plan: LaunchPlan) -> int:
     static = decode_static_bytes(plan.decode_heads) if plan.decode else 0
-    return min(3, SM_SMEM // (plan.smem_bytes + static + RESERVED))
+    return min(2 if plan.prefetch else 3, SM_SMEM // (plan.smem_bytes + static + RESERVED))
 
 
 def classes(ceiling: int = 8192, spread: bool = False) -> CapacityClasses:
@@ -34,7 +36,8 @@ def classes(ceiling: int = 8192, spread: bool = False) -> CapacityClasses:
 
 def plan(capacity: int, decode: bool = False, rows: int = 0) -> LaunchPlan:
     return plan_launch(VARIANT, n_heads=9, n_kv_heads=3, head_dim=64, capacity=capacity,
-                       smem_limit=OPTIN, decode=decode, rows=rows, sm_count=132)
+                       smem_limit=OPTIN, decode=decode, rows=rows, sm_count=132,
+                       prefetch=variants.PREFETCH)
 
 
 @pytest.mark.parametrize("decode,rows", [(False, 0), (True, 512), (True, 16)])
@@ -52,13 +55,19 @@ def test_a_class_is_the_widest_capacity_at_the_same_occupancy(decode: bool, rows
                     or occupancy(wider) < occupancy(first)), (asked, got)
 
 
-def test_the_default_models_classes() -> None:
+def test_the_default_models_classes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The slices' launch keeps two CTAs an SM up to 1,792 positions and one up to 4,352
-    (then q2 tiles); the decode rows' keeps three up to 3,328. The control: the powers of
-    two these replace (2,048 and 4,096) hold fewer CTAs an SM than the classes do."""
+    (then q2 tiles); with the plain attn_exact instance, three up to 1,024. The decode rows'
+    keeps three up to 3,328. The control: the powers of two these replace (2,048 and 4,096)
+    hold fewer CTAs an SM than the classes do."""
     c = classes()
-    assert [c.slices(x) for x in (1024, 1025, 1792, 1793, 4352)] == \
+    assert variants.PREFETCH  # the shipped default: two CTAs an SM at any capacity
+    assert [c.slices(x) for x in (256, 1024, 1025, 1792, 1793, 4352)] == \
+        [1792, 1792, 1792, 1792, 4352, 4352]
+    monkeypatch.setattr(variants, "PREFETCH", False)
+    assert [classes().slices(x) for x in (1024, 1025, 1792, 1793, 4352)] == \
         [1024, 1792, 1792, 4352, 4352]
+    monkeypatch.undo()
     assert plan(c.slices(4353)).variant.rows == 2  # q4 no longer fits: another kernel
     assert c.decode(1, 512) == c.decode(2048, 512) == c.decode(3328, 512) == 3328
     assert c.decode(3329, 512) > 3328
@@ -95,8 +104,9 @@ def test_mixed_keys_take_each_launchs_class() -> None:
         assert MixedGraphs.key(graphs(False), batch)[4:] == (4096, 2048)
     assert MixedGraphs.key(graphs(True, spread=True), cohort)[4:] == (3328, 1792)
     assert MixedGraphs.key(graphs(True, spread=True), joiner)[4:] == (3328, 4352)
-    # short histories: one decode class, the slices' floor
-    assert MixedGraphs.key(graphs(True), step(300, 0, 16, 60))[4:] == (3328, 1024)
+    # short histories: one decode class; the slices' floor class, two CTAs an SM with the
+    # prefetching instance (three, up to 1,024, with the plain one)
+    assert MixedGraphs.key(graphs(True), step(300, 0, 16, 60))[4:] == (3328, 1792)
     g = graphs(True, spread=True)
     w, rows, _ = g._sizes(MixedGraphs.key(g, joiner))
     assert w == 4352 // 16 and rows == MixedGraphs.key(g, joiner)[0] + 2  # every history

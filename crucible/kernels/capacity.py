@@ -20,27 +20,27 @@ Measured on an H100 (bench/capacity-classes-occupancy-h100.json, replays of 1,02
 graphs against powers of two, same bits): a chat cohort's step 1.47-1.50x faster, a step of
 256 running requests 1.13x, but a lone joiner's step beside 63 decodes 0.93x. Which of
 its two launches lost is not known. Its slice grid is 63 live CTAs, under one wave at any
-occupancy; a guess, not measured yet, is that the block scheduler packs such a grid onto
-fewer SMs when more fit each. The
-``spread`` rule (off: ``SPREAD``) tests it: a grid that fits one wave takes the widest
-class holding just the CTAs an SM that wave needs, so it must spread; with it on, the
-decode graphs past the batch-1 stack and the lone-prefill graphs take classes too (their
-own capacities already keep the occupancy, so only the spread could change them).
-bench/capacity_classes.py measures it against the rule shipped.
+occupancy; a guess was that the block scheduler packs such a grid onto fewer SMs when more
+fit each. The ``spread`` rule (off: ``SPREAD``) tested it: a grid that fits one wave takes
+the widest class holding just the CTAs an SM that wave needs, so it must spread; with it
+on, the decode graphs past the batch-1 stack and the lone-prefill graphs take classes too.
+Measured (H100, bench/capacity-classes-prefetch-h100.json): 1.00x on the mixed graphs,
+0.96-0.97x on the decode graphs at 64 and 128 rows, so it stays off. What won the joiner
+back is attn_exact's prefetching instance (variants.PREFETCH, docs/attention.md).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from crucible.kernels import variants
 from crucible.kernels.variants import LaunchPlan, Variant, plan_launch, score_capacity
 
 STEP = 256  # score_capacity's granule: the classes' step
-SPREAD = False  # the spread rule's default: unmeasured (above)
+SPREAD = False  # the spread rule's default: measured, no gain (above)
 
 Occupancy = Callable[[LaunchPlan], int]  # CTAs an SM for one launch plan
 
@@ -57,13 +57,16 @@ class CapacityClasses:
     sm_count: int
     occupancy: Occupancy
     spread: bool = SPREAD  # one-wave grids: as few CTAs an SM as hold the grid (above)
+    # attn_exact's prefetching instance, as plan_launch picks it (variants.PREFETCH when
+    # made): a field, so classes made under one setting never answer for the other
+    prefetch: bool = field(default_factory=lambda: variants.PREFETCH)
 
     def _plan(self, capacity: int, decode: bool, rows: int) -> LaunchPlan | None:
         try:
             return plan_launch(self.variant, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
                                head_dim=64, capacity=capacity, smem_limit=self.smem_limit,
                                decode=decode, rows=rows, sm_count=self.sm_count,
-                               prefetch=variants.PREFETCH)
+                               prefetch=self.prefetch)
         except ValueError:  # past every kernel's shared memory
             return None
 
@@ -157,8 +160,8 @@ class OwnedClasses:
 
     def get(self) -> CapacityClasses:
         c, cfg = self.classes, self.owner.cfg
-        if c is None or (c.n_heads, c.n_kv_heads, c.variant) != \
-                (cfg.n_heads, cfg.n_kv_heads, self.owner.variant):
+        if c is None or (c.n_heads, c.n_kv_heads, c.variant, c.prefetch) != \
+                (cfg.n_heads, cfg.n_kv_heads, self.owner.variant, variants.PREFETCH):
             c = self.classes = device_classes(cfg.n_heads, cfg.n_kv_heads, self.owner.variant,
                                               self.ceiling)
         return c
