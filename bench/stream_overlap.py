@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     runners = [ModelRunner(model, num_pages=pages, device="cuda",
                            settings=Settings(device="cuda")) for _ in range(max(splits))]
     be0 = runners[0].backend
-    gen = cp.random.default_rng(0)
+    gen = cp.random.RandomState(0)
     for pool in (be0.k_pool, be0.v_pool):  # histories to read, the same in every runner
         pool[...] = gen.standard_normal(pool.shape, dtype=cp.float32)
     for r in runners[1:]:

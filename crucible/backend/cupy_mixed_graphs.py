@@ -84,8 +84,9 @@ FINAL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 assert set(MIXED_GRAPH_ROWS) <= set(TOKEN_BUCKETS)  # what max_tokens may be: buckets
 SLICE_BUCKETS = (1, 2, 4, 8, 16)
 CAPACITY_BUCKETS = tuple(256 << i for i in range(8))  # 256 .. 32,768
-# The slices' launch: every capacity up to 1,024 gives the exact tiled kernel its three CTAs
-# an SM (registers bind first), so below that one bucket does (fewer keys).
+# The slices' launch: every capacity up to 1,024 gives the plain exact tiled kernel its three
+# CTAs an SM (registers bind first), so below that one bucket does (fewer keys); the
+# prefetching instance (variants.PREFETCH) holds two up to 1,792, its class.
 SLICE_CAPACITY_FLOOR = 1024
 FED_ROWS = BUCKETS[-1]  # ids a fed step can read: the decode graphs' largest bucket
 
