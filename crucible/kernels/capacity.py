@@ -110,20 +110,25 @@ def device_occupancy(plan: LaunchPlan) -> int:
     """CTAs an SM the driver fits for ``plan``'s kernel, threads and shared memory."""
     from crucible.kernels.loader import attention_kernel, decode_kernel, ensure_dynamic_smem
 
+    current_context()
     kernel = (decode_kernel(plan.decode_heads) if plan.decode
               else attention_kernel(plan.variant, plan.prefetch))
     ensure_dynamic_smem(kernel, plan.smem_bytes)  # a launch past 48 KiB needs the opt-in
     return _occupancy(getattr(kernel, "kernel", kernel), plan.threads, plan.smem_bytes)
 
 
-def _occupancy(func: Any, threads: int, smem: int) -> int:
+def current_context() -> None:
+    """Make the device's primary context (CuPy's) current on this thread. A driver call
+    needs a current context, and a thread that has not yet touched the runtime has none:
+    an AsyncLLMEngine's step thread failed here with CUresult 201 (invalid context) when
+    its first mixed graph key was the first occupancy query. cudaSetDevice sets it."""
     import cupy as cp
 
-    kernel_ptr = int(func.ptr)  # the loaded CUfunction (compiles the module on first use)
-    # A driver call needs a current context, and a thread that has not yet touched the
-    # runtime has none (an AsyncLLMEngine's step thread: CUresult 201). cudaSetDevice makes
-    # the device's primary context, the one CuPy uses, current on this thread.
     cp.cuda.runtime.setDevice(cp.cuda.runtime.getDevice())
+
+
+def _occupancy(func: Any, threads: int, smem: int) -> int:
+    kernel_ptr = int(func.ptr)  # the loaded CUfunction (compiles the module on first use)
     n = ctypes.c_int(0)
     rc = _driver_occupancy()(ctypes.byref(n), ctypes.c_void_p(kernel_ptr),
                              ctypes.c_int(threads), ctypes.c_size_t(smem))
