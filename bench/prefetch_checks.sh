@@ -9,8 +9,8 @@
 #    chat-like launches with variants.PREFETCH on and off, bit for bit.
 # 2. compute-sanitizer memcheck and racecheck over bench/prefill_attention.py --prefetch on
 #    one chat-like shape (both instances, one round).
-# 3. bench/prefill_attention.py --prefetch: both instances' time and bits on the shapes
-#    where the prefetching one would run (capacity >= 1,280) and two where it would not.
+# 3. bench/prefill_attention.py --prefetch: both instances' time and bits on two chat
+#    launches (capacity 1,792) and three shapes at capacities up to 1,024.
 # 4. bench/capacity_classes.py: the mixed, decode and prefill graphs' replays under every
 #    rule, the prefetching instance among them ("prefetch").
 set -u

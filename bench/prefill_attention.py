@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 KERNEL = "attn_exact<4, 64, false>"
-# A chat server's launches past 1,024 positions (where the prefetching instance would run):
+# A chat server's launches past 1,024 positions (capacity 1,792, two CTAs an SM either way):
 # a cohort's 16 slices of 60 after ~1,300 cached positions, a lone 84-row joiner after 1,400.
 CHAT_SHAPES = {"chat-cohort-1300": tuple((1240 + 8 * i, 60) for i in range(16)),
                "chat-joiner-1400": ((1400, 84),)}
@@ -39,7 +39,9 @@ def kernels(cp: Any, alts: dict[str, str], prefetch: bool = False) -> dict[str, 
     from crucible.kernels.variants import parse_variant
 
     fns = {"shipped": attention_kernel(parse_variant("exact-q4-k64"))}
-    if prefetch:  # the prefetching instance (attention_prefetch.cuh), off by default
+    # "shipped" is the plain q4-k64 instance; the engine runs the prefetching one at the
+    # default model's group (variants.PREFETCH, on since 2026-12-05)
+    if prefetch:  # the prefetching instance (attention_prefetch.cuh)
         fns["prefetch"] = attention_kernel(parse_variant("exact-q4-k64"), prefetch=True)
     for name, path in alts.items():
         with open(path) as f:

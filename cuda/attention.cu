@@ -199,9 +199,10 @@ __global__ void __launch_bounds__(32 * Q * 8) attn_exact(CRU_EXACT_ARGS) {
     cru_attn_exact<Q, KT, CACHE, false>(CRU_EXACT_PASS);
 }
 
-// q4-k64 with each tile's loads a tile ahead: launched only with 384 threads (group 3) and
-// only where shared memory already holds at most two CTAs an SM, so its bound lets it take
-// the registers the prefetch needs (80 against the plain instance's 56).
+// q4-k64 with each tile's loads a tile ahead: launched only with 384 threads (group 3); its
+// bound of two CTAs an SM lets it take the registers the prefetch needs (80 against the
+// plain instance's 56), and it is faster than the plain one even where that fits three
+// (variants.PREFETCH).
 __global__ void __launch_bounds__(384, 2) attn_exact_pf(CRU_EXACT_ARGS) {
     cru_attn_exact<4, 64, false, true>(CRU_EXACT_PASS);
 }

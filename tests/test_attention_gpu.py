@@ -109,9 +109,10 @@ def test_mixed_step_split_matches_one_launch() -> None:
 def test_the_prefetching_instance_gives_the_reference_bits(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Chat-like launches past 1,024 positions (a cohort of slices after long histories, a
-    lone joiner, a long prompt): with variants.PREFETCH on, exact-q4-k64 takes attn_exact's
-    prefetching instance there (the plan says so) and must give the reference's bits; off,
-    the plain instance. The online control above shows the comparison can fail."""
+    lone joiner, a long prompt) and short ones (capacity 256, where the plain instance fits
+    three CTAs an SM): with variants.PREFETCH on, exact-q4-k64 takes attn_exact's
+    prefetching instance (the plan says so) and must give the reference's bits; off, the
+    plain instance. The online control above shows the comparison can fail."""
     from crucible.checks.attention_cases import build
     from crucible.checks.attention_check import run_variant, to_device
     from crucible.kernels import variants
@@ -120,7 +121,8 @@ def test_the_prefetching_instance_gives_the_reference_bits(
     cases = (Case("chat-cohort", 9, 3, tuple((int(s), 60) for s in starts),
                   pages="interleaved", seed=8),
              Case("chat-joiner", 9, 3, ((1400, 84),), seed=9),
-             Case("long-prompt", 9, 3, ((0, 1500),), seed=10))
+             Case("long-prompt", 9, 3, ((0, 1500),), seed=10),
+             Case("short-slices", 9, 3, ((0, 64), (100, 40), (7, 1)), seed=11))
     for case in cases:
         d = to_device(build(case))
         ref, _ = run_variant(Variant("reference"), d)

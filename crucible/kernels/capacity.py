@@ -83,11 +83,7 @@ class CapacityClasses:
         c = capacity
         while c + STEP <= self.ceiling:
             nxt = self._plan(c + STEP, decode, rows)
-            if nxt is None or (nxt.variant, nxt.decode, nxt.decode_heads, nxt.threads,
-                               nxt.prefetch) != (first.variant, first.decode,
-                                                 first.decode_heads, first.threads,
-                                                 first.prefetch) \
-                    or self.occupancy(nxt) < ctas:
+            if nxt is None or _kernel(nxt) != _kernel(first) or self.occupancy(nxt) < ctas:
                 break
             c += STEP
         return c
@@ -104,6 +100,11 @@ class CapacityClasses:
         each (the tiled kernel)."""
         return self._widest(capacity, False, 0,
                             lambda p: self.n_kv_heads * -(-chunk // p.variant.rows) * slices)
+
+
+def _kernel(plan: LaunchPlan) -> tuple:
+    """What makes two plans the same kernel at the same CTA size (shared memory aside)."""
+    return plan.variant, plan.decode, plan.decode_heads, plan.threads, plan.prefetch
 
 
 def device_occupancy(plan: LaunchPlan) -> int:
