@@ -13,22 +13,8 @@ LLM runs an untimed warm-up of unrelated prompts (own seed: kernels compiled, gr
 captured), so neither config pays first-use costs in the figures; cache counters are
 taken as differences over the timed part.
 
-* ``chat``: ``--users`` concurrent users (asyncio on ``llm.async_engine()``), each a
-  closed loop of ``--turns`` turns: turn t's prompt is the system prompt (``--system-tokens``
-  random ids, shared by all users) + every earlier turn's user message and the reply that
-  came back + this turn's user message (``--user-min``..``--user-max`` random ids); the
-  next turn is sent when this reply has finished. Replies are ``--reply-tokens`` greedy
-  tokens (temperature 0, ``ignore_eos``). Per request: TTFT (``generate()`` call to the
-  first delta with new token ids) and latency. Per run: TTFT p50/p99 (also by turn), total
-  tok/s ((prompt + generated tokens) / wall), output tok/s, prompt tokens the cache served
-  (``cache_hit_tokens`` / prompt tokens, and the deltas' ``num_cached_tokens``). Exactness:
-  every run's replies (all users, all turns) must equal the first run's, token for token;
-  cache on and off must hold the same conversations. Warm-up: ``--warmup-turns`` turns of
-  the same shape with another system prompt and messages, by default as many as the timed
-  conversations have: a turn's steps take graph keys of its history's length, so a shorter
-  warm-up left the later turns' keys to be captured inside the timed part (3-8 captures of
-  40-90 ms, each on the critical path of a turn's arrivals; docs/prefix-cache.md). What is
-  captured in the timed part is still counted (``graphs``).
+* ``chat``: ``--users`` concurrent users, each a closed loop of ``--turns`` turns
+  that resend the whole conversation (bench/prefix_chat.py says how, and what is timed).
 * ``miss``: ``--miss-requests`` unique random prompts (``--miss-prompt-min``..``max`` ids),
   ``--miss-output`` greedy tokens each (``ignore_eos``), all at once through
   ``llm.generate`` (bench/throughput_measure.py's ``timed_generate``). The cache finds
@@ -56,7 +42,6 @@ import os
 import platform
 import random
 import shlex
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,9 +50,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import stat, write_json  # noqa: E402
+from common import write_json  # noqa: E402
+from prefix_chat import chat_figures, chat_run, conversations  # noqa: E402
+from prefix_report import first_mismatch, paired, summarize, table  # noqa: E402
 from throughput import DEFAULT_MODEL, TINY, TINY_CUDA_GEOMETRY, plain  # noqa: E402
-from throughput_measure import Probe, dist, graph_counters, pct, timed_generate  # noqa: E402
+from throughput_measure import Probe, graph_counters, timed_generate  # noqa: E402
 from throughput_workload import WARMUP_REQUESTS, requests  # noqa: E402
 
 from crucible import LLM, SamplingParams  # noqa: E402
@@ -108,79 +95,6 @@ def collect() -> None:
 
 
 # -- chat ------------------------------------------------------------------------------
-
-def conversations(args: argparse.Namespace, ids: list[int], seed: int, turns: int
-                  ) -> tuple[list[int], list[list[list[int]]]]:
-    """The shared system prompt and each user's messages (users x turns)."""
-    rng = random.Random(seed)
-    system = [rng.choice(ids) for _ in range(args.system_tokens)]
-    msgs = [[[rng.choice(ids) for _ in range(rng.randint(args.user_min, args.user_max))]
-             for _ in range(turns)] for _ in range(args.users)]
-    return system, msgs
-
-
-async def chat_run(llm: LLM, system: list[int], msgs: list[list[list[int]]],
-                   params: SamplingParams) -> tuple[float, list[dict[str, Any]]]:
-    """Every user's closed loop at once; (wall seconds, one record per request)."""
-    eng = llm.async_engine()
-    records: list[dict[str, Any]] = []
-
-    async def user(u: int) -> None:
-        history = list(system)
-        for t, msg in enumerate(msgs[u]):
-            prompt = history + msg
-            reply: list[int] = []
-            first = None
-            cached = 0
-            reason = None
-            t0 = time.perf_counter()
-            async for d in eng.generate(prompt, params):
-                if first is None and d.new_token_ids:
-                    first = time.perf_counter() - t0
-                reply.extend(d.new_token_ids)
-                cached = max(cached, d.num_cached_tokens)
-                reason = d.finish_reason
-            records.append({"user": u, "turn": t, "prompt_tokens": len(prompt),
-                            "ttft_s": first, "latency_s": time.perf_counter() - t0,
-                            "cached_tokens": cached, "finish_reason": reason,
-                            "reply": reply})
-            history = prompt + reply
-
-    try:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(user(u) for u in range(len(msgs))))
-        wall = time.perf_counter() - t0
-    finally:
-        await eng.shutdown()
-    records.sort(key=lambda r: (r["user"], r["turn"]))
-    return wall, records
-
-
-def chat_figures(wall: float, recs: list[dict[str, Any]], c0: dict[str, int],
-                 c1: dict[str, int]) -> dict[str, Any]:
-    n_prompt = sum(r["prompt_tokens"] for r in recs)
-    n_out = sum(len(r["reply"]) for r in recs)
-    ttft = [r["ttft_s"] * 1e3 for r in recs if r["ttft_s"] is not None]
-    turns = sorted({r["turn"] for r in recs})
-    hit = c1["cache_hit_tokens"] - c0["cache_hit_tokens"]
-    return {
-        "wall_s": round(wall, 4), "requests": len(recs), "prompt_tokens": n_prompt,
-        "output_tokens": n_out, "total_tok_per_s": round((n_prompt + n_out) / wall, 1),
-        "output_tok_per_s": round(n_out / wall, 1),
-        "ttft_p50_ms": round(pct(ttft, 0.5), 3), "ttft_p99_ms": round(pct(ttft, 0.99), 3),
-        "ttft_mean_ms": round(statistics.fmean(ttft), 3),
-        "ttft_p50_ms_by_turn": [round(pct([r["ttft_s"] * 1e3 for r in recs
-                                           if r["turn"] == t and r["ttft_s"] is not None],
-                                          0.5), 3) for t in turns],
-        "latency_ms": dist([r["latency_s"] * 1e3 for r in recs]),
-        "no_first_token": sum(r["ttft_s"] is None for r in recs),
-        "not_length_finish": sum(r["finish_reason"] != "length" for r in recs),
-        "cache_hit_tokens": hit, "cache_hit_share": round(hit / n_prompt, 4),
-        "delta_cached_tokens": sum(r["cached_tokens"] for r in recs),
-        "cache": {k: c1[k] - c0[k] for k in c1 if k != "cache_pages"}
-        | {"cache_pages_at_end": c1["cache_pages"]},
-    }
-
 
 def chat_once(model: LoadedModel, args: argparse.Namespace, name: str,
               work: tuple[list[int], list[list[list[int]]]],
@@ -223,36 +137,6 @@ def miss_once(model: LoadedModel, args: argparse.Namespace, name: str, work: tup
     fig = {k: res[k] for k in keep if k in res}
     fig["cache"] = {k: c1[k] - c0[k] for k in c1 if k != "cache_pages"}
     return fig, [list(o.token_ids) for o in outs], llm
-
-
-# -- the run ---------------------------------------------------------------------------
-
-def first_mismatch(ref: list[list[int]], got: list[list[int]]) -> dict[str, Any] | None:
-    bad = [i for i, (a, b) in enumerate(zip(ref, got)) if a != b]
-    if len(ref) != len(got):
-        return {"differing": None, "lengths": [len(ref), len(got)]}
-    if not bad:
-        return None
-    i = bad[0]
-    a, b = ref[i], got[i]
-    pos = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return {"differing": len(bad), "first_index": i, "first_position": pos}
-
-
-def summarize(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in CONFIGS:
-        mine = [r["figures"] for r in runs if r["config"] == name]
-        if mine:
-            out[name] = {k: stat([m[k] for m in mine]) for k in keys}
-    return out
-
-
-def paired(runs: list[dict[str, Any]], key: str, num: str, den: str) -> dict[str, Any]:
-    rounds = sorted({r["round"] for r in runs})
-    by = {(r["round"], r["config"]): r["figures"][key] for r in runs}
-    per = [round(by[(i, num)] / by[(i, den)], 4) for i in rounds]
-    return {"per_round": per, **{k: round(v, 4) for k, v in stat(per).items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,23 +293,6 @@ def main(argv: list[str] | None = None) -> int:
     write_json(str(json_path), result)
     table(result)
     return 1 if any(mismatches.values()) else 0
-
-
-def table(result: dict[str, Any]) -> None:
-    c = result["config"]
-    print(f"\n{c['model']} on {c['device']}, {c['rounds']} round(s); median [min-max]")
-    for w, s in result["summary"].items():
-        for k in s["on"]:
-            on, off = s["on"][k], s["off"][k]
-            print(f"{w + ' ' + k:24s} on {on['median']:10.4g} [{on['min']:.4g}-{on['max']:.4g}]"
-                  f"{'':>4s}off {off['median']:10.4g} [{off['min']:.4g}-{off['max']:.4g}]")
-    for k, v in result["ratios"].items():
-        target = (f"  target >= {v['target']}: {'met' if v['median_meets_target'] else 'NOT met'}"
-                  if "target" in v else "")
-        print(f"{k:28s} {v['median']:.3f} [{v['min']:.3f}-{v['max']:.3f}]{target}")
-    for w, ok in result["exact"].items():
-        print(f"{w} tokens identical across every run: {ok}"
-              + ("" if ok else f"  {result['mismatches'][w]}"))
 
 
 if __name__ == "__main__":

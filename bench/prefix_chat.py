@@ -1,0 +1,106 @@
+"""The prefix cache bench's multi-turn chat workload (bench/prefix_cache_bench.py,
+bench/chat_timeline.py).
+
+``--users`` concurrent users (asyncio on ``llm.async_engine()``), each a
+closed loop of ``--turns`` turns: turn t's prompt is the system prompt (``--system-tokens``
+random ids, shared by all users) + every earlier turn's user message and the reply that
+came back + this turn's user message (``--user-min``..``--user-max`` random ids); the
+next turn is sent when this reply has finished. Replies are ``--reply-tokens`` greedy
+tokens (temperature 0, ``ignore_eos``). Per request: TTFT (``generate()`` call to the
+first delta with new token ids) and latency. Per run: TTFT p50/p99 (also by turn), total
+tok/s ((prompt + generated tokens) / wall), output tok/s, prompt tokens the cache served
+(``cache_hit_tokens`` / prompt tokens, and the deltas' ``num_cached_tokens``). Exactness:
+every run's replies (all users, all turns) must equal the first run's, token for token;
+cache on and off must hold the same conversations. Warm-up: ``--warmup-turns`` turns of
+the same shape with another system prompt and messages, by default as many as the timed
+conversations have: a turn's steps take graph keys of its history's length, so a shorter
+warm-up left the later turns' keys to be captured inside the timed part (3-8 captures of
+40-90 ms, each on the critical path of a turn's arrivals; docs/prefix-cache.md). What is
+captured in the timed part is still counted (``graphs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from typing import Any
+
+from throughput_measure import dist, pct
+
+from crucible import LLM, SamplingParams
+
+
+def conversations(args: argparse.Namespace, ids: list[int], seed: int, turns: int
+                  ) -> tuple[list[int], list[list[list[int]]]]:
+    """The shared system prompt and each user's messages (users x turns)."""
+    rng = random.Random(seed)
+    system = [rng.choice(ids) for _ in range(args.system_tokens)]
+    msgs = [[[rng.choice(ids) for _ in range(rng.randint(args.user_min, args.user_max))]
+             for _ in range(turns)] for _ in range(args.users)]
+    return system, msgs
+
+
+async def chat_run(llm: LLM, system: list[int], msgs: list[list[list[int]]],
+                   params: SamplingParams) -> tuple[float, list[dict[str, Any]]]:
+    """Every user's closed loop at once; (wall seconds, one record per request)."""
+    eng = llm.async_engine()
+    records: list[dict[str, Any]] = []
+
+    async def user(u: int) -> None:
+        history = list(system)
+        for t, msg in enumerate(msgs[u]):
+            prompt = history + msg
+            reply: list[int] = []
+            first = None
+            cached = 0
+            reason = None
+            t0 = time.perf_counter()
+            async for d in eng.generate(prompt, params):
+                if first is None and d.new_token_ids:
+                    first = time.perf_counter() - t0
+                reply.extend(d.new_token_ids)
+                cached = max(cached, d.num_cached_tokens)
+                reason = d.finish_reason
+            records.append({"user": u, "turn": t, "prompt_tokens": len(prompt),
+                            "ttft_s": first, "latency_s": time.perf_counter() - t0,
+                            "cached_tokens": cached, "finish_reason": reason,
+                            "reply": reply})
+            history = prompt + reply
+
+    try:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(user(u) for u in range(len(msgs))))
+        wall = time.perf_counter() - t0
+    finally:
+        await eng.shutdown()
+    records.sort(key=lambda r: (r["user"], r["turn"]))
+    return wall, records
+
+
+def chat_figures(wall: float, recs: list[dict[str, Any]], c0: dict[str, int],
+                 c1: dict[str, int]) -> dict[str, Any]:
+    n_prompt = sum(r["prompt_tokens"] for r in recs)
+    n_out = sum(len(r["reply"]) for r in recs)
+    ttft = [r["ttft_s"] * 1e3 for r in recs if r["ttft_s"] is not None]
+    turns = sorted({r["turn"] for r in recs})
+    hit = c1["cache_hit_tokens"] - c0["cache_hit_tokens"]
+    return {
+        "wall_s": round(wall, 4), "requests": len(recs), "prompt_tokens": n_prompt,
+        "output_tokens": n_out, "total_tok_per_s": round((n_prompt + n_out) / wall, 1),
+        "output_tok_per_s": round(n_out / wall, 1),
+        "ttft_p50_ms": round(pct(ttft, 0.5), 3), "ttft_p99_ms": round(pct(ttft, 0.99), 3),
+        "ttft_mean_ms": round(statistics.fmean(ttft), 3),
+        "ttft_p50_ms_by_turn": [round(pct([r["ttft_s"] * 1e3 for r in recs
+                                           if r["turn"] == t and r["ttft_s"] is not None],
+                                          0.5), 3) for t in turns],
+        "latency_ms": dist([r["latency_s"] * 1e3 for r in recs]),
+        "no_first_token": sum(r["ttft_s"] is None for r in recs),
+        "not_length_finish": sum(r["finish_reason"] != "length" for r in recs),
+        "cache_hit_tokens": hit, "cache_hit_share": round(hit / n_prompt, 4),
+        "delta_cached_tokens": sum(r["cached_tokens"] for r in recs),
+        "cache": {k: c1[k] - c0[k] for k in c1 if k != "cache_pages"}
+        | {"cache_pages_at_end": c1["cache_pages"]},
+    }
