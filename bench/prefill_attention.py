@@ -5,7 +5,9 @@ against the shipped kernel, in one process: bits compared, alternating order.
         [--prefetch] [--shapes single-1024,2x512] [--rounds 7] [--json bench/x.json]
 
 An ``--alt`` file is a whole attention.cu (same kernel names and arguments) with its
-includes inlined or taken from cuda/; it is compiled here with the project's options. Shapes
+includes inlined or taken from its own directory first, then cuda/ (so a branch's cuda/
+directory, copied anywhere, is an alt whole); it is compiled here with the project's
+options. With ``--prefetch`` each alt's attn_exact_pf is timed too ("NAME-pf"). Shapes
 are gpu-prefill-attention-bench's (checks/attention_suite.py: bench_shapes) and two chat
 launches (CHAT_SHAPES) on the default model's geometry (9 query heads over 3 KV heads),
 data in layer 1 of a 3-layer pool. Per shape and kernel: us per launch (20 launches
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from typing import Any
@@ -44,10 +47,14 @@ def kernels(cp: Any, alts: dict[str, str], prefetch: bool = False) -> dict[str, 
     if prefetch:  # the prefetching instance (attention_prefetch.cuh)
         fns["prefetch"] = attention_kernel(parse_variant("exact-q4-k64"), prefetch=True)
     for name, path in alts.items():
+        names = [KERNEL] + (["attn_exact_pf"] if prefetch else [])
+        own = os.path.dirname(os.path.abspath(path))
         with open(path) as f:
-            mod = cp.RawModule(code=f.read(), name_expressions=[KERNEL],
-                               options=("-std=c++17", f"-I{cuda_source_dir()}"))
+            mod = cp.RawModule(code=f.read(), name_expressions=names,
+                               options=("-std=c++17", f"-I{own}", f"-I{cuda_source_dir()}"))
         fns[name] = mod.get_function(KERNEL)
+        if prefetch:
+            fns[f"{name}-pf"] = mod.get_function("attn_exact_pf")
     return fns
 
 
