@@ -16,6 +16,16 @@ choosing the list element whose ``key`` equals ``value`` (``levels.clients=256.t
 The runs' JSON and logs go to a folder beside ``--json`` (its name less the suffix);
 ``--drop-runs`` removes it once every run passed, leaving the one summary (a GPU machine
 that sends back only a few files a command).
+
+Two trees instead of two settings: ``--a-cwd DIR`` / ``--b-cwd DIR`` run that side's command
+in DIR, so a relative ``bench/x.py`` is that tree's bench, which imports that tree's
+``crucible`` and compiles its ``cuda/`` (give the side ``PYTHONPATH=DIR`` too where a bench
+takes ``crucible`` from the path). A branch's tree against main's, for example, with main
+unpacked by ``git archive main | tar -x -C /some/dir``:
+
+    python3 bench/env_ab.py --a PYTHONPATH=/some/dir --a-cwd /some/dir --rounds 2 \
+        --metric ratios.ttft_p50_off_over_on.median --json bench/x.json -- \
+        python3 bench/prefix_cache_bench.py --model M --device cuda --workload chat --json {json}
 """
 
 from __future__ import annotations
@@ -65,11 +75,12 @@ def spread(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
-def run_once(cmd: list[str], env: dict[str, str], out: Path, log: Path) -> dict:
+def run_once(cmd: list[str], env: dict[str, str], out: Path, log: Path,
+             cwd: Path | None = None) -> dict:
     argv = [out.as_posix() if a == "{json}" else a.replace("{json}", out.as_posix()) for a in cmd]
     t0 = time.perf_counter()
     with log.open("w") as f:
-        rc = subprocess.run(argv, env=dict(os.environ, **env), stdout=f,
+        rc = subprocess.run(argv, env=dict(os.environ, **env), stdout=f, cwd=cwd,
                             stderr=subprocess.STDOUT).returncode
     doc = json.loads(out.read_text()) if out.exists() else {}
     return {"rc": rc, "wall_s": round(time.perf_counter() - t0, 1), "doc": doc}
@@ -81,6 +92,8 @@ def main() -> int:
     p.add_argument("--b", nargs="*", default=[], help="NAME=VALUE of setting B")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--metric", action="append", required=True)
+    p.add_argument("--a-cwd", type=Path, help="the directory A's command runs in")
+    p.add_argument("--b-cwd", type=Path, help="the directory B's command runs in")
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--drop-runs", action="store_true",
                    help="remove the per-run folder when every run passed")
@@ -90,6 +103,11 @@ def main() -> int:
     if not cmd or not any("{json}" in a for a in cmd):
         raise SystemExit("env_ab: the command must contain {json}")
     envs = {"a": parse_env(args.a), "b": parse_env(args.b)}
+    cwds = {"a": args.a_cwd, "b": args.b_cwd}
+    for side, d in cwds.items():
+        if d is not None and not d.is_dir():
+            raise SystemExit(f"env_ab: --{side}-cwd {d} is not a directory")
+    args.json = args.json.resolve()  # {json} must mean the same file from either directory
     work = args.json.with_suffix("")
     work.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {"a": [], "b": []}
@@ -97,7 +115,8 @@ def main() -> int:
     for r in range(args.rounds):
         for side in ("a", "b") if r % 2 == 0 else ("b", "a"):
             stem = work / f"{side}{r}"
-            res = run_once(cmd, envs[side], stem.with_suffix(".json"), stem.with_suffix(".log"))
+            res = run_once(cmd, envs[side], stem.with_suffix(".json"), stem.with_suffix(".log"),
+                           cwds[side])
             figures = {}
             for m in args.metric:
                 try:
@@ -116,7 +135,9 @@ def main() -> int:
             ratios[m] = {"per_round": [round(b / a, 4) for a, b in pairs],
                          **{k: round(v, 4) for k, v in spread([b / a for a, b in pairs]).items()}}
     result = {"bench": "env_ab", "command": "python3 " + shlex.join(sys.argv),
-              "a": envs["a"], "b": envs["b"], "order": "a b, b a, ... (fresh process each)",
+              "a": envs["a"], "b": envs["b"],
+              "cwd": {k: None if d is None else str(d) for k, d in cwds.items()},
+              "order": "a b, b a, ... (fresh process each)",
               "runs": runs, "ratio_b_over_a": ratios}
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.drop_runs and not failed:  # a failed run's log stays to be read

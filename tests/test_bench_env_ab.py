@@ -71,3 +71,26 @@ def test_drop_runs_keeps_only_the_summary_unless_a_run_failed(tmp_path: Path) ->
         assert res.returncode == rc, res.stderr
         assert (tmp_path / f"{name}.json").exists()
         assert (tmp_path / name).exists() == (rc != 0)  # kept only for the failed one
+
+
+def test_each_side_may_run_in_a_tree_of_its_own(tmp_path: Path) -> None:
+    # Two "trees" whose bench/x.py report different figures: a side's relative command must
+    # run its own tree's file, and {json} must land in the one work folder either way.
+    for name, v in (("tree_a", 1.0), ("tree_b", 4.0)):
+        (tmp_path / name / "bench").mkdir(parents=True)
+        (tmp_path / name / "bench" / "x.py").write_text(
+            f"import json, sys; json.dump({{'v': {v}}}, open(sys.argv[1], 'w'))")
+    out = tmp_path / "ab.json"
+    subprocess.run([sys.executable, str(BENCH / "env_ab.py"), "--a-cwd", str(tmp_path / "tree_a"),
+                    "--b-cwd", str(tmp_path / "tree_b"), "--rounds", "2", "--metric", "v",
+                    "--json", str(out), "--", sys.executable, "bench/x.py", "{json}"],
+                   check=True, capture_output=True, cwd=tmp_path)
+    doc = json.loads(out.read_text())
+    assert [r["v"] for r in doc["runs"]["a"]] == [1.0, 1.0]
+    assert [r["v"] for r in doc["runs"]["b"]] == [4.0, 4.0]
+    assert doc["ratio_b_over_a"]["v"]["per_round"] == [4.0, 4.0]
+    assert doc["cwd"] == {"a": str(tmp_path / "tree_a"), "b": str(tmp_path / "tree_b")}
+    res = subprocess.run([sys.executable, str(BENCH / "env_ab.py"), "--a-cwd",
+                          str(tmp_path / "missing"), "--metric", "v", "--json", str(out), "--",
+                          sys.executable, "bench/x.py", "{json}"], capture_output=True, text=True)
+    assert res.returncode != 0 and "not a directory" in res.stderr
