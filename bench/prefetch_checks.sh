@@ -4,6 +4,10 @@
 # Random data and random weights: no model needed. About four minutes.
 #
 #     OUT=/some/dir bash bench/prefetch_checks.sh
+#     OUT=/some/dir ALT=other/cuda/attention.cu bash bench/prefetch_checks.sh
+#
+# ALT: another tree's attention.cu (its includes from its own directory), timed beside the
+# shipped instances in step 3 as "alt" and "alt-pf" (a branch's kernel against main's).
 #
 # 1. tests/test_attention_gpu.py: every variant against the reference, and the new test's
 #    chat-like launches with variants.PREFETCH on and off, bit for bit.
@@ -25,7 +29,7 @@ for tool in memcheck racecheck; do
         --shapes chat-joiner-1400 --rounds 1 > "$OUT/prefetch-$tool.log" 2>&1
     tail -1 "$OUT/prefetch-$tool.log"
 done
-python3 bench/prefill_attention.py --prefetch --rounds 7 \
+python3 bench/prefill_attention.py --prefetch --rounds 7 ${ALT:+--alt "alt=$ALT"} \
     --shapes chat-cohort-1300,chat-joiner-1400,history-64-at-960,history-64-at-512,single-1024 \
     --json "$OUT/prefetch-attention.json"
 python3 bench/capacity_classes.py --rounds 3 --replays 20 \
