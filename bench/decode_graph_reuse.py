@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 from common import SMOLLM2, write_json
-from stream_overlap import PAGES, specs
+from stream_overlap import PAGES, fill_pools, specs
 
 from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
@@ -41,11 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     graphs = ModelRunner(model, num_pages=pages, device="cuda", settings=Settings(device="cuda"))
     eager = ModelRunner(model, num_pages=pages, device="cuda",
                         settings=Settings(device="cuda", decode_graphs=False))
-    gen = cp.random.RandomState(0)
-    for name in ("k_pool", "v_pool"):
-        pool = getattr(graphs.backend, name)
-        pool[...] = gen.standard_normal(pool.shape, dtype=cp.float32)
-        getattr(eager.backend, name)[...] = pool
+    fill_pools([graphs, eager])
     vocab = model.config.vocab_size
     results, bad = [], 0
     for rows, seed, lo, hi in SEQUENCE:

@@ -241,14 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     if "chat" in runs:
         summary["chat"] = summarize(runs["chat"], (
             "wall_s", "ttft_p50_ms", "ttft_p99_ms", "total_tok_per_s", "output_tok_per_s",
-            "cache_hit_share"))
+            "cache_hit_share"), tuple(CONFIGS))
         ratios["ttft_p50_off_over_on"] = paired(runs["chat"], "ttft_p50_ms", "off", "on")
         ratios["ttft_p99_off_over_on"] = paired(runs["chat"], "ttft_p99_ms", "off", "on")
         ratios["total_tok_per_s_on_over_off"] = paired(runs["chat"], "total_tok_per_s",
                                                        "on", "off")
     if "miss" in runs:
         summary["miss"] = summarize(runs["miss"], ("wall_s", "total_tok_per_s",
-                                                   "output_tok_per_s"))
+                                                   "output_tok_per_s"), tuple(CONFIGS))
         ratios["miss_tok_per_s_on_over_off"] = paired(runs["miss"], "total_tok_per_s",
                                                       "on", "off")
     for k, target in TARGETS.items():

@@ -22,7 +22,7 @@ def first_mismatch(ref: list[list[int]], got: list[list[int]]) -> dict[str, Any]
 
 
 def summarize(runs: list[dict[str, Any]], keys: tuple[str, ...],
-              configs: tuple[str, ...] = ("on", "off")) -> dict[str, Any]:
+              configs: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in configs:
         mine = [r["figures"] for r in runs if r["config"] == name]
