@@ -36,7 +36,8 @@ N_HEADS, N_KV = 9, 3
 DEFAULT_SHAPES = "single-1024,2x512,scheduled-4x512-second,4x256,single-256,heterogeneous"
 
 
-def kernels(cp: Any, alts: dict[str, str], prefetch: bool = False) -> dict[str, Any]:
+def kernels(cp: Any, alts: dict[str, str], prefetch: bool = False,
+            lineinfo: bool = False) -> dict[str, Any]:
     from crucible.kernels.loader import attention_kernel
     from crucible.kernels.source import cuda_source_dir
     from crucible.kernels.variants import parse_variant
@@ -51,7 +52,8 @@ def kernels(cp: Any, alts: dict[str, str], prefetch: bool = False) -> dict[str, 
         own = os.path.dirname(os.path.abspath(path))
         with open(path) as f:
             mod = cp.RawModule(code=f.read(), name_expressions=names,
-                               options=("-std=c++17", f"-I{own}", f"-I{cuda_source_dir()}"))
+                               options=("-std=c++17", f"-I{own}", f"-I{cuda_source_dir()}")
+                               + (("-lineinfo",) if lineinfo else ()))
         fns[name] = mod.get_function(KERNEL)
         if prefetch:
             fns[f"{name}-pf"] = mod.get_function("attn_exact_pf")
@@ -121,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--prefetch", action="store_true",
                    help="also time attn_exact_pf (the prefetching instance)")
+    p.add_argument("--lineinfo", action="store_true",
+                   help="compile the alts with -lineinfo (for Nsight Compute's source view)")
     args = p.parse_args(argv)
     alts = {}
     for a in args.alt:
@@ -128,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not name or not path or name == "shipped":
             p.error(f"--alt takes NAME=PATH (NAME not 'shipped'), got {a!r}")
         alts[name] = path
-    fns = kernels(cp, alts, args.prefetch)
+    fns = kernels(cp, alts, args.prefetch, args.lineinfo)
     result: dict[str, Any] = {"command": "python3 " + " ".join(sys.argv), "kernel": KERNEL,
                               "shapes": {}}
     for shape in args.shapes.split(","):

@@ -78,3 +78,36 @@ def test_the_timeline_leaves_the_engine_as_it_was() -> None:
     assert LLMEngine.step is not before[0]
     undo()
     assert (LLMEngine.step, LLMEngine._launch, LLMEngine.add_request) == before
+
+
+def test_the_attention_phases_sum_each_files_lines(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    # bench/ncu_attention_phases.py: per-line rows (a number first) of two files are cut into
+    # phases by file and line; SASS rows under them (empty line number) are not counted again.
+    import ncu_attention_phases as ph
+
+    cols = ('"Line No","Source","Address","Source","Warp Stall Sampling (All Samples)",'
+            '"Instructions Executed","L1 Wavefronts Shared","stall_barrier","stall_short_sb",'
+            '"stall_barrier (Not Issued)"\n')
+
+    def line(no: str, samples: int, instr: int, wf: int, bar: int, ssb: int) -> str:
+        return f'"{no}","x","-","-","{samples}","{instr:,}","{wf}","{bar}","{ssb}","99"\n'
+
+    text = ('"File Path","/tmp/a/0123.cubin.cu"\n"Function Name","attn_exact_pf(...)"\n' + cols
+            + line("120", 30, 100, 0, 25, 0)           # pass 1's loop head: staging
+            + '"","","0x10","  BAR.SYNC","30","100","0","25","0","9"\n'
+            + line("140", 10, 50, 10, 0, 5)            # the softmax
+            + '"File Path","/src/cuda/common.cuh"\n"Function Name","f"\n' + cols
+            + line("27", 40, 600, 0, 0, 35)            # cru_leaf: QK
+            + line("201", 20, 50, 60, 0, 10)           # cru_tree_dots' loads: QK
+            + line("41", 0, 200, 30, 0, 0))            # cru_pv: PV
+    csv = tmp_path / "c.csv"
+    csv.write_text(text)
+    agg = ph.tally(str(csv))
+    assert agg[ph.QK]["Instructions Executed"] == 650 and agg[ph.QK]["stall_short_sb"] == 45
+    assert agg[ph.STAGING]["Warp Stall Sampling (All Samples)"] == 30
+    assert agg[ph.STAGING]["stall_barrier"] == 25 and agg[ph.PV]["L1 Wavefronts Shared"] == 30
+    assert "stall_barrier (Not Issued)" not in agg[ph.STAGING]
+    assert ph.main([str(csv)]) == 0
+    out = capsys.readouterr().out
+    assert "QK dots" in out and "barrier 25.0%" in out and "short_sb 45.0%" in out
