@@ -110,4 +110,4 @@ def test_the_attention_phases_sum_each_files_lines(tmp_path: Path,
     assert "stall_barrier (Not Issued)" not in agg[ph.STAGING]
     assert ph.main([str(csv)]) == 0
     out = capsys.readouterr().out
-    assert "QK dots" in out and "barrier 25.0%" in out and "short_sb 45.0%" in out
+    assert "QK dots" in out and "barrier 25.0%" in out and "short_sb 50.0%" in out
