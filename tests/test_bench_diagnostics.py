@@ -111,3 +111,26 @@ def test_the_attention_phases_sum_each_files_lines(tmp_path: Path,
     assert ph.main([str(csv)]) == 0
     out = capsys.readouterr().out
     assert "QK dots" in out and "barrier 25.0%" in out and "short_sb 50.0%" in out
+
+
+def test_the_nsys_table_charges_each_kernel_what_it_moves_the_end(tmp_path: Path) -> None:
+    # bench/nsys_step_table.py: replays run from one embedding launch to the next; a kernel
+    # that overlaps the one before it (PDL) is charged only for how far it moves the end.
+    import nsys_step_table as nt
+
+    seq = [("embed_rows(float*)", 2000, 1), ("void linear_mma_rows<2>(const float *)", 6000, 60),
+           ("attn_decode<3>(float*)", 10000, 3), ("linear_mma_rows<2>(float*)", 5000, 36)]
+    lines, t = ['"Start (ns)","Duration (ns)","GrdX","GrdY","GrdZ","Name"\n'], 0
+    for _ in range(4):
+        for name, dur, gx in seq:
+            lines.append(f'{t},{dur},{gx},4,1,"{name}"\n')
+            t += dur - 1000  # each kernel starts 1 us before the previous one ends
+        t += 5000
+    csv = tmp_path / "g.csv"
+    csv.write_text("".join(lines))
+    got = nt.table(nt.replays(nt.kernels(str(csv)), "embed")[-2:])
+    assert got["replays"] == 2 and got["launches_per_step"] == 4 and got["span_us"] == 20.0
+    by = {(k["kernel"], k["grid"][0]): k["us_per_step"] for k in got["kernels"]}
+    assert by[("attn_decode<3>", 3)] == 9.0 and by[("embed_rows", 1)] == 2.0
+    assert by[("linear_mma_rows<2>", 60)] == 5.0 and by[("linear_mma_rows<2>", 36)] == 4.0
+    assert sum(by.values()) == got["span_us"]
