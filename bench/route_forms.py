@@ -1,0 +1,127 @@
+"""Which int8 GEMM forms a decode step's graph should take, timed in the replay itself: the
+step captured under each routing of linear_mma's forms, against the shipped routing
+(linear_mma.pick_form), in one process, with the logits compared bit for bit (every form
+gives the same bits: cuda/linear_mma.cu's order; a difference is a failure here).
+
+Why in the replay: pick_form's table came from GEMMs timed one at a time
+(bench/gemm-mma-h200.json); in a decode graph each GEMM is one link of a PDL chain, where
+what counts is how soon its last CTA finishes once the one before it has
+(bench/launch_bound.py: the GEMMs are 56% of the 64-row step, ~7 us a launch).
+
+A route names the rows kernel's form (NT, warps) for each weight kind at these rows; the
+SwiGLU GEMM needs an even NT (fused_form raises an odd one by one, as it does for the
+shipped route). Random weights of the default model's shapes, int8, mma order.
+
+    python3 bench/route_forms.py [--rows 64] [--routes shipped,nt1,nt4,down16]
+        [--rounds 5] [--replays 50] [--json bench/route-forms.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from common import SMOLLM2, stat, write_json
+from stream_overlap import PAGES, fill_pools, graph_of, replayed_logits, specs, timed
+
+from crucible.engine.runner import ModelRunner
+from crucible.engine.settings import Settings
+from crucible.model.tiny import tiny_random_model
+from crucible.step.batch import build_packed_batch
+
+# route -> {weight kind: rows form (NT, warps)}; a kind not named keeps the shipped form.
+# o and down share N = 576 and differ in K (576 / 1,536), so "down" keys on K.
+ROUTES: dict[str, dict[str, tuple[int, int]]] = {
+    "shipped": {},
+    "nt1": {"qkv": (1, 12), "o": (1, 12), "down": (1, 12)},
+    "nt4": {"qkv": (4, 12), "o": (4, 12), "down": (4, 12), "gate_up": (4, 12)},
+    "down16": {"down": (2, 16)},
+    "nt1-down16": {"qkv": (1, 12), "o": (1, 12), "down": (1, 16)},
+    "gate_up4": {"gate_up": (4, 12)},
+}
+
+
+def kind(n: int, k: int) -> str | None:
+    if n == 576:
+        return "down" if k == 1536 else "o"
+    return {960: "qkv", 3072: "gate_up"}.get(n)
+
+
+@contextlib.contextmanager
+def routed(route: dict[str, tuple[int, int]]) -> Iterator[None]:
+    """pick_form answers the route's form for its weight kinds while a graph is captured."""
+    import crucible.kernels.linear_mma as lm
+
+    real: Callable[[int, int, int], tuple[int, ...]] = lm.pick_form
+
+    def pick(m: int, n: int, k: int) -> tuple[int, ...]:
+        form = route.get(kind(n, k) or "")
+        return form if form is not None and lm.fits(n, k, form) else real(m, n, k)
+
+    lm.pick_form = pick
+    lm._plan.cache_clear()  # plans are cached per shape: none may outlive its routing
+    try:
+        yield
+    finally:
+        lm.pick_form = real
+        lm._plan.cache_clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--routes", default=",".join(ROUTES))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--replays", type=int, default=50)
+    p.add_argument("--json", default="bench/route-forms.json")
+    args = p.parse_args(argv)
+    names = tuple(dict.fromkeys(("shipped",) + tuple(args.routes.split(","))))
+    if any(n not in ROUTES for n in names):
+        p.error(f"--routes: each of {', '.join(ROUTES)}")
+    import cupy as cp
+
+    model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
+    settings = Settings(device="cuda")
+    runners = {n: ModelRunner(model, num_pages=PAGES * args.rows + 1, device="cuda",
+                              settings=settings) for n in names}
+    if not runners["shipped"].backend.mma:
+        raise SystemExit("route_forms: the backend is not in the mma order")
+    fill_pools(list(runners.values()))
+    batch = build_packed_batch(specs(args.rows, model.config.vocab_size, seed=args.rows))
+    graphs: dict[str, Any] = {}
+    stream = cp.cuda.Stream(non_blocking=True)
+    for n, runner in runners.items():
+        with routed(ROUTES[n]):
+            graphs[n] = graph_of(runner, batch)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for n in names if r % 2 == 0 else names[::-1]:
+            times[n].append(timed([(graphs[n], stream)], [stream], args.replays))
+        # Each runner's pool holds the same histories and the replays write the same rows'
+        # K/V, so every route's logits must be the shipped route's, bit for bit.
+        want = replayed_logits(graphs["shipped"], stream, args.rows)
+        for n in names[1:]:
+            if not np.array_equal(replayed_logits(graphs[n], stream, args.rows), want):
+                raise SystemExit(f"route_forms: route {n}'s logits differ from shipped's")
+    results = {}
+    for n, ts in times.items():
+        ratio = [a / b for a, b in zip(times["shipped"], ts)]
+        results[n] = {"route": {k: list(v) for k, v in ROUTES[n].items()},
+                      "step_ms": stat(ts), "shipped_over_this": stat(ratio),
+                      "tok_per_s": args.rows / (stat(ts)["median"] / 1e3)}
+        print(f"{n:>12}: {stat(ts)['median']:.3f} ms a step ({results[n]['tok_per_s']:,.0f} tok/s),"
+              f" shipped/this x{stat(ratio)['median']:.3f} [{stat(ratio)['min']:.3f}-"
+              f"{stat(ratio)['max']:.3f}]", file=sys.stderr, flush=True)
+    write_json(args.json, {
+        "command": "python3 bench/route_forms.py "
+                   + " ".join(argv if argv is not None else sys.argv[1:]),
+        "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "rows": args.rows, "logits_identical": True, "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
