@@ -8,7 +8,9 @@ shared-memory wavefronts, stall samples by reason). Lines are classified by file
 number against the sources as of commit 36e0d23 (cuda/attention.cu's cru_attn_exact,
 attention_prefetch.cuh, attention_pv.cuh, common.cuh); a later edit of those files must
 update REGIONS. Prints each phase's share of instructions, wavefronts and stall samples,
-and the stall reasons over the whole kernel.
+and the stall reasons over the whole kernel. Shares are of the per-line sums, which count
+an inlined instruction under each source line it belongs to: on the chat cohort launch they
+sum to 161.9 M instructions against the kernel's 149.4 M (8% more).
 """
 
 from __future__ import annotations
