@@ -32,19 +32,16 @@ import sys
 from typing import Any, Iterator
 
 import numpy as np
-from common import SMOLLM2, stat, write_json
-from stream_overlap import PAGES, fill_pools, graph_of, replayed_logits, specs, timed
+from common import stat, write_json
+from graph_variants import Variants
 
 from crucible.engine.runner import ModelRunner
-from crucible.engine.settings import Settings
-from crucible.model.tiny import tiny_random_model
-from crucible.step.batch import build_packed_batch
 
 KINDS = ("whole", "norms", "rope", "attention", "gemms", "all-but-gemms")
 
 
 @contextlib.contextmanager
-def free(runner: ModelRunner, kind: str) -> Iterator[None]:
+def free(kind: str, runner: ModelRunner) -> Iterator[None]:
     """While capturing ``runner``'s graph, the stages of ``kind`` launch nothing."""
     import crucible.kernels.linear_mma as lm
 
@@ -86,29 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     kinds = tuple(dict.fromkeys(("whole",) + tuple(args.kinds.split(","))))
     if any(k not in KINDS for k in kinds):
         p.error(f"--kinds: each of {', '.join(KINDS)}")
-    import cupy as cp
+    v = Variants(args.rows, kinds, free, "launch_bound")
 
-    model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
-    settings = Settings(device="cuda")
-    runners = {k: ModelRunner(model, num_pages=PAGES * args.rows + 1, device="cuda",
-                              settings=settings) for k in kinds}
-    if not runners["whole"].backend.mma:
-        raise SystemExit("launch_bound: the backend is not in the mma order")
-    fill_pools(list(runners.values()))
-    batch = build_packed_batch(specs(args.rows, model.config.vocab_size, seed=args.rows))
-    graphs = {}
-    for kind, runner in runners.items():
-        with free(runner, kind):
-            graphs[kind] = graph_of(runner, batch)
-    stream = cp.cuda.Stream(non_blocking=True)
-    times: dict[str, list[float]] = {k: [] for k in kinds}
-    for r in range(args.rounds):
-        for kind in kinds if r % 2 == 0 else kinds[::-1]:
-            times[kind].append(timed([(graphs[kind], stream)], [stream], args.replays))
-        a = replayed_logits(graphs["whole"], stream, args.rows)
-        b = replayed_logits(graphs["whole"], stream, args.rows)
+    def check() -> None:
+        a, b = v.logits("whole"), v.logits("whole")
         if not np.array_equal(a, b) or not np.isfinite(a.view(np.float32)).all():
             raise SystemExit("launch_bound: the whole step's replays differ or are not finite")
+
+    times = v.time(args.rounds, args.replays, check)
     whole = times["whole"]
     results = {}
     for kind, ts in times.items():
@@ -120,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json, {
         "command": "python3 bench/launch_bound.py "
                    + " ".join(argv if argv is not None else sys.argv[1:]),
-        "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-        "rows": args.rows, "note": "ablated graphs are timed, never read; only 'whole' is "
+        "device": v.device, "rows": args.rows, "note": "ablated graphs are timed, never read; only 'whole' is "
         "the real step", "results": results})
     return 0
 

@@ -55,14 +55,14 @@ def tally(path: str) -> dict[str, collections.Counter]:
                 continue
             if row[0] == "File Path":
                 name = row[1].rsplit("/", 1)[-1]
-            elif row[0] == "Line No":
-                col = {k: i for i, k in enumerate(row)}
+            elif row[0] == "Line No":  # the columns counted: the totals, stalls by reason
+                col = {k: i for i, k in enumerate(row) if k in COUNTS
+                       or (k.startswith("stall_") and "Not Issued" not in k)}
             elif row[0].isdigit():
                 ph = agg[phase(name, int(row[0]))]
                 for k, i in col.items():
-                    if k in COUNTS or (k.startswith("stall_") and "Not Issued" not in k):
-                        v = row[i].replace(",", "")
-                        ph[k] += float(v) if v not in ("", "-") else 0.0
+                    v = row[i].replace(",", "")
+                    ph[k] += float(v) if v not in ("", "-") else 0.0
     return agg
 
 

@@ -21,16 +21,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
-from common import SMOLLM2, stat, write_json
-from stream_overlap import PAGES, fill_pools, graph_of, replayed_logits, specs, timed
-
-from crucible.engine.runner import ModelRunner
-from crucible.engine.settings import Settings
-from crucible.model.tiny import tiny_random_model
-from crucible.step.batch import build_packed_batch
+from common import stat, write_json
+from graph_variants import Variants
 
 # route -> {weight kind: rows form (NT, warps)}; a kind not named keeps the shipped form.
 # o and down share N = 576 and differ in K (576 / 1,536), so "down" keys on K.
@@ -81,31 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     names = tuple(dict.fromkeys(("shipped",) + tuple(args.routes.split(","))))
     if any(n not in ROUTES for n in names):
         p.error(f"--routes: each of {', '.join(ROUTES)}")
-    import cupy as cp
+    v = Variants(args.rows, names, lambda n, runner: routed(ROUTES[n]), "route_forms")
 
-    model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
-    settings = Settings(device="cuda")
-    runners = {n: ModelRunner(model, num_pages=PAGES * args.rows + 1, device="cuda",
-                              settings=settings) for n in names}
-    if not runners["shipped"].backend.mma:
-        raise SystemExit("route_forms: the backend is not in the mma order")
-    fill_pools(list(runners.values()))
-    batch = build_packed_batch(specs(args.rows, model.config.vocab_size, seed=args.rows))
-    graphs: dict[str, Any] = {}
-    stream = cp.cuda.Stream(non_blocking=True)
-    for n, runner in runners.items():
-        with routed(ROUTES[n]):
-            graphs[n] = graph_of(runner, batch)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(args.rounds):
-        for n in names if r % 2 == 0 else names[::-1]:
-            times[n].append(timed([(graphs[n], stream)], [stream], args.replays))
+    def check() -> None:
         # Each runner's pool holds the same histories and the replays write the same rows'
         # K/V, so every route's logits must be the shipped route's, bit for bit.
-        want = replayed_logits(graphs["shipped"], stream, args.rows)
+        want = v.logits("shipped")
         for n in names[1:]:
-            if not np.array_equal(replayed_logits(graphs[n], stream, args.rows), want):
+            if not np.array_equal(v.logits(n), want):
                 raise SystemExit(f"route_forms: route {n}'s logits differ from shipped's")
+
+    times = v.time(args.rounds, args.replays, check)
     results = {}
     for n, ts in times.items():
         ratio = [a / b for a, b in zip(times["shipped"], ts)]
@@ -118,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json, {
         "command": "python3 bench/route_forms.py "
                    + " ".join(argv if argv is not None else sys.argv[1:]),
-        "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-        "rows": args.rows, "logits_identical": True, "results": results})
+        "device": v.device, "rows": args.rows, "logits_identical": True, "results": results})
     return 0
 
 
