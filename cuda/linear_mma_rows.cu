@@ -79,8 +79,20 @@ linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
 #pragma unroll
     for (int n = 0; n < NT; ++n)  // weights, never written by a step (pdl.cuh)
         q[n] = __ldg(reinterpret_cast<const int4*>(wr[n] + 64 * first + 16 * t));
+    // The thread's first output of the finisher (i = threadIdx.x below): its scales before
+    // the PDL wait (weights) and its residual right after it, so neither load waits at the
+    // end of the kernel's critical path; the same values the finisher would load there.
+    constexpr int OW = EPI ? TW / 2 : TW;  // the tile's outputs a row
+    const int o_r = threadIdx.x / OW, o_j = threadIdx.x % OW;
+    const bool own = (int)threadIdx.x < 16 * OW && m0 + o_r < M;
+    float sc_a = 0.0f, sc_b = 0.0f, res_0 = 0.0f;
+    if (own) {
+        sc_a = __ldg(scale + (EPI ? f0 : n0) + o_j);
+        if (EPI) sc_b = __ldg(scale + F + f0 + o_j);
+    }
     cru_pdl_wait();
     cru_pdl_trigger();
+    if (!EPI && own && residual) res_0 = residual[(size_t)(m0 + o_r) * N + n0 + o_j];
     float* xs = blk + (size_t)nb * 16 * TW;  // NORM: the CTA's rows, staged
     if (NORM) {  // the CTA's rows' inverses, in rmsnorm_rows' order (rowops.cuh)
         const int live = min(16, M - m0);
@@ -137,7 +149,6 @@ linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
                     cru_block_add<ONE_ACC>(0.0f, part[n], e) ;
     }
     __syncthreads();
-    constexpr int OW = EPI ? TW / 2 : TW;  // the tile's outputs a row
     for (int i = threadIdx.x; i < 16 * OW; i += blockDim.x) {
         const int r = i / OW, j = i % OW, row = m0 + r;
         if (row >= M) continue;
@@ -147,13 +158,14 @@ linear_mma_rows(const float* __restrict__ x, const signed char* __restrict__ w,
             total = __fadd_rn(total, b[j]);
             if (EPI) up = __fadd_rn(up, b[OW + j]);
         }
+        const bool pre = i == (int)threadIdx.x;  // the output loaded for ahead
         if (EPI) {
-            y[(size_t)row * F + f0 + j] =
-                cru_swiglu(__fmul_rn(total, scale[f0 + j]), __fmul_rn(up, scale[F + f0 + j]));
+            const float sg = pre ? sc_a : scale[f0 + j], su = pre ? sc_b : scale[F + f0 + j];
+            y[(size_t)row * F + f0 + j] = cru_swiglu(__fmul_rn(total, sg), __fmul_rn(up, su));
             continue;
         }
-        float v = __fmul_rn(total, scale[n0 + j]);
-        if (residual) v = __fadd_rn(residual[(size_t)row * N + n0 + j], v);
+        float v = __fmul_rn(total, pre ? sc_a : scale[n0 + j]);
+        if (residual) v = __fadd_rn(pre ? res_0 : residual[(size_t)row * N + n0 + j], v);
         y[(size_t)row * N + n0 + j] = v;
     }
 }
