@@ -19,14 +19,18 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
 cd bench
+HAVE_NSYS=$(command -v nsys || true)  # not every device machine has Nsight Systems
+[ -n "$HAVE_NSYS" ] || echo "nsys not found: the graph-node timelines are skipped"
 for r in $ROWS; do
-    nsys profile --cuda-graph-trace=node -f true -o "$OUT/step-$r" python3 launch_bound.py \
-        --rows "$r" --kinds whole --rounds 1 --replays 10 --json "$OUT/lb-nsys-$r.json" \
-        > "$OUT/nsys-$r.log" 2>&1
-    nsys stats -r cuda_gpu_trace -f csv -o "$OUT/step-$r" "$OUT/step-$r.nsys-rep" \
-        > "$OUT/nsys-stats-$r.log" 2>&1
-    python3 nsys_step_table.py "$OUT/step-${r}_cuda_gpu_trace.csv" \
-        --json "$OUT/nsys-step-$r.json" | head -25
+    if [ -n "$HAVE_NSYS" ]; then
+        nsys profile --cuda-graph-trace=node -f true -o "$OUT/step-$r" python3 launch_bound.py \
+            --rows "$r" --kinds whole --rounds 1 --replays 10 --json "$OUT/lb-nsys-$r.json" \
+            > "$OUT/nsys-$r.log" 2>&1
+        nsys stats -r cuda_gpu_trace -f csv -o "$OUT/step-$r" "$OUT/step-$r.nsys-rep" \
+            > "$OUT/nsys-stats-$r.log" 2>&1
+        python3 nsys_step_table.py "$OUT/step-${r}_cuda_gpu_trace.csv" \
+            --json "$OUT/nsys-step-$r.json" | head -25
+    fi
     python3 launch_bound.py --rows "$r" --kinds whole,gemms --rounds 3 \
         --json "$OUT/launch-bound-$r.json" 2>&1 | grep " ms a step"
 done
