@@ -35,11 +35,38 @@
 // c - 1's wgmma wait (the barrier at the top of block c).
 // PDL (pdl.cuh): the first S - 1 blocks' codes are in flight before cru_pdl_wait; x and
 // the residual are read after it.
+// EPI (the SwiGLU epilogue, linear_wgmma_swiglu_*): w is gate/up [2F, K] and y [M, F] =
+// swiglu(gate, up), no residual. CTA x takes gate columns f0 = x BN / 2 .. and up columns
+// F + f0 .. as its tile's two halves, so each thread holds a gate value and its up value
+// in the same D slots of groups i and i + BN / 16 and writes their SwiGLU: a launch and the
+// [M, 2F] intermediate fewer than the GEMM then swiglu_rows, with their bits.
 #include "mma_common.cuh"
 #include "pdl.cuh"
+#include "rowops.cuh"
 #include "wgmma_stage.cuh"
 
-template <int BN, int S>
+// The SwiGLU epilogue's store (EPI): the tile's groups i < BN / 16 hold gate columns
+// f0 + 8 i + .., groups i + BN / 16 the up columns F + f0 + 8 i + .. in the same D slots
+// (wp_issue_codes), so y[m, f] = swiglu(gate * scale[f], up * scale[F + f]) (rowops.cuh):
+// the values the plain GEMM and then swiglu_rows give, and linear_mma_rows.cu's EPI. y is
+// [M, F].
+template <int BN>
+__device__ __forceinline__ void wg_store_swiglu(const float (&total)[BN / 2], float* y,
+                                                const float* scale, int r0, int f0, int t,
+                                                int M, int F) {
+#pragma unroll
+    for (int i = 0; i < BN / 16; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = r0 + 8 * (e >> 1), f = f0 + 8 * i + 2 * t + (e & 1);
+            if (row < M)
+                y[(size_t)row * F + f] =
+                    cru_swiglu(__fmul_rn(total[4 * i + e], scale[f]),
+                               __fmul_rn(total[4 * (i + BN / 16) + e], scale[F + f]));
+        }
+}
+
+template <int BN, int S, bool EPI = false>
 __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
                                                   const unsigned short* __restrict__ wp,
                                                   const float* __restrict__ scale,
@@ -52,7 +79,9 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
     unsigned short* cs0 = reinterpret_cast<unsigned short*>(xs0 + S * XS);
     constexpr int D = BN / 2;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * 64, nblocks = K / 64;
+    // EPI: the CTA's gate columns f0 = blockIdx.x BN / 2 .. and up columns F + f0 .. (N = 2F).
+    const int F = N / 2, f0 = blockIdx.x * (BN / 2), up8 = (F + f0) / 8;
+    const int n0 = EPI ? f0 : blockIdx.x * BN, m0 = blockIdx.y * 64, nblocks = K / 64;
     const int l0 = 16 * w + g;  // the thread's rows in the tile: l0 and l0 + 8
     const unsigned lbo = mode == 0 ? 128u : 256u, sbo = mode == 0 ? 256u : 128u;
     float part[3][D], total[D];
@@ -60,7 +89,7 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
     for (int e = 0; e < D; ++e) total[e] = 0.0f;
 #pragma unroll
     for (int s = 0; s < S - 1; ++s)  // weights: never written by a step
-        if (s < nblocks) wp_issue_codes<BN>(cs0 + s * CS, wp, n0, K, s, threadIdx.x);
+        if (s < nblocks) wp_issue_codes<BN, EPI>(cs0 + s * CS, wp, n0, K, s, threadIdx.x, up8);
     cru_pdl_wait();
     cru_pdl_trigger();
 #pragma unroll
@@ -74,7 +103,7 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
         __syncthreads();   // ... and every thread's; block c - 1's stage is free again
         const int next = c + S - 1, st = c % S;
         if (next < nblocks) {
-            wp_issue_codes<BN>(cs0 + (next % S) * CS, wp, n0, K, next, threadIdx.x);
+            wp_issue_codes<BN, EPI>(cs0 + (next % S) * CS, wp, n0, K, next, threadIdx.x, up8);
             wp_issue_x(xs0 + (next % S) * XS, x, m0, M, K, next, threadIdx.x);
         }
         wp_commit();
@@ -83,7 +112,10 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
         for (int e = 0; e < D; ++e)
             total[e] = __fadd_rn(total[e], wg_block_sum(part, e));
     }
-    wg_store_tile<BN>(total, y, residual, scale, m0 + l0, n0, t, M, N);
+    if (EPI)
+        wg_store_swiglu<BN>(total, y, scale, m0 + l0, f0, t, M, F);
+    else
+        wg_store_tile<BN>(total, y, residual, scale, m0 + l0, n0, t, M, N);
 }
 
 #ifndef CRU_HOST_SHIM
@@ -99,4 +131,14 @@ CRU_LINEAR_WGMMA(16, 4)
 CRU_LINEAR_WGMMA(32, 3)
 CRU_LINEAR_WGMMA(32, 4)
 CRU_LINEAR_WGMMA(64, 3)
+// The SwiGLU epilogue's forms: w is gate/up [2F, K], y [M, F], no residual; grid (2F / BN,
+// ceil(M / 64)).
+#define CRU_LINEAR_WGMMA_SWIGLU(BN, S)                                                      \
+    extern "C" __global__ void __launch_bounds__(128) linear_wgmma_swiglu_##BN##_##S(       \
+        const float* x, const unsigned short* wp, const float* scale, float* y, int M,      \
+        int N, int K, int mode) {                                                           \
+        linear_wgmma_body<BN, S, true>(x, wp, scale, nullptr, y, M, N, K, mode);            \
+    }
+CRU_LINEAR_WGMMA_SWIGLU(32, 3)
+CRU_LINEAR_WGMMA_SWIGLU(64, 3)
 #endif

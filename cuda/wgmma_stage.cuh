@@ -36,16 +36,21 @@ __device__ __forceinline__ void wp_issue_x(float* xs, const float* x, int m0, in
     }
 }
 
-// Block c's codes of the CTA's BN columns (BN / 8 groups x 64 pieces of 16 bytes).
-template <int BN>
+// Block c's codes of the CTA's BN columns (BN / 8 groups x 64 pieces of 16 bytes): weight
+// column groups n0 / 8 .. in order, or with EPI (the SwiGLU epilogue) the first half of the
+// tile's groups from gate group n0 / 8 .. and the second half from up group `up8` .. (the
+// gate/up weight's rows F + ...), so that gate column f and up column F + f sit in groups i
+// and i + BN / 16 of the tile: the same D registers of two groups of one thread.
+template <int BN, bool EPI = false>
 __device__ __forceinline__ void wp_issue_codes(unsigned short* cs, const unsigned short* wp,
-                                               int n0, int K, int c, int tid) {
+                                               int n0, int K, int c, int tid, int up8 = 0) {
     static_assert(BN % 16 == 0, "a thread copies BN / 16 pieces");
 #pragma unroll
     for (int r = 0; r < BN / 16; ++r) {
         const int i = tid + 128 * r, nc = i >> 6, piece = i & 63;
         const int j = piece >> 4, kc = (piece >> 3) & 1, row = piece & 7;
-        const unsigned short* src = wp + ((size_t)(n0 / 8 + nc) * (K / 64) + c) * 512 + piece * 8;
+        const int grp = EPI && nc >= BN / 16 ? up8 + nc - BN / 16 : n0 / 8 + nc;
+        const unsigned short* src = wp + ((size_t)grp * (K / 64) + c) * 512 + piece * 8;
         wp_cp16(cs + j * 16 * BN + nc * 128 + kc * 64 + row * 8, src, 16);
     }
 }

@@ -76,3 +76,26 @@ def test_negative_controls_differ() -> None:
                             one_acc=True)
     swapped = lw.linear_wgmma(x, wd, cp.empty((1024, 960), cp.float32), mode=1)
     assert not same(got, one_acc) and not same(got, swapped)
+
+
+def test_the_swiglu_epilogue_gives_the_gemm_then_swiglu_bits() -> None:
+    # linear_wgmma_swiglu against linear_mma_rows' SwiGLU epilogue (the bits of the GEMM then
+    # swiglu_rows, tests/test_gpu_mma_fused.py) on gate/up's shape and a small one; the same
+    # launch with the halves swapped (up as gate) must differ.
+    for n, k in ((3072, 576), (256, 192)):
+        x, wd, _ = case(n, k, n + 3 * k)
+        f = n // 2
+        ref = lm.linear_mma(x, wd, cp.empty((1024, f), cp.float32), form=(2, 12), swiglu=True)
+        for form in [fm for fm in lw.SWIGLU_FORMS if n % (2 * fm[0]) == 0]:
+            for m in (1, 63, 64, 65, 128, 300, 1024):
+                got = lw.linear_wgmma_swiglu(x[:m], wd, cp.full((m, f), cp.nan, cp.float32),
+                                             form=form)
+                assert same(got, ref[:m]), f"swiglu form {form} N={n} M={m}"
+        assert lw.swiglu_route(1024, wd) in lw.SWIGLU_FORMS and lw.swiglu_route(64, wd) is None
+    codes = cp.asnumpy(wd.w)
+    swapped = upload_weight(np.concatenate([codes[f:], codes[:f]]),
+                            cp.asnumpy(cp.concatenate([wd.scale[f:], wd.scale[:f]])),
+                            bf16=True, wgmma=True)
+    other = lw.linear_wgmma_swiglu(x, swapped, cp.empty((1024, f), cp.float32),
+                                   form=lw.SWIGLU_FORMS[0])
+    assert not same(other, ref)

@@ -68,6 +68,25 @@ def test_routes_by_rows_and_width_with_the_image_and_a_fitting_shape(
     assert calls == [(f, f[0]) for f in lw.FORMS]
 
 
+def test_the_swiglu_epilogue_routes_where_its_form_takes_gate_up() -> None:
+    """swiglu_route: the tile kernel's route where that form has a SwiGLU epilogue and N
+    holds whole pairs of half tiles (2 BN), else None (GEMM and swiglu_rows stay apart);
+    linear_wgmma_swiglu refuses other forms and mismatched shapes by name."""
+    def wd(n: int, k: int = 576, wg: object | None = object()) -> SimpleNamespace:
+        return SimpleNamespace(shape=(n, k), wg=wg, dtype_name="int8")
+
+    assert lw.swiglu_route(64, wd(3072)) is None  # below FROM_M: the rows kernel's epilogue
+    assert lw.swiglu_route(128, wd(3072)) == (64, 3) and lw.swiglu_route(1024, wd(3072)) == (64, 3)
+    assert lw.swiglu_route(256, wd(960)) == (32, 3)  # (32, 3) has one too
+    assert lw.swiglu_route(1024, wd(3072, wg=None)) is None
+    assert lw.swiglu_route(2048, wd(960 + 32)) is None  # (32, 3): 992 is not whole 64-pairs
+    x = SimpleNamespace(shape=(4, 576))
+    with pytest.raises(ValueError, match="no SwiGLU epilogue"):
+        lw.linear_wgmma_swiglu(x, wd(3072), None, form=(16, 4))
+    with pytest.raises(ValueError, match=r"out \[M, 1536\]"):
+        lw.linear_wgmma_swiglu(x, wd(3072), SimpleNamespace(shape=(4, 3072)), form=(64, 3))
+
+
 def test_switch_is_strict_and_needs_the_mma_order() -> None:
     assert Settings.from_env({}).wgmma is None  # auto: where the GPU runs it
     assert Settings.from_env({}).backend_options().wgmma is None

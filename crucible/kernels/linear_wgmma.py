@@ -38,6 +38,9 @@ FROM_M = min(from_m for from_m, _, _ in ROUTE)
 # Not routed: at 16-64 rows it took 1.2-2.8x linear_mma's time on the H200 (the same JSON),
 # and at 128 0.92-1.33x, where the tile kernel's wide-N form does better.
 ROW_FORMS: tuple[tuple[int, int], ...] = ((16, 3), (16, 2))
+# linear_wgmma's SwiGLU epilogue forms (linear_wgmma_swiglu_<BN>_<S>): the gate/up GEMM and
+# swiglu_rows in one launch, with their bits (the host driver; tests/test_gpu_linear_wgmma.py).
+SWIGLU_FORMS: tuple[tuple[int, int], ...] = ((64, 3), (32, 3))
 SMEM_OPTIN = 227 * 1024  # the H200's dynamic shared memory a CTA may opt into
 ARCH = "sm_90a"
 
@@ -60,6 +63,18 @@ def kernel(form: tuple[int, int]) -> Any:
 
     bn, stages = form
     fn = cached_arch_module("linear_wgmma.cu", ARCH).get_function(f"linear_wgmma_{bn}_{stages}")
+    ensure_dynamic_smem(fn, smem_bytes(form))
+    return fn
+
+
+@functools.cache
+def swiglu_kernel(form: tuple[int, int]) -> Any:
+    from crucible.kernels.loader import ensure_dynamic_smem
+    from crucible.kernels.source import cached_arch_module
+
+    bn, stages = form
+    fn = cached_arch_module("linear_wgmma.cu", ARCH).get_function(
+        f"linear_wgmma_swiglu_{bn}_{stages}")
     ensure_dynamic_smem(fn, smem_bytes(form))
     return fn
 
@@ -126,6 +141,40 @@ def _route(m: int, n: int, k: int) -> tuple[int, int] | None:
         if m >= from_m and n >= min_n and fits(n, k, form):
             return form
     return None
+
+
+def swiglu_route(m: int, wd: DeviceWeight) -> tuple[int, int] | None:
+    """The SwiGLU epilogue's form for an M-row gate/up GEMM where ``route`` takes the tile
+    kernel in a form that has one, else None (the GEMM and swiglu_rows stay apart)."""
+    form = route(m, wd)
+    return form if form in SWIGLU_FORMS and wd.shape[0] % (2 * form[0]) == 0 else None
+
+
+def linear_wgmma_swiglu(x: Any, wd: DeviceWeight, out: Any, *, form: tuple[int, int],
+                        pdl: bool = False) -> Any:
+    """out[M, F] = swiglu(gate, up) of the gate/up weight ``wd`` [2F, K]: linear_wgmma's
+    GEMM with the SwiGLU epilogue (cuda/linear_wgmma.cu, EPI), the bits of the plain GEMM
+    then swiglu_rows."""
+    n, k = wd.shape
+    m = x.shape[0]
+    need(wd.dtype_name == "int8" and wd.wg is not None,
+         "linear_wgmma: int8 weights uploaded with wgmma=True only")
+    need(form in SWIGLU_FORMS, f"linear_wgmma: form {form} has no SwiGLU epilogue")
+    need(k % 64 == 0 and n % (2 * form[0]) == 0,
+         f"linear_wgmma: the SwiGLU form {form} does not fit N={n}, K={k}")
+    need(tuple(x.shape) == (m, k) and tuple(out.shape) == (m, n // 2),
+         f"linear_wgmma: SwiGLU takes x [M, {k}] and out [M, {n // 2}], got "
+         f"{tuple(x.shape)} and {tuple(out.shape)}")
+    for a in (x, out):
+        need(a.dtype == np.float32 and a.flags.c_contiguous and a.data.ptr % 16 == 0,
+             "linear_wgmma: x and out must be contiguous, 16-byte aligned f32")
+    if m:
+        import cupy as cp
+
+        launch(swiglu_kernel(form), (n // form[0], -(-m // 64)), (128,),
+               (x, wd.wg, wd.scale, out, cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(0)),
+               smem_bytes(form), pdl=pdl)
+    return out
 
 
 def run(x: Any, wd: DeviceWeight, out: Any, residual: Any, form: tuple[int, int], *,

@@ -5,7 +5,8 @@
 // (tests/test_kernels_on_host.py builds it).
 //
 // Sweep: wgmma_gemm at BN 32 and 64, linear_wgmma at (BN, stages) (16, 4), (32, 3), (32, 4),
-// (64, 3), linear_wgmma_rows at (BN, warpgroups) (16, 3) and (16, 2), whose warpgroups take
+// (64, 3) and its SwiGLU epilogue at (32, 3) and (64, 3) (M 1, 63, 65, 100; K 64 and 192),
+// linear_wgmma_rows at (BN, warpgroups) (16, 3) and (16, 2), whose warpgroups take
 // the K blocks in turn (one block: the others idle; three over two: uneven; and seven blocks,
 // K = 448, at M 7 and 100);
 // M = 1, 7, 63, 64, 65, 100 (row tails in and past a 64-row tile,
@@ -89,6 +90,36 @@ static int run_case(int M, int K, bool with_res, std::mt19937& gen) {
     return bad != 0;
 }
 
+// linear_wgmma's SwiGLU epilogue (EPI): w is gate/up [2F, K] with F = BN (two CTAs across,
+// each taking BN / 2 gate columns and their up columns), y [M, F] = swiglu(gate * scale[f],
+// up * scale[F + f]) (rowops.cuh's cru_swiglu), the plain GEMM's values through swiglu_rows.
+template <int BN, int S>
+static int run_swiglu(int M, int K, std::mt19937& gen) {
+    const int F = BN, N = 2 * F;
+    std::normal_distribution<float> normal;
+    std::vector<float> x((size_t)M * K), sc(N), y((size_t)M * F, -777.0f);
+    std::vector<signed char> w((size_t)N * K);
+    for (auto& v : x) v = normal(gen);
+    for (auto& v : w) v = (signed char)((int)(gen() % 255) - 127);
+    for (auto& v : sc) v = 0.001f + 0.02f * std::fabs(normal(gen));
+    const std::vector<unsigned short> wp = codes_wgmma(codes_bf16(w), N, K);
+    run_grid({(unsigned)(N / BN), (unsigned)((M + 63) / 64), 1}, {128, 1, 1}, [&] {
+        linear_wgmma_body<BN, S, true>(x.data(), wp.data(), sc.data(), nullptr, y.data(), M, N,
+                                       K, 0);
+    });
+    int bad = 0;
+    for (int m = 0; m < M; ++m)
+        for (int f = 0; f < F; ++f) {
+            const float* xm = &x[(size_t)m * K];
+            const float g = ordered_sum(mma_blocks(xm, &w[(size_t)f * K], K), descending);
+            const float u = ordered_sum(mma_blocks(xm, &w[(size_t)(F + f) * K], K), descending);
+            const float want = cru_swiglu(__fmul_rn(g, sc[f]), __fmul_rn(u, sc[F + f]));
+            bad += std::memcmp(&want, &y[(size_t)m * F + f], 4) != 0;
+        }
+    if (bad) printf("FAIL linear_wgmma swiglu BN=%d M=%d K=%d: %d wrong\n", BN, M, K, bad);
+    return bad != 0;
+}
+
 int main(int argc, char** argv) {
     descending = argc > 1 && std::string(argv[1]) == "descending";
     std::mt19937 gen(7);
@@ -105,6 +136,11 @@ int main(int argc, char** argv) {
     for (int M : {7, 100})  // the rows kernel over seven blocks: 3, 2, 2 and 4, 3 a warpgroup
         for (bool with_res : {false, true}) {
             failed += run_case<16, 0, 3>(M, 448, with_res, gen) + run_case<16, 0, 2>(M, 448, with_res, gen);
+            runs += 2;
+        }
+    for (int M : {1, 63, 65, 100})  // the SwiGLU epilogue: one and three blocks
+        for (int K : {64, 192}) {
+            failed += run_swiglu<32, 3>(M, K, gen) + run_swiglu<64, 3>(M, K, gen);
             runs += 2;
         }
     printf("%d runs, %d failed\n", runs, failed);
