@@ -11,7 +11,8 @@
 # 2. compute-sanitizer memcheck and racecheck over bench/wgmma_swiglu.py --quick.
 # 3. bench/wgmma_swiglu.py: the epilogue against the gate/up GEMM then swiglu_rows.
 # 4. bench/mixed_step.py on main's tree and this one, alternated in fresh processes
-#    (bench/env_ab.py): the chat and 1,024-row steps' GPU ms by stage.
+#    (bench/env_ab.py): the chat cohort and 256-row decode steps through run_step (graph
+#    replays: the profiled stages of mixed_step split gate/up and SwiGLU apart).
 set -u
 OUT=${OUT:?set OUT to a directory for the logs}
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ if [ -n "${MAIN:-}" ]; then
     python3 bench/env_ab.py --a-cwd "$MAIN" --a "PYTHONPATH=$MAIN${BASE:+:$BASE}" \
         --b "PYTHONPATH=$PWD${BASE:+:$BASE}" \
         --rounds 2 --drop-runs --json "$OUT/wgmma-swiglu-mixed-ab.json" \
-        --metric "results.chat cohort slices: 16x~60 prefill at ~900.gpu_ms.median" \
-        --metric "results.decode 256.gpu_ms.median" -- \
+        --metric "results.chat cohort slices: 16x~60 prefill at ~900.run_step_ms.median" \
+        --metric "results.decode 256.run_step_ms.median" -- \
         python3 bench/mixed_step.py --rounds 3 --json {json} 2>&1 | tail -8
 fi
