@@ -91,7 +91,7 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
     for (int s = 0; s < S - 1; ++s)  // weights: never written by a step
         if (s < nblocks) wp_issue_codes<BN, EPI>(cs0 + s * CS, wp, n0, K, s, threadIdx.x, up8);
     cru_pdl_wait();
-    cru_pdl_trigger();
+    if (!EPI) cru_pdl_trigger();  // EPI: after the main loop, below
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) {  // group s: block s's x (group 0 also the codes above)
         if (s < nblocks) wp_issue_x(xs0 + s * XS, x, m0, M, K, s, threadIdx.x);
@@ -112,6 +112,10 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
         for (int e = 0; e < D; ++e)
             total[e] = __fadd_rn(total[e], wg_block_sum(part, e));
     }
+    // EPI: the trigger waits for the epilogue. Given at the start, the down GEMM that
+    // follows launched beside this kernel and the 256-row decode graph replayed 1.14x
+    // slower on an H100 (bench/wgmma-swiglu-ab-h100.json); here 1.07x, elsewhere faster.
+    if (EPI) cru_pdl_trigger();
     if (EPI)
         wg_store_swiglu<BN>(total, y, scale, m0 + l0, f0, t, M, F);
     else
