@@ -6,8 +6,9 @@
 //   before cru_pdl_wait(): read only what no kernel of the current step writes (weights,
 //     scales, RoPE tables, the step's metadata, K/V of earlier positions); write nothing;
 //   cru_pdl_wait(): returns once the previous grid has finished and its writes are visible;
-//   cru_pdl_trigger(): lets the next kernel start its own prologue. Called right after the
-//     wait, so when the next kernel starts, every kernel before this one has finished.
+//   cru_pdl_trigger(): lets the next kernel start its own prologue. Called after the wait
+//     (right after it, unless the kernel says why later), so when the next kernel starts,
+//     every kernel before this one has finished.
 // Launched without the attribute (eager steps), both are no-ops. No standard headers.
 #pragma once
 
