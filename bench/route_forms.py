@@ -10,7 +10,10 @@ what counts is how soon its last CTA finishes once the one before it has
 
 A route names the rows kernel's form (NT, warps) for each weight kind at these rows; the
 SwiGLU GEMM needs an even NT (fused_form raises an odd one by one, as it does for the
-shipped route). Random weights of the default model's shapes, int8, mma order.
+shipped route). Past 128 rows, where the warpgroup kernel runs gate/up, the routes
+swiglu-off and swiglu-all take its SwiGLU epilogue nowhere and everywhere, against the
+shipped linear_wgmma.SWIGLU_SKIP_ROWS. Random weights of the default model's shapes, int8,
+mma order.
 
     python3 bench/route_forms.py [--rows 64] [--routes shipped,nt1,nt4,down16]
         [--rounds 5] [--replays 50] [--json bench/route-forms.json]
@@ -36,7 +39,12 @@ ROUTES: dict[str, dict[str, tuple[int, int]]] = {
     "down16": {"down": (2, 16)},
     "nt1-down16": {"qkv": (1, 12), "o": (1, 12), "down": (1, 16)},
     "gate_up4": {"gate_up": (4, 12)},
+    "swiglu-off": {},
+    "swiglu-all": {},
 }
+# route -> linear_wgmma.SWIGLU_SKIP_ROWS while it is captured (else the shipped one).
+SWIGLU_SKIPS: dict[str, tuple[tuple[int, int], ...]] = {
+    "swiglu-off": ((0, 1 << 30),), "swiglu-all": ()}
 
 
 def kind(n: int, k: int) -> str | None:
@@ -46,11 +54,15 @@ def kind(n: int, k: int) -> str | None:
 
 
 @contextlib.contextmanager
-def routed(route: dict[str, tuple[int, int]]) -> Iterator[None]:
-    """pick_form answers the route's form for its weight kinds while a graph is captured."""
+def routed(name: str) -> Iterator[None]:
+    """pick_form answers the route's form for its weight kinds, and swiglu_route skips the
+    route's rows, while a graph is captured."""
     import crucible.kernels.linear_mma as lm
+    import crucible.kernels.linear_wgmma as lw
 
+    route = ROUTES[name]
     real: Callable[[int, int, int], tuple[int, ...]] = lm.pick_form
+    skip = lw.SWIGLU_SKIP_ROWS
 
     def pick(m: int, n: int, k: int) -> tuple[int, ...]:
         form = route.get(kind(n, k) or "")
@@ -58,11 +70,13 @@ def routed(route: dict[str, tuple[int, int]]) -> Iterator[None]:
 
     lm.pick_form = pick
     lm._plan.cache_clear()  # plans are cached per shape: none may outlive its routing
+    lw.SWIGLU_SKIP_ROWS = SWIGLU_SKIPS.get(name, skip)
     try:
         yield
     finally:
         lm.pick_form = real
         lm._plan.cache_clear()
+        lw.SWIGLU_SKIP_ROWS = skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     names = tuple(dict.fromkeys(("shipped",) + tuple(args.routes.split(","))))
     if any(n not in ROUTES for n in names):
         p.error(f"--routes: each of {', '.join(ROUTES)}")
-    v = Variants(args.rows, names, lambda n, runner: routed(ROUTES[n]), "route_forms")
+    v = Variants(args.rows, names, lambda n, runner: routed(n), "route_forms")
 
     def check() -> None:
         # Each runner's pool holds the same histories and the replays write the same rows'
