@@ -1,7 +1,7 @@
 // linear_wgmma.cu: linear_mma.cu's tensor-core GEMM order on the warpgroup MMA (wgmma,
 // sm_90a), for large M: y[m, n] = scale[n] * sum_k x[m, k] * code[n, k] (+ residual[m, n]
-// last). Not routed unless CRUCIBLE_WGMMA=1 (kernels/linear_wgmma.py): its bits must first
-// be shown equal to linear_mma's on the GPU (bench/wgmma_probe.py, bench/wgmma_gemm.py).
+// last). Routed for large M where CRUCIBLE_WGMMA allows (kernels/linear_wgmma.py, ROUTE):
+// its bits equal linear_mma's on the GPU (bench/wgmma_probe.py, bench/wgmma_gemm.py).
 //
 // The order is linear_mma.cu's, step for step: K in 64-blocks; block c's value (lo + mid) +
 // hi, three part accumulators over the block's four steps j ascending, step j's slots
