@@ -3,8 +3,9 @@ RMSNorm -> GEMM (-> SwiGLU) as one launch of linear_mma_rows.cu where the shape 
 rows kernel (decode sizes), up to FUSE_MAX_ROWS rows; past that, where the rows kernel still
 runs, the SwiGLU epilogue stays in the GEMM after a separate RMSNorm, and where the
 warpgroup-MMA tile kernel runs the gate/up GEMM (CRUCIBLE_WGMMA, large M) its SwiGLU
-epilogue does (but at linear_wgmma.SWIGLU_SKIP_ROWS, where it measured slower). The fused kernels write the bits the separate kernels write (rmsnorm_rows,
-linear_mma, swiglu_rows), so which path a step takes never shows.
+epilogue does (but at linear_wgmma.SWIGLU_SKIP_ROWS, where it measured slower). The fused
+kernels write the bits the separate kernels write (rmsnorm_rows, linear_mma, swiglu_rows),
+so which path a step takes never shows.
 """
 
 from __future__ import annotations
