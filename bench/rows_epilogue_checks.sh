@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of linear_mma_rows' early epilogue loads (branch exp/rows-early-epilogue:
+# The GPU checks of linear_mma_rows' early epilogue loads (merged 2026-12-06 from a branch:
 # the finisher's first output's scales load before the PDL wait and its residual right
 # after it, off the end of the critical path), in the order they gate each other. Random
 # weights: no model. About four minutes.

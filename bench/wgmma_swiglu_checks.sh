@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of linear_wgmma's SwiGLU epilogue (branch exp/wgmma-swiglu; cuda/
+# The GPU checks of linear_wgmma's SwiGLU epilogue (merged 2026-12-06 from a branch; cuda/
 # linear_wgmma.cu, EPI), in the order they gate each other. Random weights: no model.
 # About five minutes.
 #
