@@ -16,12 +16,8 @@
 #    (12-second windows after a 3-second settle, two rounds; docs/serving.md).
 # c: the prefix cache's chat bench at serve's budget and graph rows (3 rounds, the
 #    warm-up as long as the conversations), then one turn's timeline.
-set -u
-OUT=${OUT:?set OUT to a directory for the results}
 PART=${PART:?set PART to a, b or c}
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p "$OUT"
+. "$(dirname "$0")/device_run.sh"
 case "$PART" in
 a)
     python3 bench/capture_parts.py --rounds 3 --json "$OUT/capture-parts.json" \

@@ -12,12 +12,8 @@
 # 3. Nsight Compute of the 64-row step's rows-kernel GEMMs (linear_mma_rows): four launches in
 #    a row past the warm-up (one layer's qkv, o, gate/up, down): speed of light, occupancy,
 #    warp states, memory (the L2 traffic of x's re-reads).
-set -u
-OUT=${OUT:?set OUT to a directory for the results}
 ROWS=${ROWS:-"64 256"}
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p "$OUT"
+. "$(dirname "$0")/device_run.sh"
 cd bench
 HAVE_NSYS=$(command -v nsys || true)  # not every device machine has Nsight Systems
 [ -n "$HAVE_NSYS" ] || echo "nsys not found: the graph-node timelines are skipped"

@@ -9,13 +9,9 @@
 # The kernel profiled is ALT's attn_exact_pf compiled with -lineinfo (the alt's launch is
 # the second attn_exact_pf of bench/prefill_attention.py's first round, hence
 # --launch-skip 1); it is the shipped kernel's code when ALT is cuda/attention.cu.
-set -u
-OUT=${OUT:?set OUT to a directory for the results}
 SHAPE=${SHAPE:-chat-cohort-1300}
 ALT=${ALT:-cuda/attention.cu}
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p "$OUT"
+. "$(dirname "$0")/device_run.sh"
 rep="$OUT/ncu-attn-pf-$SHAPE"
 ncu --clock-control none --kernel-name regex:attn_exact_pf --launch-skip 1 --launch-count 1 \
     --import-source yes --section SpeedOfLight --section Occupancy --section LaunchStats \

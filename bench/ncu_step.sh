@@ -4,13 +4,9 @@
 # then tabulated by bench/ncu_step_table.py.
 #
 #     OUT=/some/dir ROWS=64 GEMM=mma bash bench/ncu_step.sh
-set -u
-OUT=${OUT:?set OUT to a directory for the results}
 ROWS=${ROWS:-64}
 GEMM=${GEMM:-mma}
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p "$OUT"
+. "$(dirname "$0")/device_run.sh"
 ncu --clock-control none --cache-control none --csv \
     --metrics gpu__time_duration.sum,launch__registers_per_thread \
     python3 scripts/ncu_decode.py --rows "$ROWS" --steps 2 --gemm "$GEMM" \

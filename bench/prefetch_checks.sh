@@ -17,18 +17,10 @@
 #    launches (capacity 1,792) and three shapes at capacities up to 1,024.
 # 4. bench/capacity_classes.py: the mixed, decode and prefill graphs' replays under every
 #    rule, the prefetching instance among them ("prefetch").
-set -u
-OUT=${OUT:?set OUT to a directory for the logs}
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p "$OUT"
-python3 -m pytest -q tests/test_attention_gpu.py > "$OUT/prefetch-tests.log" 2>&1
-tail -2 "$OUT/prefetch-tests.log"
-for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" python3 bench/prefill_attention.py --prefetch \
-        --shapes chat-joiner-1400 --rounds 1 > "$OUT/prefetch-$tool.log" 2>&1
-    tail -1 "$OUT/prefetch-$tool.log"
-done
+. "$(dirname "$0")/device_run.sh"
+gpu_tests prefetch tests/test_attention_gpu.py
+sanitize prefetch python3 bench/prefill_attention.py --prefetch --shapes chat-joiner-1400 \
+    --rounds 1
 python3 bench/prefill_attention.py --prefetch --rounds 7 ${ALT:+--alt "alt=$ALT"} \
     --shapes chat-cohort-1300,chat-joiner-1400,history-64-at-960,history-64-at-512,single-1024 \
     --json "$OUT/prefetch-attention.json"

@@ -12,21 +12,11 @@
 #    down shapes (the residual's GEMMs) at 16-64 rows, one round.
 # 3. bench/launch_bound.py --kinds whole on main's tree and this one, alternated in fresh
 #    processes (bench/env_ab.py): the 64- and 256-row decode graphs' replay.
-set -u
-OUT=${OUT:?set OUT to a directory for the logs}
 MAIN=${MAIN:?set MAIN to main unpacked (git archive main | tar -x -C DIR)}
-cd "$(dirname "$0")/.."
-BASE=${PYTHONPATH:-}  # what else the machine needs on the path, for both sides
-export PYTHONPATH=$PWD${BASE:+:$BASE}
-mkdir -p "$OUT"
-python3 -m pytest -q tests/test_gpu_linear_mma.py tests/test_gpu_mma_fused.py \
-    > "$OUT/rows-epilogue-tests.log" 2>&1
-tail -2 "$OUT/rows-epilogue-tests.log"
-for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" python3 bench/gemm_mma_bench.py --rounds 1 --ms 0.2 \
-        --shapes o,down --m 16,64 > "$OUT/rows-epilogue-$tool.log" 2>&1
-    tail -1 "$OUT/rows-epilogue-$tool.log"
-done
+. "$(dirname "$0")/device_run.sh"
+gpu_tests rows-epilogue tests/test_gpu_linear_mma.py tests/test_gpu_mma_fused.py
+sanitize rows-epilogue python3 bench/gemm_mma_bench.py --rounds 1 --ms 0.2 --shapes o,down \
+    --m 16,64
 for r in 64 256; do
     python3 bench/env_ab.py --a-cwd "$MAIN/bench" --b-cwd "$PWD/bench" \
         --a "PYTHONPATH=$MAIN${BASE:+:$BASE}" --b "PYTHONPATH=$PWD${BASE:+:$BASE}" \

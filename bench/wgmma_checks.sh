@@ -12,11 +12,7 @@
 # 4. bench/wgmma_gemm.py: bits, float64 error and speed of every wgmma kernel against
 #    linear_mma at the model's four layer shapes.
 # 5. gpu-graph-check, gpu-batch and gpu-packed-prefill-check under CRUCIBLE_WGMMA=1.
-set -u
-OUT=${OUT:?set OUT to a directory for the logs}
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p "$OUT"
+. "$(dirname "$0")/device_run.sh"
 LOGS=$(mktemp -d)  # the benches' progress lines: their JSON holds the figures
 python3 bench/wgmma_probe.py --json "$OUT/wgmma-probe-h200.json" > "$LOGS/probe.log" 2>&1
 tail -12 "$LOGS/probe.log"

@@ -9,12 +9,8 @@
 #     OUT=/some/dir MODEL=/path/to/smollm2.gguf bash bench/wgmma_engine_ab.sh
 #
 # About four minutes on an H200. Each A/B leaves its JSON under OUT.
-set -u
-OUT=${OUT:?set OUT to a directory for the results}
 MODEL=${MODEL:?set MODEL to the path of the default model GGUF}
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p "$OUT"
+. "$(dirname "$0")/device_run.sh"
 i=0
 for w in "" --wgmma --wgmma ""; do
     i=$((i + 1))

@@ -13,20 +13,9 @@
 # 4. bench/mixed_step.py on main's tree and this one, alternated in fresh processes
 #    (bench/env_ab.py): the chat cohort and 256-row decode steps through run_step (graph
 #    replays: the profiled stages of mixed_step split gate/up and SwiGLU apart).
-set -u
-OUT=${OUT:?set OUT to a directory for the logs}
-cd "$(dirname "$0")/.."
-BASE=${PYTHONPATH:-}  # what else the machine needs on the path (e.g. gguf), for both sides
-export PYTHONPATH=$PWD${BASE:+:$BASE}
-mkdir -p "$OUT"
-python3 -m pytest -q tests/test_gpu_linear_wgmma.py tests/test_gpu_mma_fused.py \
-    > "$OUT/wgmma-swiglu-tests.log" 2>&1
-tail -2 "$OUT/wgmma-swiglu-tests.log"
-for tool in memcheck racecheck; do
-    (cd bench && compute-sanitizer --tool "$tool" python3 wgmma_swiglu.py --quick) \
-        > "$OUT/wgmma-swiglu-$tool.log" 2>&1
-    tail -1 "$OUT/wgmma-swiglu-$tool.log"
-done
+. "$(dirname "$0")/device_run.sh"
+gpu_tests wgmma-swiglu tests/test_gpu_linear_wgmma.py tests/test_gpu_mma_fused.py
+(cd bench && sanitize wgmma-swiglu python3 wgmma_swiglu.py --quick)
 (cd bench && python3 wgmma_swiglu.py --rounds 5 --json "$OUT/wgmma-swiglu.json" 2>&1 | tail -8)
 if [ -n "${MAIN:-}" ]; then
     python3 bench/env_ab.py --a-cwd "$MAIN" --a "PYTHONPATH=$MAIN${BASE:+:$BASE}" \

@@ -9,12 +9,8 @@
 # set from the figures. Random weights, no model; about four minutes.
 #
 #     OUT=/some/dir [ROWS="160 256 ..."] bash bench/wgmma_swiglu_sweep.sh
-set -u
-OUT=${OUT:?set OUT to a directory for the results}
 ROWS=${ROWS:-"160 256 320 448 640 768"}
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p "$OUT"
+. "$(dirname "$0")/device_run.sh"
 cd bench
 for r in $ROWS; do
     echo "rows $r:"
