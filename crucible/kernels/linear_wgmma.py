@@ -62,27 +62,25 @@ def smem_bytes(form: tuple[int, int]) -> int:
     return stages * _stage_bytes(bn)
 
 
-@functools.cache
-def kernel(form: tuple[int, int]) -> Any:
+def _tile_kernel(name: str, form: tuple[int, int]) -> Any:
+    """linear_wgmma.cu's ``name``_<BN>_<S>, with its dynamic shared memory opted into."""
     from crucible.kernels.loader import ensure_dynamic_smem
     from crucible.kernels.source import cached_arch_module
 
     bn, stages = form
-    fn = cached_arch_module("linear_wgmma.cu", ARCH).get_function(f"linear_wgmma_{bn}_{stages}")
+    fn = cached_arch_module("linear_wgmma.cu", ARCH).get_function(f"{name}_{bn}_{stages}")
     ensure_dynamic_smem(fn, smem_bytes(form))
     return fn
+
+
+@functools.cache
+def kernel(form: tuple[int, int]) -> Any:
+    return _tile_kernel("linear_wgmma", form)
 
 
 @functools.cache
 def swiglu_kernel(form: tuple[int, int]) -> Any:
-    from crucible.kernels.loader import ensure_dynamic_smem
-    from crucible.kernels.source import cached_arch_module
-
-    bn, stages = form
-    fn = cached_arch_module("linear_wgmma.cu", ARCH).get_function(
-        f"linear_wgmma_swiglu_{bn}_{stages}")
-    ensure_dynamic_smem(fn, smem_bytes(form))
-    return fn
+    return _tile_kernel("linear_wgmma_swiglu", form)
 
 
 def require_device() -> None:
