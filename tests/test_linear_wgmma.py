@@ -163,3 +163,24 @@ def test_start_up_refuses_another_gpu_or_a_failed_build(monkeypatch: pytest.Monk
         assert lw.enable(None) is False
     with pytest.raises(ConfigError, match="NVRTC could not build"):
         lw.enable(True)
+
+
+def test_kernels_are_looked_up_by_form_with_their_shared_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import crucible.kernels.loader as loader
+    import crucible.kernels.source as source
+
+    names: list[str] = []
+    opted: list[int] = []
+    module = SimpleNamespace(get_function=lambda name: names.append(name) or name)
+    monkeypatch.setattr(source, "cached_arch_module", lambda file, arch: module)
+    monkeypatch.setattr(loader, "ensure_dynamic_smem", lambda fn, smem: opted.append(smem))
+    lw.kernel.cache_clear()
+    lw.swiglu_kernel.cache_clear()
+    try:
+        lw.kernel((64, 3)), lw.swiglu_kernel((32, 3))
+    finally:
+        lw.kernel.cache_clear()
+        lw.swiglu_kernel.cache_clear()
+    assert names == ["linear_wgmma_64_3", "linear_wgmma_swiglu_32_3"]
+    assert opted == [lw.smem_bytes((64, 3)), lw.smem_bytes((32, 3))]
