@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pexpect
@@ -52,10 +53,15 @@ def test_ctrl_c_cancels_the_reply_not_the_chat(root: Path) -> None:
     out = stats(child)
     assert "(cancelled)" in out and "(1 cancelled, 0 cut)" in out and "0 messages kept" in out
     free, total, generated = map(int, ENGINE.search(out).groups())
-    # The engine stopped: it generated about what was shown (a step or two in flight when
-    # the cancel came), not the LONG tokens the request asked for; its pages are back.
-    assert shown <= generated < shown + 16
+    # The engine stopped: every page is back and it generated at least what was shown,
+    # far short of the LONG tokens the request asked for; and it generates nothing more
+    # (a second look later). How many it made past what was shown is the steps it ran
+    # before the abort reached it, which a loaded machine stretches (21 once in CI), so it
+    # is bounded loosely and the stop is shown by the count holding still.
+    assert shown <= generated < shown + int(LONG) // 10
     assert free == total
+    time.sleep(0.5)  # a running request would add hundreds of tokens meanwhile
+    assert ENGINE.search(stats(child)).groups() == (str(free), str(total), str(generated))
     # The chat is still usable: the next turn runs to its end.
     out = say(child, "a short one now")
     assert f"[cut at max-tokens {LONG}]" in out
