@@ -83,9 +83,14 @@ def test_a_step_out_of_memory_runs_again_with_the_same_bits() -> None:
 
 
 def test_the_decode_graphs_share_one_working_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every decode pair up to 512 rows holds about what the 512-row pair alone holds: the
+    """Every decode pair up to 512 rows holds about what the hungriest pair alone holds: the
     pairs share one pool and one logits buffer (crucible/backend/cupy_graph_memory.py).
-    The control gives each capture a memory of its own, as when every graph kept a private
+    The hungriest is not always the 512-row pair: where the SwiGLU epilogue is skipped
+    (linear_wgmma.SWIGLU_SKIP_ROWS, 256-383 rows) a pair keeps gate_up's full output, 3x
+    the intermediate width a row against the epilogue's 1x, so 320 rows can outweigh 512,
+    and the pairs' largest blocks differ in size: on an H100 the shared pool held 1.31x the
+    hungriest pair (5.02 against 3.83 MB, bench/gpu-tests-a7601b9-h100.log), 1.36x the
+    512-row pair; before the skip it held under 1.25x. So the bound is 1.4x. The control gives each capture a memory of its own, as when every graph kept a private
     pool: the four largest pairs alone then hold more than twice the 512-row pair."""
     import cupy as cp
 
@@ -112,8 +117,10 @@ def test_the_decode_graphs_share_one_working_set(monkeypatch: pytest.MonkeyPatch
 
     every = held(lambda: g.capture_all(forward, 512))
     capacity = cupy_graphs.graph_capacity(256, g.ceiling)
-    alone = held(lambda: g._pair(512, capacity, forward))
-    assert 0 < alone and every <= 1.25 * alone, (every, alone)  # (largest first)
+    each = {b: held(lambda b=b: g._pair(b, capacity, forward))
+            for b in cupy_graphs.BUCKETS if b >= 64}
+    alone, most = each[512], max(each.values())
+    assert 0 < alone and every <= 1.4 * most, (every, each)  # (largest first)
     # the control: a memory per capture
     real, own = cupy_graphs.capture_forward, []
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend import cupy_mma, cupy_rope_in, cupy_stack, stages
+from crucible.backend import cupy_fork, cupy_mma, cupy_rope_in, cupy_stack, stages
 from crucible.backend.cupy_graph_memory import logits_out
 from crucible.backend.cupy_memory import MemoryGuard, step_headroom
 from crucible.backend.cupy_meta import CupyMeta, device_meta
@@ -275,7 +275,7 @@ class CupyBackend:
         out = self.new(q.shape)
         step_attention(q, self.k_pool, self.v_pool, layer, meta, out, n_heads=self.cfg.n_heads,
                        n_kv_heads=self.cfg.n_kv_heads, variant=self.variant,
-                       pdl=self.options.pdl)
+                       pdl=self.options.pdl, fork=cupy_fork.fork_for(self, meta))
         return out
 
     def swiglu(self, gate_up: Any) -> Any:

@@ -121,6 +121,7 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_GEMM": ("gemm", _gemm),
     "CRUCIBLE_WGMMA": ("wgmma", _auto_switch),
     "CRUCIBLE_PDL": ("pdl", _switch),
+    "CRUCIBLE_ATTENTION_FORK": ("attention_fork", _switch),
     "CRUCIBLE_DECODE_STACK": ("decode_stack", _switch),
     "CRUCIBLE_PIPELINE": ("pipeline", _switch),
     "CRUCIBLE_CPU_THREADS": ("cpu_threads", _threads),
@@ -150,6 +151,7 @@ class Settings:
     wgmma: bool | None = None
     graph_warmup: bool = True  # capture the decode graphs at start-up (engine factory)
     pdl: bool = True
+    attention_fork: bool = True  # a mixed step's two attention launches on two streams
     decode_stack: bool = True
     pipeline: bool = True
     cpu_threads: int | None = None  # None: the available cores
@@ -175,7 +177,7 @@ class Settings:
             raise ConfigError(f"weights must be 'int8' or 'f32', got {self.weights!r}")
         object.__setattr__(self, "attention", parse_variant(self.attention).name)
         for name in ("decode_graphs", "prefill_graphs", "mixed_graphs", "graph_warmup", "pdl",
-                     "decode_stack", "pipeline", "late_planning"):
+                     "attention_fork", "decode_stack", "pipeline", "late_planning"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name, low in (("cpu_threads", 1), ("num_pages", 1), ("chunk_cap", 1),
@@ -248,6 +250,7 @@ class Settings:
                               prefill_graphs=self.prefill_graphs,
                               mixed_graphs=self.mixed_graphs,
                               mixed_graph_rows=self.mixed_graph_rows, pdl=self.pdl,
+                              attention_fork=self.attention_fork,
                               decode_stack=self.decode_stack, gemm=self.gemm_order(),
                               wgmma=self.wgmma if self.gemm_order() == "mma" else False,
                               cpu_threads=self.cpu_threads)

@@ -149,25 +149,30 @@ def paged_attention_mixed(q: Any, k_pool: Any, v_pool: Any, layer: int, single: 
                           multi: Any, page_tables: Any, out: Any, *, n_heads: int,
                           n_kv_heads: int, multi_max_chunk: int, single_capacity: int,
                           multi_capacity: int, variant: Variant | str = DEFAULT_VARIANT,
-                          pdl: bool = False) -> tuple[LaunchPlan, LaunchPlan]:
+                          pdl: bool = False, fork: Any = None) -> tuple[LaunchPlan, LaunchPlan]:
     """A mixed step's attention as two launches over its two kinds of segment: ``single``
     (one row each: the decode kernel) and ``multi`` (prefill slices: the tiled kernel, sized
     by their own longest chunk). One launch over all segments would give every decode row
     a CTA per row tile of the longest prefill chunk, all but one idle, and the tiled
     kernel's Q-row tiles hold one live row out of Q. Both kernels are bit-identical to the
     reference, and each row's result depends only on its own segment, so the bits are
-    those of the single launch."""
-    first = paged_attention(q, k_pool, v_pool, layer, multi, page_tables, out,
-                            n_heads=n_heads, n_kv_heads=n_kv_heads, max_chunk=multi_max_chunk,
-                            score_capacity=multi_capacity, variant=variant)
-    second = paged_attention(q, k_pool, v_pool, layer, single, page_tables, out,
-                             n_heads=n_heads, n_kv_heads=n_kv_heads, max_chunk=1,
-                             score_capacity=single_capacity, variant=variant, pdl=pdl)
-    return first, second
+    those of the single launch. ``fork`` (backend/cupy_fork.py) runs them on two streams."""
+    def first() -> LaunchPlan:
+        return paged_attention(q, k_pool, v_pool, layer, multi, page_tables, out,
+                               n_heads=n_heads, n_kv_heads=n_kv_heads, max_chunk=multi_max_chunk,
+                               score_capacity=multi_capacity, variant=variant)
+
+    def second() -> LaunchPlan:
+        return paged_attention(q, k_pool, v_pool, layer, single, page_tables, out,
+                               n_heads=n_heads, n_kv_heads=n_kv_heads, max_chunk=1,
+                               score_capacity=single_capacity, variant=variant, pdl=pdl)
+
+    return fork(first, second) if fork is not None else (first(), second())
 
 
 def step_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, out: Any, *,
-                   n_heads: int, n_kv_heads: int, variant: Variant, pdl: bool) -> None:
+                   n_heads: int, n_kv_heads: int, variant: Variant, pdl: bool,
+                   fork: Any = None) -> None:
     """One step's attention from its device metadata (backend/cupy_meta.py's CupyMeta, read
     by attribute): split when the step holds both kinds of segment and the variant is of
     the exact family (the one with a decode kernel), else one launch."""
@@ -177,7 +182,8 @@ def step_attention(q: Any, k_pool: Any, v_pool: Any, layer: int, meta: Any, out:
                               meta.page_tables, out, n_heads=n_heads, n_kv_heads=n_kv_heads,
                               multi_max_chunk=mixed.multi_max_chunk,
                               single_capacity=mixed.single_capacity,
-                              multi_capacity=mixed.multi_capacity, variant=variant, pdl=pdl)
+                              multi_capacity=mixed.multi_capacity, variant=variant, pdl=pdl,
+                              fork=fork)
         return
     paged_attention(q, k_pool, v_pool, layer, meta.segments, meta.page_tables, out,
                     n_heads=n_heads, n_kv_heads=n_kv_heads, max_chunk=meta.max_chunk,
