@@ -13,7 +13,7 @@ from crucible.errors import ConfigError
 
 SWITCHES = ("CRUCIBLE_DECODE_GRAPHS", "CRUCIBLE_PREFILL_GRAPHS", "CRUCIBLE_MIXED_GRAPHS",
             "CRUCIBLE_PDL", "CRUCIBLE_DECODE_STACK", "CRUCIBLE_PIPELINE",
-            "CRUCIBLE_GRAPH_WARMUP")
+            "CRUCIBLE_GRAPH_WARMUP", "CRUCIBLE_ATTENTION_FORK")
 
 
 def test_defaults_without_environment() -> None:
@@ -21,6 +21,7 @@ def test_defaults_without_environment() -> None:
     assert s == Settings()
     assert s.attention == "exact-q4-k64" and s.weights == "int8" and s.device == "auto"
     assert s.decode_graphs and s.prefill_graphs and s.pdl and s.decode_stack and s.pipeline
+    assert s.attention_fork and s.backend_options().attention_fork
     assert s.cpu_threads is None and s.cache_dir is None and s.num_pages is None
     assert (s.token_budget, s.chunk_cap, s.max_queue, s.max_running) == (2048, None, 64, None)
     assert s.kv_cache_memory is None and s.gpu_memory_fraction is None
