@@ -21,13 +21,8 @@ import sys
 
 import numpy as np
 from capacity_classes import CASES as CLASS_CASES
-from capacity_classes import replay_ms
-from common import SMOLLM2, stat, write_json
-from mixed_step import make_batch
-
-from crucible.engine.runner import ModelRunner
-from crucible.engine.settings import Settings
-from crucible.model.tiny import tiny_random_model
+from capacity_classes import chat_steps, replay_ms
+from common import stat, write_json
 
 CASES = CLASS_CASES + (
     ("serve chat 256: 250 decode at 300-2,500 + prompts 300/200/110", 250, (300, 2500),
@@ -48,14 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--json", default="bench/attention-fork.json")
     args = p.parse_args(argv)
-    model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
-    runner = ModelRunner(model, num_pages=176 * 256, device="cuda",
-                         settings=Settings(device="cuda", mixed_graph_rows=1024))
+    runner, batches = chat_steps(CASES)
     be = runner.backend
     mg, opts = be.mixed_graphs, be.options
-    rng = np.random.default_rng(0)
-    batches = {name: make_batch(rng, d, h, c, runner.config.vocab_size, s, pages=176)
-               for name, d, h, c, s in CASES}
     res: dict[str, dict[str, list[float]]] = {}
     try:
         for r in range(args.rounds):

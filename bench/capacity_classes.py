@@ -122,6 +122,17 @@ def graph_ab(runner: ModelRunner, rounds: int, replays: int) -> dict[str, Any]:
     return out
 
 
+def chat_steps(cases: tuple) -> tuple[ModelRunner, dict[str, Any]]:
+    """A runner of random weights in the default model's shapes, mixed graphs to 1,024 rows
+    and a pool for 256 rows of 176 pages, and each case's step (mixed_step.make_batch)."""
+    model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
+    runner = ModelRunner(model, num_pages=176 * 256, device="cuda",
+                         settings=Settings(device="cuda", mixed_graph_rows=1024))
+    rng = np.random.default_rng(0)
+    return runner, {name: make_batch(rng, d, h, c, runner.config.vocab_size, s, pages=176)
+                    for name, d, h, c, s in cases}
+
+
 def timed_replays(step: Any, replays: int, count: Any) -> tuple[float, Any]:
     import cupy as cp
 
@@ -143,13 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--json", default="bench/capacity-classes.json")
     args = p.parse_args(argv)
-    model = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
-    runner = ModelRunner(model, num_pages=176 * 256, device="cuda",
-                         settings=Settings(device="cuda", mixed_graph_rows=1024))
+    runner, batches = chat_steps(CASES)
     mg = runner.backend.mixed_graphs
-    rng = np.random.default_rng(0)
-    batches = {name: make_batch(rng, d, h, c, runner.config.vocab_size, s, pages=176)
-               for name, d, h, c, s in CASES}
     owned = mg.classes
     prefetch_default = variants.PREFETCH
     plain = dataclasses.replace(owned.get(), prefetch=False)
