@@ -44,7 +44,7 @@ import numpy as np
 
 from crucible.backend.cupy_capture import Captured, capture_forward
 from crucible.backend.cupy_graph_memory import GraphMemory
-from crucible.backend.cupy_meta import CupyMeta, split
+from crucible.backend.cupy_meta import CupyMeta, longest_first, reorders, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.backend.options import DECODE_GRAPH_ROWS
 from crucible.kernels.capacity import OwnedClasses
@@ -79,6 +79,7 @@ def is_decode_step(batch: PackedBatch) -> bool:
 
 class DecodeGraphs:
     classes: OwnedClasses | None = None  # (fakes built without __init__ have none)
+    owner: Any = None
 
     def __init__(self, vocab_size: int, table_width: int, scratch_page: int,
                  owner: Any = None) -> None:
@@ -91,6 +92,7 @@ class DecodeGraphs:
         self.ceiling = score_capacity(table_width * 16)  # the context's score capacity
         # ``owner`` (the backend) sizes the spread rule's classes (capacity_class)
         self.classes = None if owner is None else OwnedClasses(owner, table_width)
+        self.owner = owner  # its options and variant: the rows' order (cupy_meta.reorders)
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)  # captures
         self.upload = cp.cuda.Stream(non_blocking=True)  # metadata, ahead of the replays
@@ -153,7 +155,13 @@ class DecodeGraphs:
         out[2 * bucket : 2 * bucket + b] = rows_tables[np.arange(b), pos >> 4]
         out[3 * bucket : 3 * bucket + b] = pos & 15
         seg = out[4 * bucket : 8 * bucket].reshape(bucket, 4)
-        seg[:b, 2] = batch.segments[:, 2]
+        if bucket > STACK_ROWS and reorders(self.owner):
+            # attn_decode takes the rows longest first (cupy_meta.py); the batch-1 stack's
+            # O partials are indexed by entry, so its buckets keep row order.
+            order = longest_first(batch.segments[:, 2])
+            seg[:b, 0], seg[:b, 2], seg[:b, 3] = order, batch.segments[order, 2], order
+        else:
+            seg[:b, 2] = batch.segments[:, 2]
         tables = out[8 * bucket : 8 * bucket + bucket * w].reshape(bucket, w)
         tables[:b] = 0
         used = min(w, rows_tables.shape[1])  # pages grown ahead of the position stay out

@@ -51,6 +51,27 @@ class CupyMeta:
     mixed: MixedSegments | None = None  # set when the step has both kinds of segment
 
 
+# attn_decode runs one CTA per (KV head, one-row segment), taken in the order of the
+# segment list, and its CTAs' work grows with the row's history. In serving the histories
+# of a step's rows spread over ~300-2,500 positions; listed as they come, the last CTAs to
+# start can be long ones that then run nearly alone, at a fraction of the bandwidth. Listed
+# longest first, the last wave is the shortest rows. Each CTA finds its row, table and
+# length in its own entry, so the order moves no arithmetic. Only the exact family's decode
+# kernel is handed a reordered list (the reference kernel searches an ascending one), and
+# BackendOptions.longest_first (CRUCIBLE_LONGEST_FIRST) turns it off.
+
+
+def longest_first(starts: np.ndarray) -> np.ndarray:
+    """Indices of one-row segments by descending absolute start (their history), stable."""
+    return np.argsort(-np.asarray(starts, dtype=np.int64), kind="stable")
+
+
+def reorders(owner: Any) -> bool:
+    """Whether ``owner`` (a CuPy backend, or None) lists attn_decode's rows longest first."""
+    return (owner is not None and owner.options.longest_first
+            and owner.variant.family == "exact")
+
+
 def split(dev: Any, sizes: Sequence[int]) -> list[Any]:
     """Consecutive views of ``dev`` with the given lengths."""
     views, offset = [], 0
@@ -66,11 +87,12 @@ def _capacity(segments: np.ndarray) -> int:
     return score_capacity(int((segments[:, 2] + segments[:, 1]).max()))
 
 
-def device_meta(batch: PackedBatch, feed: np.ndarray | None = None, fed: Any = None
-                ) -> CupyMeta:
+def device_meta(batch: PackedBatch, feed: np.ndarray | None = None, fed: Any = None,
+                order: bool = False) -> CupyMeta:
     """An eager step's metadata: built on the host, uploaded in one copy. ``feed`` (a
     pipelined step): per row, the index into ``fed`` (the previous step's sampled ids on
-    the device) of its input id, or -1 for the batch's own."""
+    the device) of its input id, or -1 for the batch's own. ``order``: a mixed step's
+    one-row segments (attn_decode's list) longest first (``reorders``)."""
     import cupy as cp
 
     from crucible.kernels.variants import score_capacity
@@ -83,6 +105,8 @@ def device_meta(batch: PackedBatch, feed: np.ndarray | None = None, fed: Any = N
     # The kernels read segments as int4: every segment array starts 16-byte aligned, so
     # they all follow the four [T] columns (4T ints) back to back, before anything else.
     single, multi = (segs[one], segs[~one]) if cut else (segs[:0], segs[:0])
+    if cut and order:  # `single` goes to attn_decode alone
+        single = single[longest_first(single[:, 2])]
     parts = [batch.token_ids, batch.positions, (slots >> 4), (slots & 15), segs.ravel(),
              single.ravel(), multi.ravel(), batch.page_tables.ravel(), batch.final_rows]
     if feed is not None:
