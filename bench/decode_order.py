@@ -1,5 +1,6 @@
-"""attn_decode's rows longest history first (backend/cupy_meta.py, the default) against the
-rows as the step lists them, in graph replays on the GPU (random weights of the default
+"""Attention's segment lists longest history first (backend/cupy_meta.py, the default: a
+step's decode rows by history, a mixed step's slices by causal end) against the lists as
+the step gives them, in graph replays on the GPU (random weights of the default
 model's shapes, so no model file is needed).
 
     python3 bench/decode_order.py [--rounds 3] [--replays 20] [--json PATH]

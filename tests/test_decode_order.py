@@ -1,7 +1,7 @@
-"""attn_decode's one-row segments listed longest history first (backend/cupy_meta.py,
-BackendOptions.longest_first), on the host: the decode and mixed graphs' metadata must hand every real row
-exactly one entry holding its own packed row, position and page table, in descending
-history order; the batch-1 stack's bucket and the reference family keep row order (the
+"""Attention's segment lists longest history first (backend/cupy_meta.py,
+BackendOptions.longest_first), on the host: the decode and mixed graphs' metadata must hand
+every real row exactly one entry holding its own packed row, position and page table, in
+descending history order (a mixed step's slices by causal end); the batch-1 stack's bucket and the reference family keep row order (the
 stack's O partials are indexed by entry, the reference kernel searches an ascending list),
 and with the switch off the order is the step's. No GPU needed: the host side is numpy.
 The bits are the GPU test's (tests/test_gpu_decode_order.py)."""
@@ -124,16 +124,31 @@ def test_mixed_graphs_list_decode_rows_longest_first(longest: bool) -> None:
         assert e[1] == 1 and e[2] == batch.segments[k, 2]
         need = -(-(e[2] + 1) // 16)
         assert (tables[e[3], :need] == batch.page_tables[batch.segments[k, 3], :need]).all()
+    slices = batch.segments[batch.segments[:, 1] > 1]
+    listed = out[offs[5] : offs[6]].reshape(s, 4)[: slices.shape[0]]
+    assert sorted(listed[:, 0].tolist()) == sorted(slices[:, 0].tolist())
+    for e in listed:  # each slice's own start, length, history and pages
+        k = int(np.nonzero(batch.segments[:, 0] == e[0])[0][0])
+        assert (e[1], e[2]) == (batch.segments[k, 1], batch.segments[k, 2])
+        need = -(-(e[2] + e[1]) // 16)
+        assert (tables[e[3], :need] == batch.page_tables[batch.segments[k, 3], :need]).all()
+    ends = slices[:, 2] + slices[:, 1]
+    assert not (np.diff(ends) <= 0).all() and not (np.diff(one[:, 2]) <= 0).all()  # unsorted
     if longest:
         assert (np.diff(real[:, 2]) <= 0).all()
+        assert (np.diff(listed[:, 2] + listed[:, 1]) <= 0).all()
     else:
-        assert (real[:, 0] == one[:, 0]).all()
+        assert (real[:, 0] == one[:, 0]).all() and (listed[:, 0] == slices[:, 0]).all()
 
 
 def test_longest_first_is_a_stable_descending_order() -> None:
     starts = np.array([5, 9, 5, 0, 9, 7], np.int32)
-    assert longest_first(starts).tolist() == [1, 4, 5, 0, 2, 3]
-    assert longest_first(np.zeros(0, np.int32)).tolist() == []
+    seg = np.zeros((6, 4), np.int32)
+    seg[:, 1], seg[:, 2] = 1, starts
+    assert longest_first(seg).tolist() == [1, 4, 5, 0, 2, 3]
+    seg[:, 1] = [1, 1, 9, 1, 1, 1]  # by causal end: 5 + 9 passes 9 + 1
+    assert longest_first(seg).tolist() == [2, 1, 4, 5, 0, 3]
+    assert longest_first(np.zeros((0, 4), np.int32)).tolist() == []
 
 
 def test_the_switch_reaches_the_backend_options() -> None:

@@ -1,5 +1,5 @@
-"""attn_decode's rows listed longest history first (backend/cupy_meta.py; the default, off with
-BackendOptions.longest_first) give
+"""Attention's segment lists longest history first (backend/cupy_meta.py; the default, off
+with BackendOptions.longest_first: decode rows by history, slices by causal end) give
 the bits of the step's own order, in decode-graph and mixed-graph replays and eagerly
 (skipped without CuPy and a GPU). Each check also asserts that the graphs replayed and that
 the two orders really hand the kernel different lists, so a reorder that silently did

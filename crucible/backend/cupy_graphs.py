@@ -158,7 +158,7 @@ class DecodeGraphs:
         if bucket > STACK_ROWS and reorders(self.owner):
             # attn_decode takes the rows longest first (cupy_meta.py); the batch-1 stack's
             # O partials are indexed by entry, so its buckets keep row order.
-            order = longest_first(batch.segments[:, 2])
+            order = longest_first(batch.segments)
             seg[:b, 0], seg[:b, 2], seg[:b, 3] = order, batch.segments[order, 2], order
         else:
             seg[:b, 2] = batch.segments[:, 2]

@@ -55,15 +55,19 @@ class CupyMeta:
 # segment list, and its CTAs' work grows with the row's history. In serving the histories
 # of a step's rows spread over ~300-2,500 positions; listed as they come, the last CTAs to
 # start can be long ones that then run nearly alone, at a fraction of the bandwidth. Listed
-# longest first, the last wave is the shortest rows. Each CTA finds its row, table and
-# length in its own entry, so the order moves no arithmetic. Only the exact family's decode
-# kernel is handed a reordered list (the reference kernel searches an ascending one), and
-# BackendOptions.longest_first (CRUCIBLE_LONGEST_FIRST) turns it off.
+# longest first, the last wave is the shortest rows. The tiled kernel takes a mixed step's
+# slices in list order too (a slice's tiles longest first already: common.cuh
+# cru_tile_job), so its list goes by causal end the same way. Each CTA finds its rows,
+# table and lengths in its own entry, so the order moves no arithmetic. Only the exact
+# family's kernels are handed a reordered list (the reference kernel searches an ascending
+# one), and BackendOptions.longest_first (CRUCIBLE_LONGEST_FIRST) turns it off.
 
 
-def longest_first(starts: np.ndarray) -> np.ndarray:
-    """Indices of one-row segments by descending absolute start (their history), stable."""
-    return np.argsort(-np.asarray(starts, dtype=np.int64), kind="stable")
+def longest_first(segments: np.ndarray) -> np.ndarray:
+    """Indices of ``segments`` [S, 4] by descending causal end (absolute start + length),
+    stable."""
+    seg = np.asarray(segments, dtype=np.int64).reshape(-1, 4)
+    return np.argsort(-(seg[:, 2] + seg[:, 1]), kind="stable")
 
 
 def reorders(owner: Any) -> bool:
@@ -92,7 +96,7 @@ def device_meta(batch: PackedBatch, feed: np.ndarray | None = None, fed: Any = N
     """An eager step's metadata: built on the host, uploaded in one copy. ``feed`` (a
     pipelined step): per row, the index into ``fed`` (the previous step's sampled ids on
     the device) of its input id, or -1 for the batch's own. ``order``: a mixed step's
-    one-row segments (attn_decode's list) longest first (``reorders``)."""
+    two attention lists longest first (``reorders``)."""
     import cupy as cp
 
     from crucible.kernels.variants import score_capacity
@@ -105,8 +109,8 @@ def device_meta(batch: PackedBatch, feed: np.ndarray | None = None, fed: Any = N
     # The kernels read segments as int4: every segment array starts 16-byte aligned, so
     # they all follow the four [T] columns (4T ints) back to back, before anything else.
     single, multi = (segs[one], segs[~one]) if cut else (segs[:0], segs[:0])
-    if cut and order:  # `single` goes to attn_decode alone
-        single = single[longest_first(single[:, 2])]
+    if cut and order:  # each list goes to one kernel alone
+        single, multi = single[longest_first(single)], multi[longest_first(multi)]
     parts = [batch.token_ids, batch.positions, (slots >> 4), (slots & 15), segs.ravel(),
              single.ravel(), multi.ravel(), batch.page_tables.ravel(), batch.final_rows]
     if feed is not None:

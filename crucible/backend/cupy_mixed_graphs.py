@@ -182,8 +182,8 @@ class MixedGraphs(GraphCache):
         n, segs = batch.num_rows, batch.segments
         one = segs[:, 1] == 1
         single, multi = segs[one], segs[~one]
-        if reorders(self.owner):  # attn_decode takes them in this order
-            single = single[longest_first(single[:, 2])]
+        if reorders(self.owner):  # each kernel takes its list in this order
+            single, multi = single[longest_first(single)], multi[longest_first(multi)]
         d, m = single.shape[0], multi.shape[0]
         used = d + m + 1
         out = np.zeros(fixed + used * w, np.int32)
