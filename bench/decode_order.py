@@ -1,17 +1,20 @@
-"""Attention's segment lists longest history first (backend/cupy_meta.py, the default: a
-step's decode rows by history, a mixed step's slices by causal end) against the lists as
-the step gives them, in graph replays on the GPU (random weights of the default
-model's shapes, so no model file is needed).
+"""The decode graphs' rows longest history first (backend/cupy_meta.py, the default) against
+the rows as the step lists them, in decode-graph replays on the GPU (random weights of the
+default model's shapes, so no model file is needed).
 
     python3 bench/decode_order.py [--rounds 3] [--replays 20] [--json PATH]
 
-Cases: attention_fork.py's chat steps (mixed graphs: cohorts, joiners, ~250 decode rows
-beside ~600 prompt tokens) and decode steps (decode graphs) whose rows' histories spread
-as a chat server's do, or do not. mixed_step.make_batch draws each row's history at
-random, so "listed" is arrival order. The order is read when a replay's metadata is
-built, so one captured graph serves both rules; the rules alternate by round and the ratio
-is longest-first over listed per round. Both must give the same logits bit for bit, every
-round (the order moves no arithmetic).
+Cases: decode steps whose rows' histories spread as a chat server's do (300-2,500
+positions), or less, or not at all (#15's batch-64 figure: 128-192). mixed_step.make_batch
+draws each row's history at random, so "listed" is arrival order. The order is read when a
+replay's metadata is built, so one captured graph serves both rules; the rules alternate by
+round and the ratio is longest-first over listed per round. Both must give the same logits
+bit for bit, every round (the order moves no arithmetic; the pool here is mostly zeros, so
+tests/test_gpu_decode_order.py makes the bitwise claim over random K/V).
+
+bench/decode-order-h100.json was taken at edf2e7f, when mixed steps were reordered too; its
+mixed cases are kept for the record (0.97-1.02x: no gain, and mixed steps now keep their
+order).
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import dataclasses
 import sys
 
 import numpy as np
-from attention_fork import CASES as MIXED_CASES
 from capacity_classes import chat_steps, timed_replays
 from common import stat, write_json
 from mixed_step import make_batch
@@ -41,15 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--json", default="bench/decode-order.json")
     args = p.parse_args(argv)
-    runner, batches = chat_steps(MIXED_CASES)
+    runner, _ = chat_steps(())
     be = runner.backend
     rng = np.random.default_rng(2)
-    counts = {}
-    for name in batches:
-        counts[name] = lambda: be.mixed_graphs.num_replays
-    for name, rows, hist in DECODE_CASES:
-        batches[name] = make_batch(rng, rows, hist, (), runner.config.vocab_size, pages=176)
-        counts[name] = lambda: be.graphs.num_replays
+    batches = {name: make_batch(rng, rows, hist, (), runner.config.vocab_size, pages=176)
+               for name, rows, hist in DECODE_CASES}
     res: dict[str, dict[str, list[float]]] = {}
     opts = be.options
     try:
@@ -59,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 for rule in RULES if r % 2 == 0 else RULES[::-1]:
                     be.options = dataclasses.replace(opts, longest_first=rule == "longest")
                     ms, logits = timed_replays(lambda b=batch: runner.forward_device(b),
-                                               args.replays, counts[name])
+                                               args.replays, lambda: be.graphs.num_replays)
                     got[rule] = logits.view(np.uint32).tobytes()
                     d.setdefault(rule + "_ms", []).append(ms)
                 if len(set(got.values())) != 1:

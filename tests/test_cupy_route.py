@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from crucible.backend import cupy_route
-from crucible.backend.options import BackendOptions
 from crucible.step.batch import SegmentSpec, build_packed_batch
 
 
@@ -31,7 +30,7 @@ def backend(takes: bool = True, mixed: bool = True):
     return SimpleNamespace(graphs=Graphs("decode", takes), prefill_graphs=Graphs("prefill", takes),
                            mixed_graphs=Graphs("mixed", takes) if mixed else None,
                            variant=SimpleNamespace(family="exact"), memory=None,
-                           options=BackendOptions(), prepare=lambda batch: ("prepared", batch.num_rows))
+                           prepare=lambda batch: ("prepared", batch.num_rows))
 
 
 def decode_batch(n: int):
@@ -47,8 +46,7 @@ def mixed_batch():
 def metas(monkeypatch: pytest.MonkeyPatch) -> list:
     made: list = []
 
-    def device_meta(batch, feed=None, fed=None, order=False):
-        assert order  # the exact family's decode rows go longest first (cupy_meta.reorders)
+    def device_meta(batch, feed=None, fed=None):
         made.append((batch.num_rows, None if feed is None else feed.tolist(), fed))
         return ("meta", batch.num_rows)
 

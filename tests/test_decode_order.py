@@ -1,9 +1,10 @@
-"""Attention's segment lists longest history first (backend/cupy_meta.py,
-BackendOptions.longest_first), on the host: the decode and mixed graphs' metadata must hand
-every real row exactly one entry holding its own packed row, position and page table, in
-descending history order (a mixed step's slices by causal end); the batch-1 stack's bucket and the reference family keep row order (the
+"""The decode graphs list attn_decode's rows longest history first (backend/cupy_meta.py,
+BackendOptions.longest_first), on the host: their metadata must hand every real row
+exactly one entry holding its own packed row, position and page table, in descending
+history order; the batch-1 stack's bucket and the reference family keep row order (the
 stack's O partials are indexed by entry, the reference kernel searches an ascending list),
-and with the switch off the order is the step's. No GPU needed: the host side is numpy.
+and with the switch off the order is the step's; mixed graphs keep packed order. No GPU
+needed: the host side is numpy.
 The bits are the GPU test's (tests/test_gpu_decode_order.py)."""
 
 from __future__ import annotations
@@ -102,43 +103,27 @@ def test_row_order_where_the_list_must_ascend_or_the_switch_is_off() -> None:
     check_entries(batch, seg, tables, descending=False)
 
 
-@pytest.mark.parametrize("longest", [True, False])
-def test_mixed_graphs_list_decode_rows_longest_first(longest: bool) -> None:
+def test_mixed_graphs_keep_their_lists_in_packed_order() -> None:
+    """Mixed steps are not reordered (cupy_meta.py says why): the one-row entries and the
+    slices follow the step's packing, each with its own start, history and pages."""
     rng = np.random.default_rng(11)
     batch = decode_step(rng, 120, slices=6)
     g = MixedGraphs.__new__(MixedGraphs)
-    g.width, g.scratch, g.classes, g.owner = 512, SCRATCH, None, owner(on=longest)
+    g.width, g.scratch, g.classes = 512, SCRATCH, None
     key = g.key(batch)
     t, _, s, _, _, _ = key
     w, _, sizes = g._sizes(key)
     out = g.host_meta(batch, key)
     offs = np.cumsum([0] + sizes)
-    single = out[offs[4] : offs[5]].reshape(t, 4)
     tables = out[offs[8]:].reshape(-1, w)
-    one = batch.segments[batch.segments[:, 1] == 1]
-    d = one.shape[0]
-    real = single[:d]
-    assert sorted(real[:, 0].tolist()) == sorted(one[:, 0].tolist())
-    for e in real:
-        k = int(np.nonzero(batch.segments[:, 0] == e[0])[0][0])
-        assert e[1] == 1 and e[2] == batch.segments[k, 2]
-        need = -(-(e[2] + 1) // 16)
-        assert (tables[e[3], :need] == batch.page_tables[batch.segments[k, 3], :need]).all()
-    slices = batch.segments[batch.segments[:, 1] > 1]
-    listed = out[offs[5] : offs[6]].reshape(s, 4)[: slices.shape[0]]
-    assert sorted(listed[:, 0].tolist()) == sorted(slices[:, 0].tolist())
-    for e in listed:  # each slice's own start, length, history and pages
-        k = int(np.nonzero(batch.segments[:, 0] == e[0])[0][0])
-        assert (e[1], e[2]) == (batch.segments[k, 1], batch.segments[k, 2])
-        need = -(-(e[2] + e[1]) // 16)
-        assert (tables[e[3], :need] == batch.page_tables[batch.segments[k, 3], :need]).all()
-    ends = slices[:, 2] + slices[:, 1]
-    assert not (np.diff(ends) <= 0).all() and not (np.diff(one[:, 2]) <= 0).all()  # unsorted
-    if longest:
-        assert (np.diff(real[:, 2]) <= 0).all()
-        assert (np.diff(listed[:, 2] + listed[:, 1]) <= 0).all()
-    else:
-        assert (real[:, 0] == one[:, 0]).all() and (listed[:, 0] == slices[:, 0]).all()
+    for kind, lo, hi, rows in (("single", offs[4], offs[5], t), ("multi", offs[5], offs[6], s)):
+        mine = batch.segments[(batch.segments[:, 1] == 1) == (kind == "single")]
+        listed = out[lo:hi].reshape(rows, 4)[: mine.shape[0]]
+        assert (listed[:, 0] == mine[:, 0]).all() and (listed[:, 2] == mine[:, 2]).all()
+        assert (listed[:, 1] == mine[:, 1]).all()
+        for e, seg in zip(listed, mine):
+            need = -(-(e[2] + e[1]) // 16)
+            assert (tables[e[3], :need] == batch.page_tables[seg[3], :need]).all()
 
 
 def test_longest_first_is_a_stable_descending_order() -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from crucible.backend import cupy_fork, cupy_mma, cupy_rope_in, cupy_stack, stages
 from crucible.backend.cupy_graph_memory import logits_out
 from crucible.backend.cupy_memory import MemoryGuard, step_headroom
-from crucible.backend.cupy_meta import CupyMeta, device_meta, reorders
+from crucible.backend.cupy_meta import CupyMeta, device_meta
 from crucible.backend.cupy_route import graph_stats, mixed_feed_rows, run_step
 from crucible.backend.options import BackendOptions
 from crucible.backend.protocol import BackendWeights, Forward, Geometry
@@ -168,7 +168,7 @@ class CupyBackend:
         return cupy().empty(shape, dtype=np.float32)
 
     def prepare(self, batch: PackedBatch) -> CupyMeta:
-        return device_meta(batch, order=reorders(self))
+        return device_meta(batch)
 
     def embed(self, meta: CupyMeta) -> Any:
         d = self.cfg.hidden_size

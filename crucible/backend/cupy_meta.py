@@ -53,13 +53,15 @@ class CupyMeta:
 
 # attn_decode runs one CTA per (KV head, one-row segment), taken in the order of the
 # segment list, and its CTAs' work grows with the row's history. In serving the histories
-# of a step's rows spread over ~300-2,500 positions; listed as they come, the last CTAs to
-# start can be long ones that then run nearly alone, at a fraction of the bandwidth. Listed
-# longest first, the last wave is the shortest rows. The tiled kernel takes a mixed step's
-# slices in list order too (a slice's tiles longest first already: common.cuh
-# cru_tile_job), so its list goes by causal end the same way. Each CTA finds its rows,
-# table and lengths in its own entry, so the order moves no arithmetic. Only the exact
-# family's kernels are handed a reordered list (the reference kernel searches an ascending
+# of a decode step's rows spread over ~300-2,500 positions; listed as they come, the last
+# CTAs to start can be long ones that then run nearly alone, at a fraction of the
+# bandwidth. Listed longest first, the last wave is the shortest rows: a 256-row decode
+# graph at 300-2,500 positions replays in 0.88x the time (bench/decode-order-h100.json).
+# Each CTA finds its row, table and length in its own entry, so the order moves no
+# arithmetic (tests/test_gpu_decode_order.py). The decode graphs do it (cupy_graphs.py);
+# mixed steps keep their lists in packed order (reordered, they gained nothing and a
+# random-K/V test saw their bits move: docs/gpu-engine.md). Only the exact family's
+# decode kernel is handed a reordered list (the reference kernel searches an ascending
 # one), and BackendOptions.longest_first (CRUCIBLE_LONGEST_FIRST) turns it off.
 
 
@@ -91,12 +93,11 @@ def _capacity(segments: np.ndarray) -> int:
     return score_capacity(int((segments[:, 2] + segments[:, 1]).max()))
 
 
-def device_meta(batch: PackedBatch, feed: np.ndarray | None = None, fed: Any = None,
-                order: bool = False) -> CupyMeta:
+def device_meta(batch: PackedBatch, feed: np.ndarray | None = None, fed: Any = None
+                ) -> CupyMeta:
     """An eager step's metadata: built on the host, uploaded in one copy. ``feed`` (a
     pipelined step): per row, the index into ``fed`` (the previous step's sampled ids on
-    the device) of its input id, or -1 for the batch's own. ``order``: a mixed step's
-    two attention lists longest first (``reorders``)."""
+    the device) of its input id, or -1 for the batch's own."""
     import cupy as cp
 
     from crucible.kernels.variants import score_capacity
@@ -109,8 +110,6 @@ def device_meta(batch: PackedBatch, feed: np.ndarray | None = None, fed: Any = N
     # The kernels read segments as int4: every segment array starts 16-byte aligned, so
     # they all follow the four [T] columns (4T ints) back to back, before anything else.
     single, multi = (segs[one], segs[~one]) if cut else (segs[:0], segs[:0])
-    if cut and order:  # each list goes to one kernel alone
-        single, multi = single[longest_first(single)], multi[longest_first(multi)]
     parts = [batch.token_ids, batch.positions, (slots >> 4), (slots & 15), segs.ravel(),
              single.ravel(), multi.ravel(), batch.page_tables.ravel(), batch.final_rows]
     if feed is not None:

@@ -69,7 +69,7 @@ import numpy as np
 from crucible.backend.cupy_capture import capture_forward
 from crucible.backend.cupy_graph_cache import GraphCache
 from crucible.backend.cupy_graphs import BUCKETS
-from crucible.backend.cupy_meta import CupyMeta, MixedSegments, longest_first, reorders, split
+from crucible.backend.cupy_meta import CupyMeta, MixedSegments, split
 from crucible.backend.cupy_pinned import PinnedRing
 from crucible.backend.options import MIXED_GRAPH_ROWS
 from crucible.kernels.capacity import OwnedClasses
@@ -117,8 +117,6 @@ def is_mixed_graph_step(batch: PackedBatch, max_tokens: int = MAX_TOKENS) -> boo
 
 
 class MixedGraphs(GraphCache):
-    owner: Any = None  # (fakes built without __init__ have none)
-
     def __init__(self, table_width: int, scratch_page: int,
                  max_tokens: int = MAX_TOKENS, owner: Any = None) -> None:
         import cupy as cp
@@ -131,7 +129,6 @@ class MixedGraphs(GraphCache):
         # ``owner`` (the backend: its cfg and variant) sizes the launches' score-capacity
         # classes; without one, powers of two.
         self.classes = None if owner is None else OwnedClasses(owner, table_width)
-        self.owner = owner  # its options and variant: the decode rows' order (reorders)
         self.scratch = scratch_page
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.ring = PinnedRing()
@@ -182,8 +179,6 @@ class MixedGraphs(GraphCache):
         n, segs = batch.num_rows, batch.segments
         one = segs[:, 1] == 1
         single, multi = segs[one], segs[~one]
-        if reorders(self.owner):  # each kernel takes its list in this order
-            single, multi = single[longest_first(single)], multi[longest_first(multi)]
         d, m = single.shape[0], multi.shape[0]
         used = d + m + 1
         out = np.zeros(fixed + used * w, np.int32)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from crucible.backend.cupy_graphs import is_decode_step
-from crucible.backend.cupy_meta import device_meta, reorders
+from crucible.backend.cupy_meta import device_meta
 from crucible.backend.cupy_mixed_graphs import is_mixed_graph_step
 from crucible.backend.cupy_prefill_graphs import is_singleton_prefill
 from crucible.backend.protocol import GRAPH_STATS, Forward
@@ -72,9 +72,7 @@ def _route(be: Any, batch: PackedBatch, forward: Forward, feed: np.ndarray | Non
         out = be.mixed_graphs.run(batch, forward, *(() if feed is None else (feed, fed)))
         if out is not None:
             return out
-    meta = (be.prepare(batch) if feed is None
-            else device_meta(batch, feed, fed, order=reorders(be)))
-    return forward(meta)
+    return forward(be.prepare(batch) if feed is None else device_meta(batch, feed, fed))
 
 
 def mixed_graphs_on(be: Any) -> bool:
