@@ -16,13 +16,10 @@ must give the same logits bit for bit, every round (the fork moves no arithmetic
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import sys
 
-import numpy as np
 from capacity_classes import CASES as CLASS_CASES
-from capacity_classes import chat_steps, replay_ms
-from common import stat, write_json
+from capacity_classes import chat_steps
+from option_ab import option_ab, write
 
 CASES = CLASS_CASES + (
     ("serve chat 256: 250 decode at 300-2,500 + prompts 300/200/110", 250, (300, 2500),
@@ -44,34 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="bench/attention-fork.json")
     args = p.parse_args(argv)
     runner, batches = chat_steps(CASES)
-    be = runner.backend
-    mg, opts = be.mixed_graphs, be.options
-    res: dict[str, dict[str, list[float]]] = {}
-    try:
-        for r in range(args.rounds):
-            for name, batch in batches.items():
-                got, d = {}, res.setdefault(name, {})
-                for rule in RULES if r % 2 == 0 else RULES[::-1]:
-                    mg.clear()  # captured afresh under this rule
-                    # read while the graph is captured
-                    be.options = dataclasses.replace(opts, attention_fork=rule == "fork")
-                    ms, logits, _ = replay_ms(runner, batch, args.replays)
-                    got[rule] = logits.view(np.uint32).tobytes()
-                    d.setdefault(rule + "_ms", []).append(ms)
-                if len(set(got.values())) != 1:
-                    raise SystemExit(f"{name}: forked logits differ from one stream's")
-                d.setdefault("fork_over_one", []).append(d["fork_ms"][-1] / d["one_ms"][-1])
-            print(f"round {r} done", file=sys.stderr, flush=True)
-    finally:
-        be.options = opts
-    summary = {n: {k: stat(v) for k, v in d.items()} for n, d in res.items()}
-    for n, d in summary.items():
-        f = d["fork_over_one"]
-        print(f"{n}: one {d['one_ms']['median']:.2f} ms, fork x{f['median']:.3f} "
-              f"[{f['min']:.3f}-{f['max']:.3f}]", file=sys.stderr)
-    write_json(args.json, {"command": "python3 bench/attention_fork.py "
-                           + " ".join(argv if argv is not None else sys.argv[1:]),
-                           "logits_identical": True, "results": summary})
+    mg = runner.backend.mixed_graphs
+    cases = {name: (b, lambda: mg.num_replays) for name, b in batches.items()}
+    # Each setting captures its graph afresh: the fork is read while a graph is captured.
+    summary = option_ab(runner, cases, "attention_fork", RULES, args.rounds, args.replays,
+                        before=mg.clear)
+    write("attention_fork.py", argv, args.json, summary)
     return 0
 
 

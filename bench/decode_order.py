@@ -20,13 +20,11 @@ order).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import sys
 
 import numpy as np
-from capacity_classes import chat_steps, timed_replays
-from common import stat, write_json
+from capacity_classes import chat_steps
 from mixed_step import make_batch
+from option_ab import option_ab, write
 
 # (name, decode rows, their history range)
 DECODE_CASES = (("decode 256 at 300-2,500", 256, (300, 2500)),
@@ -44,37 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="bench/decode-order.json")
     args = p.parse_args(argv)
     runner, _ = chat_steps(())
-    be = runner.backend
+    g = runner.backend.graphs
     rng = np.random.default_rng(2)
-    batches = {name: make_batch(rng, rows, hist, (), runner.config.vocab_size, pages=176)
-               for name, rows, hist in DECODE_CASES}
-    res: dict[str, dict[str, list[float]]] = {}
-    opts = be.options
-    try:
-        for r in range(args.rounds):
-            for name, batch in batches.items():
-                got, d = {}, res.setdefault(name, {})
-                for rule in RULES if r % 2 == 0 else RULES[::-1]:
-                    be.options = dataclasses.replace(opts, longest_first=rule == "longest")
-                    ms, logits = timed_replays(lambda b=batch: runner.forward_device(b),
-                                               args.replays, lambda: be.graphs.num_replays)
-                    got[rule] = logits.view(np.uint32).tobytes()
-                    d.setdefault(rule + "_ms", []).append(ms)
-                if len(set(got.values())) != 1:
-                    raise SystemExit(f"{name}: the orders' logits differ")
-                d.setdefault("longest_over_listed", []).append(
-                    d["longest_ms"][-1] / d["listed_ms"][-1])
-            print(f"round {r} done", file=sys.stderr, flush=True)
-    finally:
-        be.options = opts
-    summary = {n: {k: stat(v) for k, v in d.items()} for n, d in res.items()}
-    for n, d in summary.items():
-        f = d["longest_over_listed"]
-        print(f"{n}: listed {d['listed_ms']['median']:.2f} ms, longest first "
-              f"x{f['median']:.3f} [{f['min']:.3f}-{f['max']:.3f}]", file=sys.stderr)
-    write_json(args.json, {"command": "python3 bench/decode_order.py "
-                           + " ".join(argv if argv is not None else sys.argv[1:]),
-                           "logits_identical": True, "results": summary})
+    cases = {name: (make_batch(rng, rows, hist, (), runner.config.vocab_size, pages=176),
+                    lambda: g.num_replays) for name, rows, hist in DECODE_CASES}
+    # The order is read when a replay's metadata is built: one graph serves both settings.
+    summary = option_ab(runner, cases, "longest_first", RULES, args.rounds, args.replays)
+    write("decode_order.py", argv, args.json, summary)
     return 0
 
 
