@@ -12,12 +12,6 @@
 // rmsnorm_rows: grid (T), block 256 (8 warps): thread j squares-and-adds x[j], x[j+256], ...
 //   with fma; shuffle-down tree 16,8,4,2,1 per warp; warp 0 lane 0 adds the 8 warp partials
 //   in ascending order; inv = 1 / sqrt(ss / D + eps); y = (x * inv) * w.
-// rmsnorm_warps: grid (ceil(T / 8)), block 256: the same arithmetic, a warp a row (D <=
-//   32 * WARP_ROW_MAX). Lane l holds x[l + 32 i] in registers; tree lane j = 32 w + l's sum
-//   runs over i = w, w + 8, ... ascending, which is d = j, j + 256, ... as above, and each
-//   virtual warp w takes the same shuffle tree; the 8 partials are added ascending in lane
-//   0. Why: D = 576 gives rmsnorm_rows' threads 2-3 loads each and a block a row, ~7 us a
-//   launch at 1,024 rows, where a warp a row with its loads in flight together is ~3x less.
 // rope_store:   grid (T), block 128: rotate-half RoPE (x1*c - x2*s, x2*c + x1*s) of every Q
 //   head into q_out [T, H*hd] (contiguous, for attention) and of every K head straight into
 //   the K pool at (pages[t], slots[t]) of `layer`; V is copied to the V pool.
@@ -65,39 +59,6 @@ __global__ void __launch_bounds__(256) rmsnorm_rows(const float* __restrict__ x,
     const float inv = inv_shared;
     float* out = y + (long)blockIdx.x * D;
     for (int d = threadIdx.x; d < D; d += 256) out[d] = cru_norm_apply(row[d], inv, w[d]);
-}
-
-#define WARP_ROW_MAX 32
-__global__ void __launch_bounds__(256) rmsnorm_warps(const float* __restrict__ x,
-                                                     const float* __restrict__ w,
-                                                     float* __restrict__ y, int T, int D,
-                                                     float eps) {
-    cru_pdl_wait();
-    cru_pdl_trigger();
-    const int lane = threadIdx.x & 31;
-    const long t = (long)blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (t >= T) return;  // whole warps leave: the shuffles below see full warps only
-    const float* row = x + t * D;
-    float v[WARP_ROW_MAX];
-#pragma unroll
-    for (int i = 0; i < WARP_ROW_MAX; ++i) v[i] = lane + 32 * i < D ? row[lane + 32 * i] : 0.0f;
-    float ss = 0.0f;
-#pragma unroll
-    for (int vw = 0; vw < 8; ++vw) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int i = vw; i < WARP_ROW_MAX; i += 8)
-            if (lane + 32 * i < D) acc = __fmaf_rn(v[i], v[i], acc);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, off));
-        ss = vw == 0 ? acc : __fadd_rn(ss, acc);  // lane 0's values are the partials
-    }
-    const float inv = cru_inv_rms(__shfl_sync(0xffffffffu, ss, 0), D, eps);
-    float* out = y + t * D;
-#pragma unroll
-    for (int i = 0; i < WARP_ROW_MAX; ++i)
-        if (lane + 32 * i < D) out[lane + 32 * i] = cru_norm_apply(v[i], inv, w[lane + 32 * i]);
 }
 
 __global__ void rope_store(const float* __restrict__ qkv, float* __restrict__ q_out,

@@ -26,7 +26,7 @@ from crucible.kernels import linear_chunks as cc
 from crucible.kernels import linear_mma as lm, linear_wgmma
 from crucible.kernels import linear_rows as cf
 from crucible.kernels.device_weight import DeviceWeight, cupy, upload_weight
-from crucible.kernels.model_ops import flat_launch, rmsnorm_launch, rows_launch
+from crucible.kernels.model_ops import flat_launch, rows_launch
 from crucible.kernels.variants import Variant, parse_variant
 from crucible.step.batch import PackedBatch
 
@@ -184,8 +184,10 @@ class CupyBackend:
 
     def rmsnorm(self, x: Any, weight: str) -> Any:
         y = self.new(x.shape)
-        rmsnorm_launch(x, self._norms[weight], y, self.cfg.rms_eps,
-                       warps=self.options.norm_warps, pdl=self.options.pdl)
+        rows_launch("rmsnorm_rows", x.shape[0], (x, self._norms[weight], y,
+                                                  np.int32(x.shape[1]),
+                                                  np.float32(self.cfg.rms_eps)),
+                    pdl=self.options.pdl)
         return y
 
     def linear(self, x: Any, weight: str) -> Any:

@@ -26,7 +26,6 @@ class BackendOptions:
     pdl: bool = True  # programmatic dependent launch inside decode graphs
     attention_fork: bool = True  # mixed steps' two attention launches on two streams
     longest_first: bool = True  # decode graphs list attn_decode's rows longest first
-    norm_warps: bool = True  # RMSNorm a warp a row (model_ops.cu rmsnorm_warps; same bits)
     decode_stack: bool = True  # batch-1 decode as three kernels per layer (same bits)
     gemm: str = "fma"  # int8 GEMMs' order, one of GEMMS (mma: no fused row kernels, no stack)
     wgmma: bool | None = False  # mma's large GEMMs on the warpgroup MMA; None: where it runs

@@ -123,7 +123,6 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_PDL": ("pdl", _switch),
     "CRUCIBLE_ATTENTION_FORK": ("attention_fork", _switch),
     "CRUCIBLE_LONGEST_FIRST": ("longest_first", _switch),
-    "CRUCIBLE_NORM_WARPS": ("norm_warps", _switch),
     "CRUCIBLE_DECODE_STACK": ("decode_stack", _switch),
     "CRUCIBLE_PIPELINE": ("pipeline", _switch),
     "CRUCIBLE_CPU_THREADS": ("cpu_threads", _threads),
@@ -155,7 +154,6 @@ class Settings:
     pdl: bool = True
     attention_fork: bool = True  # a mixed step's two attention launches on two streams
     longest_first: bool = True  # attn_decode's rows longest history first (same bits)
-    norm_warps: bool = True  # RMSNorm a warp a row on CUDA (same bits)
     decode_stack: bool = True
     pipeline: bool = True
     cpu_threads: int | None = None  # None: the available cores
@@ -181,8 +179,8 @@ class Settings:
             raise ConfigError(f"weights must be 'int8' or 'f32', got {self.weights!r}")
         object.__setattr__(self, "attention", parse_variant(self.attention).name)
         for name in ("decode_graphs", "prefill_graphs", "mixed_graphs", "graph_warmup", "pdl",
-                     "attention_fork", "longest_first", "norm_warps", "decode_stack",
-                     "pipeline", "late_planning"):
+                     "attention_fork", "longest_first", "decode_stack", "pipeline",
+                     "late_planning"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name, low in (("cpu_threads", 1), ("num_pages", 1), ("chunk_cap", 1),
@@ -257,7 +255,6 @@ class Settings:
                               mixed_graph_rows=self.mixed_graph_rows, pdl=self.pdl,
                               attention_fork=self.attention_fork,
                               longest_first=self.longest_first,
-                              norm_warps=self.norm_warps,
                               decode_stack=self.decode_stack, gemm=self.gemm_order(),
                               wgmma=self.wgmma if self.gemm_order() == "mma" else False,
                               cpu_threads=self.cpu_threads)
