@@ -80,3 +80,14 @@ def test_int8_close_to_f32() -> None:
     b = ModelRunner(i8, num_pages=2).forward(batch)
     assert not np.array_equal(a, b)  # int8 really quantizes
     assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
+
+
+def test_a_step_past_the_context_is_refused_before_it_runs() -> None:
+    model = tiny_random_model(seed=2, max_context=64)
+    runner = ModelRunner(model, num_pages=8)
+    pages = list(range(5))
+    ok = build_packed_batch([SegmentSpec("a", [5], 63, pages, [0])])
+    before = runner.forward(ok)
+    with pytest.raises(ValueError, match="positions reach 64, past the model's context of 64"):
+        runner.forward(build_packed_batch([SegmentSpec("a", [5, 6], 63, pages, [1])]))
+    assert np.array_equal(runner.forward(ok).view(np.uint32), before.view(np.uint32))

@@ -13,15 +13,16 @@ pytestmark = pytest.mark.gpu
 
 
 def random_kv_runner(seed: int, pages: int) -> object:
-    """A runner of a tiny model with the default model's heads, its pool full of random
-    K/V (rows' histories that no prefill wrote, but every one of them read)."""
+    """A runner of a tiny model with the default model's heads and a context of 768
+    positions (48 pages: the histories below reach 700), its pool full of random K/V
+    (rows' histories that no prefill wrote, but every one of them read)."""
     import cupy as cp
 
     from crucible.engine.runner import ModelRunner
     from crucible.model.tiny import tiny_random_model
 
     model = tiny_random_model(seed=seed, weights="int8", n_heads=9, n_kv_heads=3,
-                              head_dim=64, hidden_size=576)
+                              head_dim=64, hidden_size=576, max_context=768)
     runner = ModelRunner(model, num_pages=pages, device="cuda")
     be, gen = runner.backend, cp.random.default_rng(seed)
     be.k_pool[...] = gen.standard_normal(be.k_pool.shape, dtype=cp.float32)

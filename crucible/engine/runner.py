@@ -73,6 +73,12 @@ class ModelRunner:
 
     def forward_device(self, batch: PackedBatch, feed: np.ndarray | None = None) -> Any:
         """The same logits where the backend made them (valid until the next step)."""
+        # Past the context the RoPE tables and the graphs' page tables end: a kernel would
+        # read beyond them, so such a step is refused here, before any launch.
+        ctx = self.model.config.max_context
+        if batch.positions.size and int(batch.positions.max()) >= ctx:
+            raise ValueError(f"step positions reach {int(batch.positions.max())}, past the "
+                             f"model's context of {ctx} positions")
         return self.backend.run_step(batch, self._forward_meta, feed)
 
     def forward_sample(self, batch: PackedBatch, rows: Sequence[RowSampling],
