@@ -177,7 +177,8 @@ class _Sampler:
 
 def _runner(replayed: bool) -> ModelRunner:
     r = ModelRunner.__new__(ModelRunner)
-    r.model = types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=VOCAB))
+    r.model = types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=VOCAB,
+                                                                 max_context=2048))
     r.backend, r.sampler, r.num_argmax_steps = _Backend(replayed), _Sampler(), 0
     return r
 
