@@ -30,13 +30,19 @@ def random_kv_runner(seed: int, pages: int) -> object:
     return runner
 
 
-def decode_step(rng: np.random.Generator, vocab: int, rows: int = 40) -> object:
-    """``rows`` one-row segments at histories 3-700 in random order, 48 pages each."""
-    from crucible.step.batch import SegmentSpec, build_packed_batch
+def decode_specs(rng: np.random.Generator, vocab: int, rows: int) -> list:
+    """``rows`` one-row segments at histories 3-700 in random order, 48 pages each (row i
+    on pages 48 i ..)."""
+    from crucible.step.batch import SegmentSpec
 
-    return build_packed_batch([
-        SegmentSpec(f"d{i}", [int(rng.integers(vocab))], int(rng.integers(3, 700)),
-                    list(range(48 * i, 48 * (i + 1))), [0]) for i in range(rows)])
+    return [SegmentSpec(f"d{i}", [int(rng.integers(vocab))], int(rng.integers(3, 700)),
+                        list(range(48 * i, 48 * (i + 1))), [0]) for i in range(rows)]
+
+
+def decode_step(rng: np.random.Generator, vocab: int, rows: int = 40) -> object:
+    from crucible.step.batch import build_packed_batch
+
+    return build_packed_batch(decode_specs(rng, vocab, rows))
 
 
 @pytest.mark.parametrize("seed", [3, 8])

@@ -11,24 +11,32 @@ import dataclasses
 
 import numpy as np
 import pytest
-from test_gpu_decode_order import random_kv_runner
+from test_gpu_decode_order import decode_specs, random_kv_runner
 
 pytestmark = pytest.mark.gpu
 
 
+def mixed_specs(rng: np.random.Generator, vocab: int, rows: int) -> list:
+    """A mixed step's segments: ``rows`` decode rows (decode_specs) with a prompt of 37
+    tokens from position 0 after the first half and a 21-token slice at 200 after the
+    rest, each slice on the next 48 pages."""
+    from crucible.step.batch import SegmentSpec
+
+    dec = decode_specs(rng, vocab, rows)
+    slices = [SegmentSpec(f"p{j}", rng.integers(0, vocab, n).tolist(), start,
+                          list(range(48 * (rows + j), 48 * (rows + j + 1))), [n - 1])
+              for j, (start, n) in enumerate(((0, 37), (200, 21)))]
+    half = rows // 2
+    return dec[:half] + slices[:1] + dec[half:] + slices[1:]
+
+
 @pytest.mark.parametrize("seed", [3, 8])
 def test_mixed_step_bits_hold_eager_replayed_forked(seed: int) -> None:
-    from crucible.step.batch import SegmentSpec, build_packed_batch
+    from crucible.step.batch import build_packed_batch
 
     runner = random_kv_runner(seed, 48 * 45)
-    rng = np.random.default_rng(seed)
-    vocab = runner.config.vocab_size
-    dec = [SegmentSpec(f"d{i}", [int(rng.integers(vocab))], int(rng.integers(3, 700)),
-                       list(range(48 * i, 48 * (i + 1))), [0]) for i in range(40)]
-    slices = [SegmentSpec(f"p{j}", rng.integers(0, vocab, n).tolist(), start,
-                          list(range(48 * (40 + j), 48 * (41 + j))), [n - 1])
-              for j, (start, n) in enumerate(((0, 37), (200, 21)))]
-    batch = build_packed_batch(dec[:20] + slices[:1] + dec[20:] + slices[1:])
+    batch = build_packed_batch(mixed_specs(np.random.default_rng(seed),
+                                           runner.config.vocab_size, 40))
     be = runner.backend
     mg, opts = be.mixed_graphs, be.options
     assert mg is not None and be.prepare(batch).mixed is not None
@@ -56,19 +64,12 @@ def test_each_segment_alone_gives_its_mixed_rows_bits(seed: int) -> None:
     stack and its graph) and every slice run alone (a lone prefill) gives the bits of its
     row in the mixed step; the pool is put back before each step, so each reads the same
     histories. Control: a decode row one position later must give other bits."""
-    from crucible.step.batch import SegmentSpec, build_packed_batch
+    from crucible.step.batch import build_packed_batch
 
     runner = random_kv_runner(seed, 48 * 45)
     be = runner.backend
     k0, v0 = be.k_pool.copy(), be.v_pool.copy()
-    rng = np.random.default_rng(seed)
-    vocab = runner.config.vocab_size
-    dec = [SegmentSpec(f"d{i}", [int(rng.integers(vocab))], int(rng.integers(3, 700)),
-                       list(range(48 * i, 48 * (i + 1))), [0]) for i in range(12)]
-    slices = [SegmentSpec(f"p{j}", rng.integers(0, vocab, n).tolist(), start,
-                          list(range(48 * (12 + j), 48 * (13 + j))), [n - 1])
-              for j, (start, n) in enumerate(((0, 37), (200, 21)))]
-    segs = dec[:6] + slices[:1] + dec[6:] + slices[1:]
+    segs = mixed_specs(np.random.default_rng(seed), runner.config.vocab_size, 12)
 
     def run(specs: list) -> np.ndarray:
         be.k_pool[...] = k0
@@ -80,5 +81,5 @@ def test_each_segment_alone_gives_its_mixed_rows_bits(seed: int) -> None:
         for _ in range(2):  # the first sighting and the graph's replay
             alone = run([s])
             assert np.array_equal(alone[-1], mixed[i]), f"{s.request_id} alone differs"
-    moved = dataclasses.replace(dec[0], absolute_start=dec[0].absolute_start + 1)
+    moved = dataclasses.replace(segs[0], absolute_start=segs[0].absolute_start + 1)
     assert not np.array_equal(run([moved])[-1], mixed[0])

@@ -59,10 +59,10 @@ class CupyMeta:
 # graph at 300-2,500 positions replays in 0.88x the time (bench/decode-order-h100.json).
 # Each CTA finds its row, table and length in its own entry, so the order moves no
 # arithmetic (tests/test_gpu_decode_order.py). The decode graphs do it (cupy_graphs.py);
-# mixed steps keep their lists in packed order (reordered, they gained nothing and a
-# random-K/V test saw their bits move: docs/gpu-engine.md). Only the exact family's
-# decode kernel is handed a reordered list (the reference kernel searches an ascending
-# one), and BackendOptions.longest_first (CRUCIBLE_LONGEST_FIRST) turns it off.
+# mixed steps keep their lists in packed order (reordered, their replays took 0.97-1.02x
+# the time: docs/gpu-engine.md). Only the exact family's decode kernel is handed a
+# reordered list (the reference kernel searches an ascending one), and
+# BackendOptions.longest_first (CRUCIBLE_LONGEST_FIRST) turns it off.
 
 
 def longest_first(segments: np.ndarray) -> np.ndarray:
