@@ -87,11 +87,12 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
     // WG > 1 (the wide forms): warpgroup wg is the one-warpgroup CTA vx = blockIdx.x WG + wg
     // of the same grid's columns, its codes a region of its own, x's stage shared.
     const unsigned tid = WG == 1 ? threadIdx.x : threadIdx.x & 127u;
-    const int wg = WG == 1 ? 0 : threadIdx.x >> 7, vx = blockIdx.x * WG + wg;
+    // vx unsigned, as blockIdx.x is: the one-warpgroup forms then compile to the code they
+    // had before the wide ones (signed column arithmetic took 212 registers to 193 at (64, 3)).
+    const int wg = WG == 1 ? 0 : threadIdx.x >> 7;
+    const unsigned vx = blockIdx.x * WG + wg;
     float* xs0 = reinterpret_cast<float*>(wp_smem4);
     unsigned short* cs0 = reinterpret_cast<unsigned short*>(xs0 + S * XS) + wg * CS;
-    auto xs = [&](int s) { return xs0 + s * XS; };
-    auto cs = [&](int s) { return cs0 + s * WG * CS; };
     constexpr int D = BN / 2;
     const int lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     // EPI: the CTA's gate columns f0 = vx BN / 2 .. and up columns F + f0 .. (N = 2F).
@@ -104,12 +105,12 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
     for (int e = 0; e < D; ++e) total[e] = 0.0f;
 #pragma unroll
     for (int s = 0; s < S - 1; ++s)  // weights: never written by a step
-        if (s < nblocks) wp_issue_codes<BN, EPI>(cs(s), wp, n0, K, s, tid, up8);
+        if (s < nblocks) wp_issue_codes<BN, EPI>(cs0 + s * WG * CS, wp, n0, K, s, tid, up8);
     cru_pdl_wait();
     if (!EPI) cru_pdl_trigger();  // EPI: after the main loop, below
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) {  // group s: block s's x (group 0 also the codes above)
-        if (s < nblocks) wp_issue_x<128 * WG>(xs(s), x, m0, M, K, s, threadIdx.x);
+        if (s < nblocks) wp_issue_x<128 * WG>(xs0 + s * XS, x, m0, M, K, s, threadIdx.x);
         wp_commit();
     }
     for (int c = 0; c < nblocks; ++c) {
@@ -118,11 +119,11 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
         __syncthreads();   // ... and every thread's; block c - 1's stage is free again
         const int next = c + S - 1, st = c % S;
         if (next < nblocks) {
-            wp_issue_codes<BN, EPI>(cs(next % S), wp, n0, K, next, tid, up8);
-            wp_issue_x<128 * WG>(xs(next % S), x, m0, M, K, next, threadIdx.x);
+            wp_issue_codes<BN, EPI>(cs0 + (next % S) * WG * CS, wp, n0, K, next, tid, up8);
+            wp_issue_x<128 * WG>(xs0 + (next % S) * XS, x, m0, M, K, next, threadIdx.x);
         }
         wp_commit();
-        wg_block_value<BN>(xs(st), cs(st), l0, t, lbo, sbo, part);
+        wg_block_value<BN>(xs0 + st * XS, cs0 + st * WG * CS, l0, t, lbo, sbo, part);
 #pragma unroll
         for (int e = 0; e < D; ++e)
             total[e] = __fadd_rn(total[e], wg_block_sum(part, e));
