@@ -89,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python3 bench/wgmma_wide.py " + " ".join(
             argv if argv is not None else sys.argv[1:]),
         "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-        "routes": {n: [list(map(list, (e[0:2]))) + [list(e[2])] for e in ROUTES[n]]
-                   for n in names},
+        "routes": {n: [[e[0], e[1], list(e[2])] for e in ROUTES[n]] for n in names},
         "logits_identical": True, "results": summary})
     return 0
 
