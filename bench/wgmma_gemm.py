@@ -37,12 +37,10 @@ from common import stat, write_json
 HERE = Path(__file__).resolve().parent
 SOURCES = ("wgmma_gemm.cu",)
 # name: (kind, BN, stages or warpgroups): "bench" bench/wgmma_gemm.cu's register double
-# buffer, "tile" linear_wgmma.cu's forms, "wide" its two-warpgroup forms (BN, S, 2), "rows"
-# linear_wgmma_rows.cu's (K over warpgroups)
+# buffer, "tile" linear_wgmma.cu's forms, "rows" linear_wgmma_rows.cu's (K over warpgroups)
 KERNELS = {"gemm_32": ("bench", 32, 0), "gemm_64": ("bench", 64, 0),
            "pipe_16_4": ("tile", 16, 4), "pipe_32_3": ("tile", 32, 3),
            "pipe_32_4": ("tile", 32, 4), "pipe_64_3": ("tile", 64, 3),
-           "wide_32_3": ("wide", 32, 3), "wide_64_3": ("wide", 64, 3),
            "rows_16_3": ("rows", 16, 3), "rows_16_2": ("rows", 16, 2)}
 ROWS_TIMED = 256  # the rows kernels are timed up to here (a CTA walks 64 rows at a time)
 LAYERS = ("qkv", "o", "gate_up", "down")
@@ -96,19 +94,14 @@ def run(rounds: int, seed: int, quick: bool = False) -> dict[str, Any]:
         m, k = x.shape
         n = wd.shape[0]
         kind, bn, extra = KERNELS[kname]
-        if kind in ("tile", "wide"):
-            form = (bn, extra, 2) if kind == "wide" else (bn, extra)
-            return lw.linear_wgmma(x, wd, y, res, form=form, mode=mode)
+        if kind == "tile":
+            return lw.linear_wgmma(x, wd, y, res, form=(bn, extra), mode=mode)
         if kind == "rows":
             return lw.linear_wgmma_rows(x, wd, y, res, form=(bn, extra), mode=mode)
         fns[kname]((n // bn, -(-m // 64)), (128,),
                    (x, wd.wb, wd.scale, res if res is not None else np.uint64(0), y,
                     np.int32(m), np.int32(n), np.int32(k), np.int32(mode)))
         return y
-
-    def takes(kname: str, n: int, k: int) -> bool:  # a wide form needs N % (2 BN) == 0
-        kind, bn, extra = KERNELS[kname]
-        return kind != "wide" or lw.fits(n, k, (bn, extra, 2))
 
     out: dict[str, Any] = {"exact": {}, "timing": {}}
     weights = {name: weight(*SHAPES[name][:2], rng) for name in LAYERS}
@@ -123,7 +116,7 @@ def run(rounds: int, seed: int, quick: bool = False) -> dict[str, Any]:
             res = cp.asarray(resh) if has_res else None
             ref = lm.linear_mma(x, wd, cp.empty((m, n), cp.float32), res)
             for mode in (0, 1):
-                for kname in [kn for kn in KERNELS if takes(kn, n, k)]:
+                for kname in KERNELS:
                     y = wgmma(kname, mode, x, wd, cp.full((m, n), np.nan, cp.float32), res)
                     differ = int(cp.count_nonzero(y.view(cp.uint32) != ref.view(cp.uint32)))
                     err = errors(y, xh, codes, scale, resh)
@@ -148,7 +141,7 @@ def run(rounds: int, seed: int, quick: bool = False) -> dict[str, Any]:
             y = cp.empty((m, n), cp.float32)
             cands = {"linear_mma": lambda: lm.linear_mma(x, wd, y, res)}
             for kname, (kind, _, _) in KERNELS.items():
-                if (kind != "rows" or m <= ROWS_TIMED) and takes(kname, n, k):
+                if kind != "rows" or m <= ROWS_TIMED:
                     cands[kname] = (lambda kname=kname: wgmma(kname, modes[0], x, wd, y, res))
             ms = measure(cands, rounds, 2.0, stream)
             rec = {c: stat([t * 1e3 for t in v]) for c, v in ms.items()}

@@ -25,19 +25,10 @@
 // Thread mapping: CTA = one warpgroup (128 threads), rows 64 blockIdx.y .. + 63, columns BN
 // (16, 32 or 64) blockIdx.x .. + BN - 1; warp w holds rows 16 w .. 16 w + 15, lane = 4 g + t holds A (rows
 // g, g + 8) and D as wgmma_ops.cuh states. Grid (N / BN, ceil(M / 64)).
-// The wide forms (WG = 2, linear_wgmma_w2_*): a CTA of WG warpgroups over WG BN columns,
-// grid (N / (WG BN), ceil(M / 64)); warpgroup wg computes exactly what the one-warpgroup CTA
-// blockIdx.x WG + wg would (so the same bits), with its codes in a region of its own, while
-// x's stage is copied once by all WG * 128 threads and read by every warpgroup: x crosses
-// L2 N / (WG BN) times instead of N / BN (gate/up at BN 64, 3,072 columns: 24, not 48).
-// Why: at chat-step sizes (~1,000 rows) the tile kernel moves ~4 TB/s through L2, x two
-// thirds of it, while its MMAs run at a quarter of the tensor cores' rate
-// (docs/throughput.md).
-// Dynamic shared memory: S stages of x's 64 x 64 block (16 KB; row r's 16-byte chunk ch at
+// Dynamic shared memory, S stages of: x's 64 x 64 block (16 KB; row r's 16-byte chunk ch at
 // chunk ((ch & 7) ^ ((ch >> 3) << 1) ^ (r & 1)) | (ch & 8), so that the split's float4 reads,
 // chunks 4 t + j of rows g and g + 1 in a quarter warp, hit eight distinct bank groups), then
-// S x WG stages of the codes' BN x 64 bf16 (stage s, warpgroup wg at s WG + wg), in core
-// matrices (step j at j * 32 BN bytes, column group nc at
+// the codes' BN x 64 bf16 in core matrices (step j at j * 32 BN bytes, column group nc at
 // nc * 256, kc at 128: descriptor leading offset 128, stride 256; `mode` 1 swaps the two
 // fields, for bench/wgmma_gemm.py to find the reading the hardware uses). Rows past M load
 // as zeros. Stage s is refilled with block c + S - 1 only after every thread passed block
@@ -75,7 +66,7 @@ __device__ __forceinline__ void wg_store_swiglu(const float (&total)[BN / 2], fl
         }
 }
 
-template <int BN, int S, bool EPI = false, int WG = 1>
+template <int BN, int S, bool EPI = false>
 __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
                                                   const unsigned short* __restrict__ wp,
                                                   const float* __restrict__ scale,
@@ -83,21 +74,14 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
                                                   float* __restrict__ y, int M, int N, int K,
                                                   int mode) {
     CRU_DYNAMIC_SMEM(float4, wp_smem4);
-    constexpr int XS = 64 * 64, CS = BN * 64;  // floats, bf16 a stage (a warpgroup's codes)
-    // WG > 1 (the wide forms): warpgroup wg is the one-warpgroup CTA vx = blockIdx.x WG + wg
-    // of the same grid's columns, its codes a region of its own, x's stage shared.
-    const unsigned tid = WG == 1 ? threadIdx.x : threadIdx.x & 127u;
-    // vx unsigned, as blockIdx.x is: the one-warpgroup forms then compile to the code they
-    // had before the wide ones (signed column arithmetic took 212 registers to 193 at (64, 3)).
-    const int wg = WG == 1 ? 0 : threadIdx.x >> 7;
-    const unsigned vx = blockIdx.x * WG + wg;
+    constexpr int XS = 64 * 64, CS = BN * 64;  // floats, bf16 a stage
     float* xs0 = reinterpret_cast<float*>(wp_smem4);
-    unsigned short* cs0 = reinterpret_cast<unsigned short*>(xs0 + S * XS) + wg * CS;
+    unsigned short* cs0 = reinterpret_cast<unsigned short*>(xs0 + S * XS);
     constexpr int D = BN / 2;
-    const int lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
-    // EPI: the CTA's gate columns f0 = vx BN / 2 .. and up columns F + f0 .. (N = 2F).
-    const int F = N / 2, f0 = vx * (BN / 2), up8 = (F + f0) / 8;
-    const int n0 = EPI ? f0 : vx * BN, m0 = blockIdx.y * 64, nblocks = K / 64;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    // EPI: the CTA's gate columns f0 = blockIdx.x BN / 2 .. and up columns F + f0 .. (N = 2F).
+    const int F = N / 2, f0 = blockIdx.x * (BN / 2), up8 = (F + f0) / 8;
+    const int n0 = EPI ? f0 : blockIdx.x * BN, m0 = blockIdx.y * 64, nblocks = K / 64;
     const int l0 = 16 * w + g;  // the thread's rows in the tile: l0 and l0 + 8
     const unsigned lbo = mode == 0 ? 128u : 256u, sbo = mode == 0 ? 256u : 128u;
     float part[3][D], total[D];
@@ -105,12 +89,12 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
     for (int e = 0; e < D; ++e) total[e] = 0.0f;
 #pragma unroll
     for (int s = 0; s < S - 1; ++s)  // weights: never written by a step
-        if (s < nblocks) wp_issue_codes<BN, EPI>(cs0 + s * WG * CS, wp, n0, K, s, tid, up8);
+        if (s < nblocks) wp_issue_codes<BN, EPI>(cs0 + s * CS, wp, n0, K, s, threadIdx.x, up8);
     cru_pdl_wait();
     if (!EPI) cru_pdl_trigger();  // EPI: after the main loop, below
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) {  // group s: block s's x (group 0 also the codes above)
-        if (s < nblocks) wp_issue_x<128 * WG>(xs0 + s * XS, x, m0, M, K, s, threadIdx.x);
+        if (s < nblocks) wp_issue_x(xs0 + s * XS, x, m0, M, K, s, threadIdx.x);
         wp_commit();
     }
     for (int c = 0; c < nblocks; ++c) {
@@ -119,11 +103,11 @@ __device__ __forceinline__ void linear_wgmma_body(const float* __restrict__ x,
         __syncthreads();   // ... and every thread's; block c - 1's stage is free again
         const int next = c + S - 1, st = c % S;
         if (next < nblocks) {
-            wp_issue_codes<BN, EPI>(cs0 + (next % S) * WG * CS, wp, n0, K, next, tid, up8);
-            wp_issue_x<128 * WG>(xs0 + (next % S) * XS, x, m0, M, K, next, threadIdx.x);
+            wp_issue_codes<BN, EPI>(cs0 + (next % S) * CS, wp, n0, K, next, threadIdx.x, up8);
+            wp_issue_x(xs0 + (next % S) * XS, x, m0, M, K, next, threadIdx.x);
         }
         wp_commit();
-        wg_block_value<BN>(xs0 + st * XS, cs0 + st * WG * CS, l0, t, lbo, sbo, part);
+        wg_block_value<BN>(xs0 + st * XS, cs0 + st * CS, l0, t, lbo, sbo, part);
 #pragma unroll
         for (int e = 0; e < D; ++e)
             total[e] = __fadd_rn(total[e], wg_block_sum(part, e));
@@ -161,19 +145,4 @@ CRU_LINEAR_WGMMA(64, 3)
     }
 CRU_LINEAR_WGMMA_SWIGLU(32, 3)
 CRU_LINEAR_WGMMA_SWIGLU(64, 3)
-// The wide forms (two warpgroups a CTA sharing x's stages): dynamic shared memory S * (16384
-// + 2 * 128 BN) bytes; grid (N / (2 BN), ceil(M / 64)), the SwiGLU ones (2F / (2 BN), ...).
-#define CRU_LINEAR_WGMMA_W2(BN, S)                                                          \
-    extern "C" __global__ void __launch_bounds__(256) linear_wgmma_w2_##BN##_##S(           \
-        const float* x, const unsigned short* wp, const float* scale, const float* residual, \
-        float* y, int M, int N, int K, int mode) {                                          \
-        linear_wgmma_body<BN, S, false, 2>(x, wp, scale, residual, y, M, N, K, mode);       \
-    }                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256) linear_wgmma_swiglu_w2_##BN##_##S(    \
-        const float* x, const unsigned short* wp, const float* scale, float* y, int M,      \
-        int N, int K, int mode) {                                                           \
-        linear_wgmma_body<BN, S, true, 2>(x, wp, scale, nullptr, y, M, N, K, mode);         \
-    }
-CRU_LINEAR_WGMMA_W2(32, 3)
-CRU_LINEAR_WGMMA_W2(64, 3)
 #endif

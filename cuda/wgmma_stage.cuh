@@ -25,15 +25,12 @@ __device__ __forceinline__ int wp_swizzle(int r, int ch) {
     return (((ch & 7) ^ ((ch >> 3) << 1) ^ (r & 1)) & 7) | (ch & 8);
 }
 
-// Block c's x (64 rows x 16 chunks of 16 bytes) into a stage, by thread tid of the T that
-// share the copy (a warpgroup, or linear_wgmma.cu's wide CTA: its warpgroups read one x).
-template <int T = 128>
+// Block c's x (64 rows x 16 chunks of 16 bytes) into a stage, by the warpgroup's thread tid.
 __device__ __forceinline__ void wp_issue_x(float* xs, const float* x, int m0, int M, int K, int c,
                                            int tid) {
-    static_assert(T % 128 == 0 && 1024 % T == 0, "1,024 chunks over T threads");
 #pragma unroll
-    for (int r = 0; r < 1024 / T; ++r) {
-        const int i = tid + T * r, row = i >> 4, ch = i & 15, gr = m0 + row;
+    for (int r = 0; r < 8; ++r) {
+        const int i = tid + 128 * r, row = i >> 4, ch = i & 15, gr = m0 + row;
         const float* src = x + (size_t)(gr < M ? gr : 0) * K + 64 * c + 4 * ch;
         wp_cp16(xs + row * 64 + 4 * wp_swizzle(row, ch), src, gr < M ? 16 : 0);
     }

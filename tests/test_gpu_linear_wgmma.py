@@ -1,7 +1,7 @@
 """cuda/linear_wgmma.cu and linear_wgmma_rows.cu on a real GPU (skipped without CuPy or a
 device; sm_90 only): every form gives linear_mma's bits at every M, with and without the
-residual, on the model's shapes and small edges (the wide two-warpgroup forms where N holds
-their columns), and so does linear_mma's routing to them (CRUCIBLE_WGMMA=1's path).
+residual, on the model's shapes and small edges, and so does linear_mma's routing to them
+(CRUCIBLE_WGMMA=1's path).
 Negative controls: the one-accumulator form (another order of the same products) must
 differ, and so must the kernel with its descriptor's offset fields swapped (mode 1), which
 reads the codes wrongly."""
@@ -86,7 +86,7 @@ def test_the_swiglu_epilogue_gives_the_gemm_then_swiglu_bits() -> None:
         x, wd, _ = case(n, k, n + 3 * k)
         f = n // 2
         ref = lm.linear_mma(x, wd, cp.empty((1024, f), cp.float32), form=(2, 12), swiglu=True)
-        for form in [fm for fm in lw.SWIGLU_FORMS if n % (2 * lw.cols(fm)) == 0]:
+        for form in [fm for fm in lw.SWIGLU_FORMS if n % (2 * fm[0]) == 0]:
             for m in (1, 63, 64, 65, 128, 300, 1024):
                 got = lw.linear_wgmma_swiglu(x[:m], wd, cp.full((m, f), cp.nan, cp.float32),
                                              form=form)

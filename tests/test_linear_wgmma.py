@@ -65,11 +65,7 @@ def test_routes_by_rows_and_width_with_the_image_and_a_fitting_shape(
     monkeypatch.setattr(lw, "_launch", lambda fn, bn, *a: calls.append((fn, bn)))
     for form in lw.FORMS:
         lw.run(SimpleNamespace(shape=(512, 576)), wd(960), None, None, form)
-    # a wide form's CTA holds two warpgroups of BN columns: half the grid, x's stage shared
-    assert calls == [(f, f[0] * (2 if len(f) == 3 else 1)) for f in lw.FORMS]
-    assert lw.smem_bytes((64, 3, 2)) == 3 * (16384 + 2 * 64 * 128)
-    assert lw.fits(960, 576, (32, 3, 2)) and not lw.fits(960, 576, (64, 3, 2))
-    assert lw.fits(3072, 576, (64, 3, 2)) and not lw.fits(576, 576, (64, 3, 2))
+    assert calls == [(f, f[0]) for f in lw.FORMS]
 
 
 def test_the_swiglu_epilogue_routes_where_its_form_takes_gate_up() -> None:

@@ -25,16 +25,13 @@ from crucible.kernels.launch import launch
 
 # (BN, S): columns a CTA (one warpgroup, 64 rows) and cp.async stages. BN 16 doubles the
 # CTAs of a mid-M grid (qkv at 256 rows: 240 instead of 120) for the same x traffic a CTA.
-# (BN, S, 2), the wide forms (linear_wgmma_w2_*): two warpgroups a CTA, BN columns each,
-# sharing x's stages, so x crosses L2 half as often; each warpgroup computes what the
-# one-warpgroup CTA of its columns does (the same bits). Not routed until measured.
-FORMS: tuple[tuple[int, ...], ...] = ((32, 3), (16, 4), (32, 4), (64, 3), (32, 3, 2), (64, 3, 2))
+FORMS: tuple[tuple[int, int], ...] = ((32, 3), (16, 4), (32, 4), (64, 3))
 # Which form an M x N GEMM takes, the first entry with M >= from_m and N >= min_n: the
 # fastest per layer shape in bench/wgmma-gemm-h200.json (time over linear_mma's, H200). Below
 # 128 rows linear_mma stays faster (a 64-row tile then is mostly padding, or N / BN CTAs walk
 # all of K); from 128 rows a wide N (gate_up, 3,072) gains 0.81x, from 256 every layer
 # 0.79-0.93x, from 512 BN 64 0.67-0.92x.
-ROUTE: tuple[tuple[int, int, tuple[int, ...]], ...] = (
+ROUTE: tuple[tuple[int, int, tuple[int, int]], ...] = (
     (512, 0, (64, 3)), (256, 2048, (64, 3)), (256, 0, (32, 3)), (128, 2048, (64, 3)))
 FROM_M = min(from_m for from_m, _, _ in ROUTE)
 # (BN, W): linear_wgmma_rows.cu's columns a CTA and warpgroups taking the K blocks in turn.
@@ -43,7 +40,7 @@ FROM_M = min(from_m for from_m, _, _ in ROUTE)
 ROW_FORMS: tuple[tuple[int, int], ...] = ((16, 3), (16, 2))
 # linear_wgmma's SwiGLU epilogue forms (linear_wgmma_swiglu_<BN>_<S>): the gate/up GEMM and
 # swiglu_rows in one launch, with their bits (the host driver; tests/test_gpu_linear_wgmma.py).
-SWIGLU_FORMS: tuple[tuple[int, ...], ...] = ((64, 3), (32, 3), (64, 3, 2), (32, 3, 2))
+SWIGLU_FORMS: tuple[tuple[int, int], ...] = ((64, 3), (32, 3))
 # Rows [lo, hi) where gate/up stays GEMM then swiglu_rows. In the graphs on an H100 the
 # epilogue replayed the 256-row decode step 1.066x slower (its overlap with the down GEMM
 # after it under PDL; 0.963x with PDL off) and 128, 192, 384, 512 rows and the chat cohort
@@ -54,47 +51,35 @@ SMEM_OPTIN = 227 * 1024  # the H200's dynamic shared memory a CTA may opt into
 ARCH = "sm_90a"
 
 
-def _stage_bytes(bn: int, warpgroups: int = 1) -> int:
-    """One cp.async stage (cuda/wgmma_stage.cuh): x's 64 x 64 f32 block and BN x 64 bf16
-    a warpgroup."""
-    return 64 * 64 * 4 + warpgroups * bn * 64 * 2
+def _stage_bytes(bn: int) -> int:
+    """One cp.async stage (cuda/wgmma_stage.cuh): x's 64 x 64 f32 block and BN x 64 bf16."""
+    return 64 * 64 * 4 + bn * 64 * 2
 
 
-def warpgroups(form: tuple[int, ...]) -> int:
-    """A tile form's warpgroups a CTA: 2 for the wide forms (BN, S, 2), else 1."""
-    return form[2] if len(form) > 2 else 1
-
-
-def cols(form: tuple[int, ...]) -> int:
-    """A tile form's columns a CTA (BN a warpgroup)."""
-    return form[0] * warpgroups(form)
-
-
-def smem_bytes(form: tuple[int, ...]) -> int:
+def smem_bytes(form: tuple[int, int]) -> int:
     """linear_wgmma's dynamic shared memory: S stages."""
-    return form[1] * _stage_bytes(form[0], warpgroups(form))
+    bn, stages = form
+    return stages * _stage_bytes(bn)
 
 
-def _tile_kernel(name: str, form: tuple[int, ...]) -> Any:
-    """linear_wgmma.cu's ``name``_<BN>_<S> (wide: ``name``_w2_<BN>_<S>), with its dynamic
-    shared memory opted into."""
+def _tile_kernel(name: str, form: tuple[int, int]) -> Any:
+    """linear_wgmma.cu's ``name``_<BN>_<S>, with its dynamic shared memory opted into."""
     from crucible.kernels.loader import ensure_dynamic_smem
     from crucible.kernels.source import cached_arch_module
 
-    wide = f"w{warpgroups(form)}_" if warpgroups(form) > 1 else ""
-    fn = cached_arch_module("linear_wgmma.cu", ARCH).get_function(
-        f"{name}_{wide}{form[0]}_{form[1]}")
+    bn, stages = form
+    fn = cached_arch_module("linear_wgmma.cu", ARCH).get_function(f"{name}_{bn}_{stages}")
     ensure_dynamic_smem(fn, smem_bytes(form))
     return fn
 
 
 @functools.cache
-def kernel(form: tuple[int, ...]) -> Any:
+def kernel(form: tuple[int, int]) -> Any:
     return _tile_kernel("linear_wgmma", form)
 
 
 @functools.cache
-def swiglu_kernel(form: tuple[int, ...]) -> Any:
+def swiglu_kernel(form: tuple[int, int]) -> Any:
     return _tile_kernel("linear_wgmma_swiglu", form)
 
 
@@ -133,8 +118,8 @@ def enable(asked: bool | None) -> bool:
     return True
 
 
-def fits(n: int, k: int, form: tuple[int, ...] = FORMS[0]) -> bool:
-    return k % 64 == 0 and n % cols(form) == 0
+def fits(n: int, k: int, form: tuple[int, int] = FORMS[0]) -> bool:
+    return k % 64 == 0 and n % form[0] == 0
 
 
 def rows_smem(form: tuple[int, int], k: int) -> int:
@@ -147,14 +132,14 @@ def rows_fits(n: int, k: int, form: tuple[int, int] = ROW_FORMS[0]) -> bool:
     return k % 64 == 0 and n % form[0] == 0 and rows_smem(form, k) <= SMEM_OPTIN
 
 
-def route(m: int, wd: DeviceWeight) -> tuple[int, ...] | None:
+def route(m: int, wd: DeviceWeight) -> tuple[int, int] | None:
     """The form an M-row GEMM of ``wd`` runs in on the tile kernel (``ROUTE``), or None for
     linear_mma: also None unless its codes were uploaded in the kernel's order."""
     return None if wd.wg is None else _route(m, *wd.shape)
 
 
 @functools.lru_cache(maxsize=4096)
-def _route(m: int, n: int, k: int) -> tuple[int, ...] | None:
+def _route(m: int, n: int, k: int) -> tuple[int, int] | None:
     # Cached like linear_mma's _plan: every eager GEMM launch asks, with few distinct shapes.
     for from_m, min_n, form in ROUTE:
         if m >= from_m and n >= min_n and fits(n, k, form):
@@ -162,17 +147,17 @@ def _route(m: int, n: int, k: int) -> tuple[int, ...] | None:
     return None
 
 
-def swiglu_route(m: int, wd: DeviceWeight) -> tuple[int, ...] | None:
+def swiglu_route(m: int, wd: DeviceWeight) -> tuple[int, int] | None:
     """The SwiGLU epilogue's form for an M-row gate/up GEMM where ``route`` takes the tile
     kernel in a form that has one, else None (the GEMM and swiglu_rows stay apart; also in
     SWIGLU_SKIP_ROWS)."""
     if any(lo <= m < hi for lo, hi in SWIGLU_SKIP_ROWS):
         return None
     form = route(m, wd)
-    return form if form in SWIGLU_FORMS and wd.shape[0] % (2 * cols(form)) == 0 else None
+    return form if form in SWIGLU_FORMS and wd.shape[0] % (2 * form[0]) == 0 else None
 
 
-def linear_wgmma_swiglu(x: Any, wd: DeviceWeight, out: Any, *, form: tuple[int, ...],
+def linear_wgmma_swiglu(x: Any, wd: DeviceWeight, out: Any, *, form: tuple[int, int],
                         pdl: bool = False) -> Any:
     """out[M, F] = swiglu(gate, up) of the gate/up weight ``wd`` [2F, K]: linear_wgmma's
     GEMM with the SwiGLU epilogue (cuda/linear_wgmma.cu, EPI), the bits of the plain GEMM
@@ -182,7 +167,7 @@ def linear_wgmma_swiglu(x: Any, wd: DeviceWeight, out: Any, *, form: tuple[int, 
     need(wd.dtype_name == "int8" and wd.wg is not None,
          "linear_wgmma: int8 weights uploaded with wgmma=True only")
     need(form in SWIGLU_FORMS, f"linear_wgmma: form {form} has no SwiGLU epilogue")
-    need(k % 64 == 0 and n % (2 * cols(form)) == 0,
+    need(k % 64 == 0 and n % (2 * form[0]) == 0,
          f"linear_wgmma: the SwiGLU form {form} does not fit N={n}, K={k}")
     need(tuple(x.shape) == (m, k) and tuple(out.shape) == (m, n // 2),
          f"linear_wgmma: SwiGLU takes x [M, {k}] and out [M, {n // 2}], got "
@@ -193,18 +178,17 @@ def linear_wgmma_swiglu(x: Any, wd: DeviceWeight, out: Any, *, form: tuple[int, 
     if m:
         import cupy as cp
 
-        launch(swiglu_kernel(form), (n // cols(form), -(-m // 64)), (128 * warpgroups(form),),
+        launch(swiglu_kernel(form), (n // form[0], -(-m // 64)), (128,),
                (x, wd.wg, wd.scale, out, cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(0)),
                smem_bytes(form), pdl=pdl)
     return out
 
 
-def run(x: Any, wd: DeviceWeight, out: Any, residual: Any, form: tuple[int, ...], *,
+def run(x: Any, wd: DeviceWeight, out: Any, residual: Any, form: tuple[int, int], *,
         pdl: bool = False) -> Any:
     """The tile kernel in ``route``'s form, for linear_mma: it has checked the arrays
     already, so this only launches."""
-    return _launch(kernel(form), cols(form), 128 * warpgroups(form), smem_bytes(form), x, wd,
-                   out, residual, 0, pdl)
+    return _launch(kernel(form), form[0], 128, smem_bytes(form), x, wd, out, residual, 0, pdl)
 
 
 @functools.cache
@@ -217,15 +201,15 @@ def rows_kernel(form: tuple[int, int]) -> Any:
 
 
 def linear_wgmma(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
-                 form: tuple[int, ...] = FORMS[0], pdl: bool = False, mode: int = 0) -> Any:
+                 form: tuple[int, int] = FORMS[0], pdl: bool = False, mode: int = 0) -> Any:
     """out[M, N] = (x @ codes^T) * scale (+ residual), int8 weights uploaded with ``wgmma``.
     ``mode``: which descriptor field carries the core matrices' K distance (0, the PTX
     manual's reading; 1 swaps them: bench/wgmma_gemm.py's check of that reading)."""
     n, k = _checked(x, wd, out, residual, mode)
     need(form in FORMS, f"linear_wgmma: form {form} is not one of {FORMS}")
     need(fits(n, k, form), f"linear_wgmma: form {form} does not fit N={n}, K={k}")
-    return _launch(kernel(form), cols(form), 128 * warpgroups(form), smem_bytes(form), x, wd,
-                   out, residual, mode, pdl)
+    return _launch(kernel(form), form[0], 128, smem_bytes(form), x, wd, out, residual, mode,
+                   pdl)
 
 
 def linear_wgmma_rows(x: Any, wd: DeviceWeight, out: Any, residual: Any = None, *,
@@ -260,8 +244,7 @@ def _launch_rows(form: tuple[int, int], x: Any, wd: DeviceWeight, out: Any, resi
 
 def _launch(fn: Any, bn: int, threads: int, smem: int, x: Any, wd: DeviceWeight, out: Any,
             residual: Any, mode: int, pdl: bool) -> Any:
-    """Either kernel's launch: grid (N / bn, ceil(M / 64)) (bn: a CTA's columns), the same
-    arguments."""
+    """Either kernel's launch: grid (N / BN, ceil(M / 64)), the same arguments."""
     import cupy as cp
 
     m, (n, k) = x.shape[0], wd.shape
