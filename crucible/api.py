@@ -18,7 +18,7 @@ from crucible.engine.engine import RequestDelta
 from crucible.engine.factory import build_engine
 from crucible.engine.sizes import parse_bytes
 from crucible.engine.sampling import SamplingParams
-from crucible.engine.settings import Settings
+from crucible.engine.settings import Settings, parse_cache_size
 from crucible.errors import ConfigError, QueueFullError
 from crucible.model.fetch import DEFAULT_MODEL
 from crucible.model.detokenize import decode_all
@@ -49,6 +49,9 @@ class LLM:
                  max_running: int | None = None, num_pages: int | None = None,
                  kv_cache_memory: int | str | None = None,
                  gpu_memory_fraction: float | None = None, seed: int | None = None,
+                 prefix_cache_size: int | str | None = None,
+                 prefix_cache_max_tokens: int | None = None,
+                 prefix_cache_entries: int | None = None,
                  settings: Settings | None = None) -> None:
         """``model``: a known name, a .gguf path, an HF directory, or a LoadedModel.
 
@@ -57,16 +60,27 @@ class LLM:
         bytes or a size such as "40GiB" (CUDA). ``weights``: "int8"
         (the default) or "f32"; a LoadedModel keeps the mode it was loaded with. ``seed`` is
         the base from which requests without their own seed derive one (engine/rng.py):
-        fresh LLMs given the same calls sample the same tokens.
+        fresh LLMs given the same calls sample the same tokens. ``prefix_cache_size``: the
+        prefix cache's budget in bytes or as "3.5GiB" / "2GB" (0 or "0" turns it off;
+        default: CRUCIBLE_PREFIX_CACHE_SIZE, else the pool); ``prefix_cache_max_tokens``
+        and ``prefix_cache_entries``: its longest prefix and most chains.
         """
         if isinstance(model, LoadedModel) and weights is None:
             weights = model.weights_mode
         if isinstance(kv_cache_memory, str):
             kv_cache_memory = parse_bytes(kv_cache_memory)
+        if isinstance(prefix_cache_size, str):
+            prefix_cache_size = parse_cache_size("prefix_cache_size", prefix_cache_size)
+            if prefix_cache_size is None:
+                raise ConfigError("prefix_cache_size: leave it out (None) for the default; "
+                                  "give 0 to turn the cache off or a size such as 3.5GiB")
         given = dict(device=device, weights=weights, token_budget=token_budget,
                      chunk_cap=chunk_cap, max_queue=max_queue, max_running=max_running,
                      num_pages=num_pages, kv_cache_memory=kv_cache_memory,
-                     gpu_memory_fraction=gpu_memory_fraction, seed=seed)
+                     gpu_memory_fraction=gpu_memory_fraction, seed=seed,
+                     prefix_cache_size=prefix_cache_size,
+                     prefix_cache_max_tokens=prefix_cache_max_tokens,
+                     prefix_cache_entries=prefix_cache_entries)
         if settings is None:
             settings = Settings.from_env(**given)
         else:

@@ -6,7 +6,7 @@ import argparse
 
 from crucible.arg_types import int_in, non_negative_int, positive_int  # noqa: F401 (re-exported)
 from crucible.backend.options import GEMMS, MIXED_GRAPH_ROWS
-from crucible.engine.settings import RUNNING_CAP, Settings
+from crucible.engine.settings import RUNNING_CAP, Settings, parse_cache_size
 from crucible.engine.sizes import UNITS_HELP, parse_bytes
 from crucible.errors import ConfigError
 from crucible.model.fetch import DEFAULT_MODEL
@@ -79,6 +79,19 @@ def byte_size(text: str) -> int:
                                          f"40GiB; got {text!r}") from None
 
 
+def cache_size(text: str) -> int:
+    """--prefix-cache-size: 0 (off) or a size in GB or GiB; the flag left out is the default
+    (CRUCIBLE_PREFIX_CACHE_SIZE, else the pool), so "auto" is refused rather than guessed."""
+    try:
+        value = parse_cache_size("--prefix-cache-size", text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--prefix-cache-size ")) from None
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected 0 or a size in GB or GiB, got {text!r}; "
+                                         "leave the option out for the default")
+    return value
+
+
 def api_key(text: str) -> str:
     """An API key as the server compares it. An empty one (``--api-key "$KEY"`` with KEY
     unset) would leave the API open without a word; surrounding blanks or control
@@ -113,6 +126,26 @@ def add_pool_options(g: argparse._ArgumentGroup,
     g.add_argument("--max-running", type=positive_int, default=None,
                    help="admitted requests holding pages at once (default: half the token "
                         f"budget, at most {RUNNING_CAP})")
+    g.add_argument("--prefix-cache-size", type=cache_size, default=None, metavar="SIZE",
+                   help="the prefix cache's resident budget in GB or GiB (e.g. 3.5GiB), 0 "
+                        "turns it off (default: CRUCIBLE_PREFIX_CACHE_SIZE, else the pool)")
+    g.add_argument("--prefix-cache-max-tokens", type=positive_int, default=None, metavar="N",
+                   help="the longest prefix the cache keeps of a chain (default: "
+                        f"CRUCIBLE_PREFIX_CACHE_MAX_TOKENS or {Settings.prefix_cache_max_tokens})")
+    g.add_argument("--prefix-cache-entries", type=positive_int, default=None, metavar="N",
+                   help="the most chains the cache keeps (default: "
+                        f"CRUCIBLE_PREFIX_CACHE_ENTRIES or {Settings.prefix_cache_entries})")
+
+
+def pool_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The pool, scheduler and prefix-cache flags as Settings fields (None: not given)."""
+    return {name: getattr(args, name) for name in POOL_FLAGS}
+
+
+# add_pool_options' flags, by their Settings field
+POOL_FLAGS = ("num_pages", "kv_cache_memory", "gpu_memory_fraction", "token_budget",
+              "chunk_cap", "max_running", "prefix_cache_size", "prefix_cache_max_tokens",
+              "prefix_cache_entries")
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

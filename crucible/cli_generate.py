@@ -8,7 +8,7 @@ import sys
 import time
 
 from crucible.backend.profile import ProfiledBackend
-from crucible.cli_args import Parser, add_model_options, add_sampling_options
+from crucible.cli_args import Parser, add_model_options, add_sampling_options, pool_flags
 from crucible.engine import factory
 from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
@@ -24,11 +24,7 @@ GEMM_REPORT = {"mma": "GEMMs on the tensor cores (gemm mma; --gemm fma gives the
 def build_engine(args: argparse.Namespace) -> LLMEngine:
     """The flags over the environment's settings, through the one engine factory."""
     settings = Settings.from_env(device=args.device, weights=args.weights, gemm=args.gemm,
-                                 mixed_graph_rows=args.mixed_graph_rows,
-                                 num_pages=args.num_pages, kv_cache_memory=args.kv_cache_memory,
-                                 gpu_memory_fraction=args.gpu_memory_fraction,
-                                 token_budget=args.token_budget, chunk_cap=args.chunk_cap,
-                                 max_running=args.max_running)
+                                 mixed_graph_rows=args.mixed_graph_rows, **pool_flags(args))
     engine, info = factory.build_engine(args.model, settings)
     factory.freeze_startup()
     print(f"crucible: {info.pool}", file=sys.stderr)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from crucible.backend.select import resolve_device
 from crucible.cli_args import (Parser, add_gemm_option, add_pool_options, api_key, int_in,
-                               non_negative_int, positive_float, positive_int)
+                               non_negative_int, pool_flags, positive_float, positive_int)
 from crucible.engine.factory import build_engine, freeze_startup
 from crucible.engine.settings import Settings
 from crucible.errors import CrucibleError
@@ -116,12 +116,8 @@ def serve_settings(args: argparse.Namespace,
     return Settings.from_env(environ, defaults={"mixed_graph_rows": SERVE_MIXED_GRAPH_ROWS,
                                                 "token_budget": SERVE_TOKEN_BUDGET},
                              device=args.device, weights=args.weights, gemm=args.gemm,
-                             mixed_graph_rows=args.mixed_graph_rows, num_pages=args.num_pages,
-                             kv_cache_memory=args.kv_cache_memory,
-                             gpu_memory_fraction=args.gpu_memory_fraction,
-                             token_budget=args.token_budget, chunk_cap=args.chunk_cap,
-                             max_queue=args.max_queue, max_running=args.max_running,
-                             seed=args.seed)
+                             mixed_graph_rows=args.mixed_graph_rows,
+                             max_queue=args.max_queue, seed=args.seed, **pool_flags(args))
 
 
 async def _serve(args: argparse.Namespace) -> int:

@@ -13,12 +13,10 @@ from pathlib import Path
 from crucible.chat import commands
 from crucible.chat.session import ChatSession
 from crucible.chat.term import NEWLINE_KEYS, open_terminal
-from crucible.cli_args import Parser, add_model_options, add_sampling_options
+from crucible.cli_args import POOL_FLAGS, Parser, add_model_options, add_sampling_options
 
 # Options that pick or size a model here: a server has its own, so --url refuses them.
-_LOCAL_ONLY = ("model", "device", "weights", "gemm", "mixed_graph_rows", "num_pages",
-               "kv_cache_memory", "gpu_memory_fraction", "token_budget", "chunk_cap",
-               "max_running")
+_LOCAL_ONLY = ("model", "device", "weights", "gemm", "mixed_graph_rows") + POOL_FLAGS
 
 
 def chat_parser() -> argparse.ArgumentParser:

@@ -82,7 +82,10 @@ def _attention(name: str, raw: str) -> str:
     return parse_variant(raw).name if raw.strip() else DEFAULT_VARIANT
 
 
-def _cache_size(name: str, raw: str) -> int | None:
+def parse_cache_size(name: str, raw: str) -> int | None:
+    """The prefix cache's budget as CRUCIBLE_PREFIX_CACHE_SIZE, --prefix-cache-size and
+    ``LLM(prefix_cache_size=...)`` spell it: ``0`` off, a size in GB or GiB, or auto / empty
+    (None: the pool); anything else a ConfigError naming ``name``."""
     value = raw.strip()
     if value.lower() in ("", "auto"):
         return None
@@ -127,7 +130,7 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_PIPELINE": ("pipeline", _switch),
     "CRUCIBLE_CPU_THREADS": ("cpu_threads", _threads),
     "CRUCIBLE_CACHE": ("cache_dir", _path),
-    "CRUCIBLE_PREFIX_CACHE_SIZE": ("prefix_cache_size", _cache_size),
+    "CRUCIBLE_PREFIX_CACHE_SIZE": ("prefix_cache_size", parse_cache_size),
     "CRUCIBLE_PREFIX_CACHE_MAX_TOKENS": ("prefix_cache_max_tokens", _positive),
     "CRUCIBLE_PREFIX_CACHE_ENTRIES": ("prefix_cache_entries", _positive),
     "CRUCIBLE_CORE_PROFILE": ("core_profile", _path),
