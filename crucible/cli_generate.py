@@ -109,6 +109,15 @@ def stats_line(stats: dict, engine: LLMEngine) -> str:
             f"{decode} tok/s | device {runner.device} | weights {runner.model.weights_mode}]")
 
 
+def counters_line(s: dict) -> str:
+    """--stats: the engine's counters after the run, the prefix cache's among them."""
+    return (f"[engine: {s['steps']} steps, {s['rows_computed']} rows, {s['preemptions']} "
+            f"preemptions | prefix cache: {s['cache_hit_tokens']} cached tokens in "
+            f"{s['cache_hits']} hits of {s['cache_queries']} queries, {s['cache_admissions']} "
+            f"pages admitted, {s['cache_evictions']} evicted, {s['cache_pages']} resident "
+            f"({s['cache_resident_bytes'] / 2 ** 20:.1f} MiB)]")
+
+
 def generate_parser() -> argparse.ArgumentParser:
     p = Parser(prog="llm-engine generate", description="Generate text.")
     p.add_argument("--prompt", required=True, help="the prompt text ('-' reads stdin)")
@@ -117,6 +126,9 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("--profile", action="store_true",
                    help="time each forward stage (runs eagerly: no decode graphs)")
+    p.add_argument("--stats", action="store_true",
+                   help="after the stats line, the engine's counters: steps, rows, "
+                        "preemptions and the prefix cache's (cached tokens, hits, pages)")
     add_sampling_options(p, max_tokens=128)
     add_model_options(p)
     return p
@@ -136,6 +148,8 @@ def generate_main(argv: list[str]) -> int:
     stats = stream(engine, ids, sampling_from_args(args))
     print()
     print(stats_line(stats, engine), file=sys.stderr)
+    if args.stats:
+        print(counters_line(engine.stats()), file=sys.stderr)
     if (line := profile_line(engine)) is not None:
         print(line, file=sys.stderr)
     return 0

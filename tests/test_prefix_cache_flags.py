@@ -95,3 +95,17 @@ def test_llm_arguments_size_and_switch_the_cache() -> None:
 def test_llm_refuses_bad_values_by_name(kw: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         LLM(tiny_random_model(seed=0), device="cpu", num_pages=64, **kw)
+
+
+def test_generate_stats_prints_the_caches_counters(capsys: pytest.CaptureFixture) -> None:
+    from crucible.cli import main
+
+    argv = ["generate", "--prompt", "the cat sat on the mat and the dog", "--device", "cpu",
+            "--model", "tiny-random", "--max-tokens", "3", "--temperature", "0"]
+    assert main(argv + ["--stats"]) == 0
+    err = capsys.readouterr().err
+    assert "[engine: " in err and "prefix cache: 0 cached tokens in 0 hits of 1 queries" in err
+    assert "1 pages admitted" in err  # the prompt's one full page, published when it ended
+    assert main(argv + ["--prefix-cache-size", "0", "--stats"]) == 0
+    assert "of 0 queries, 0 pages admitted" in capsys.readouterr().err  # no cache: zeros
+    assert main(argv) == 0 and "[engine: " not in capsys.readouterr().err
