@@ -18,7 +18,7 @@ from crucible.engine.engine import RequestDelta
 from crucible.engine.factory import build_engine
 from crucible.engine.sizes import parse_bytes
 from crucible.engine.sampling import SamplingParams
-from crucible.engine.settings import Settings, parse_cache_size
+from crucible.engine.settings import Settings, given_cache_size
 from crucible.errors import ConfigError, QueueFullError
 from crucible.model.fetch import DEFAULT_MODEL
 from crucible.model.detokenize import decode_all
@@ -70,10 +70,7 @@ class LLM:
         if isinstance(kv_cache_memory, str):
             kv_cache_memory = parse_bytes(kv_cache_memory)
         if isinstance(prefix_cache_size, str):
-            prefix_cache_size = parse_cache_size("prefix_cache_size", prefix_cache_size)
-            if prefix_cache_size is None:
-                raise ConfigError("prefix_cache_size: leave it out (None) for the default; "
-                                  "give 0 to turn the cache off or a size such as 3.5GiB")
+            prefix_cache_size = given_cache_size("prefix_cache_size", prefix_cache_size)
         given = dict(device=device, weights=weights, token_budget=token_budget,
                      chunk_cap=chunk_cap, max_queue=max_queue, max_running=max_running,
                      num_pages=num_pages, kv_cache_memory=kv_cache_memory,

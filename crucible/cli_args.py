@@ -6,7 +6,7 @@ import argparse
 
 from crucible.arg_types import int_in, non_negative_int, positive_int  # noqa: F401 (re-exported)
 from crucible.backend.options import GEMMS, MIXED_GRAPH_ROWS
-from crucible.engine.settings import RUNNING_CAP, Settings, parse_cache_size
+from crucible.engine.settings import RUNNING_CAP, Settings, given_cache_size
 from crucible.engine.sizes import UNITS_HELP, parse_bytes
 from crucible.errors import ConfigError
 from crucible.model.fetch import DEFAULT_MODEL
@@ -80,16 +80,11 @@ def byte_size(text: str) -> int:
 
 
 def cache_size(text: str) -> int:
-    """--prefix-cache-size: 0 (off) or a size in GB or GiB; the flag left out is the default
-    (CRUCIBLE_PREFIX_CACHE_SIZE, else the pool), so "auto" is refused rather than guessed."""
+    """--prefix-cache-size: 0 (off) or a size in GB or GiB (settings.given_cache_size)."""
     try:
-        value = parse_cache_size("--prefix-cache-size", text)
+        return given_cache_size("--prefix-cache-size", text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--prefix-cache-size ")) from None
-    if value is None:
-        raise argparse.ArgumentTypeError(f"expected 0 or a size in GB or GiB, got {text!r}; "
-                                         "leave the option out for the default")
-    return value
 
 
 def api_key(text: str) -> str:
@@ -137,15 +132,15 @@ def add_pool_options(g: argparse._ArgumentGroup,
                         f"CRUCIBLE_PREFIX_CACHE_ENTRIES or {Settings.prefix_cache_entries})")
 
 
-def pool_flags(args: argparse.Namespace) -> dict[str, object]:
-    """The pool, scheduler and prefix-cache flags as Settings fields (None: not given)."""
-    return {name: getattr(args, name) for name in POOL_FLAGS}
-
-
 # add_pool_options' flags, by their Settings field
 POOL_FLAGS = ("num_pages", "kv_cache_memory", "gpu_memory_fraction", "token_budget",
               "chunk_cap", "max_running", "prefix_cache_size", "prefix_cache_max_tokens",
               "prefix_cache_entries")
+
+
+def pool_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The pool, scheduler and prefix-cache flags as Settings fields (None: not given)."""
+    return {name: getattr(args, name) for name in POOL_FLAGS}
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

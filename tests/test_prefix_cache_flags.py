@@ -17,8 +17,8 @@ FLAGS = ["--prefix-cache-size", "1.5GiB", "--prefix-cache-max-tokens", "512",
          "--prefix-cache-entries", "64"]
 
 
-def test_generate_flags_reach_settings_over_the_environment(generate_settings,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_generate_flags_reach_settings_over_the_environment(
+        generate_settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CRUCIBLE_PREFIX_CACHE_SIZE", "0")
     monkeypatch.setenv("CRUCIBLE_PREFIX_CACHE_ENTRIES", "7")
     env_only = generate_settings([])
@@ -47,7 +47,8 @@ def test_serve_flags_reach_settings() -> None:
     (["--prefix-cache-size", "2MB"], "must be a size with a unit (GB, GiB)"),
     (["--prefix-cache-size", "50%"], "must be a size with a unit (GB, GiB)"),
     (["--prefix-cache-size=-1GiB"], "must be a size with a unit (GB, GiB)"),
-    (["--prefix-cache-size", "auto"], "leave the option out for the default"),
+    (["--prefix-cache-size", "auto"],
+     "must be 0 or a size in GB or GiB, got 'auto'; leave it out for the default"),
     (["--prefix-cache-max-tokens", "0"], "--prefix-cache-max-tokens"),
     (["--prefix-cache-entries", "many"], "--prefix-cache-entries"),
 ])
@@ -87,7 +88,8 @@ def test_llm_arguments_size_and_switch_the_cache() -> None:
 
 @pytest.mark.parametrize("kw,message", [
     ({"prefix_cache_size": "3"}, "prefix_cache_size must be a size with a unit (GB, GiB)"),
-    ({"prefix_cache_size": "auto"}, "leave it out (None) for the default"),
+    ({"prefix_cache_size": "auto"},
+     "prefix_cache_size must be 0 or a size in GB or GiB, got 'auto'; leave it out"),
     ({"prefix_cache_size": -1}, "prefix_cache_size"),
     ({"prefix_cache_max_tokens": 0}, "prefix_cache_max_tokens"),
     ({"prefix_cache_entries": "4"}, "prefix_cache_entries"),

@@ -94,6 +94,17 @@ def parse_cache_size(name: str, raw: str) -> int | None:
     return parse_bytes(value, name, units=("GB", "GiB"))
 
 
+def given_cache_size(name: str, raw: str) -> int:
+    """A prefix-cache budget given as a flag or an argument: 0 or a size in GB or GiB. Left
+    out it is the default (the environment's, else the pool), so "auto" is refused here
+    rather than read as "not given"."""
+    value = parse_cache_size(name, raw)
+    if value is None:
+        raise ConfigError(f"{name} must be 0 or a size in GB or GiB, got {raw!r}; leave it "
+                          "out for the default")
+    return value
+
+
 def _positive(name: str, raw: str) -> int:
     value = raw.strip()
     if not _whole(value) or int(value) < 1:
