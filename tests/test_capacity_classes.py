@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from crucible.backend.cupy_mixed_graphs import MixedGraphs
+from crucible.backend.cupy_mixed_graphs import MAX_SLICES, MixedGraphs
 from crucible.kernels import variants
 from crucible.kernels.capacity import CapacityClasses, OwnedClasses
 from crucible.kernels.variants import (
@@ -90,8 +90,9 @@ def test_mixed_keys_take_each_launchs_class() -> None:
     """Chat steps late in their conversations: decodes at ~2,500 positions beside slices
     ending past 1,024. Each launch gets its own class; powers of two (no owner) give the
     capacities that cost CTAs. Under the spread rule a cohort's slices, which fill several
-    waves, keep two CTAs an SM (1,792), and a lone joiner's 96 CTAs, one wave at one an SM,
-    take the widest class that holds one (4,352)."""
+    waves, keep two CTAs an SM (1,792); a lone joiner's grid is its graph's tile list
+    (192 rows: 64 tiles, 192 CTAs), one wave at two an SM, so it keeps 1,792 too, where a
+    launch of 96 CTAs, one wave at one an SM, takes the widest class that holds one."""
     def step(decode_start: int, slice_start: int, slices: int, n: int) -> object:
         dec = [SegmentSpec(f"d{i}", [1], decode_start, list(range(200)), [0]) for i in range(48)]
         return build_packed_batch(dec + [SegmentSpec(f"p{j}", [1] * n, slice_start,
@@ -103,13 +104,15 @@ def test_mixed_keys_take_each_launchs_class() -> None:
         assert MixedGraphs.key(graphs(True), batch)[4:] == (3328, 1792)
         assert MixedGraphs.key(graphs(False), batch)[4:] == (4096, 2048)
     assert MixedGraphs.key(graphs(True, spread=True), cohort)[4:] == (3328, 1792)
-    assert MixedGraphs.key(graphs(True, spread=True), joiner)[4:] == (3328, 4352)
+    assert MixedGraphs.key(graphs(True, spread=True), joiner)[4:] == (3328, 1792)
+    assert classes(spread=True).slices(1280, 4, 32) == 4352  # 96 CTAs
     # short histories: one decode class; the slices' floor class, two CTAs an SM with the
     # prefetching instance (three, up to 1,024, with the plain one)
     assert MixedGraphs.key(graphs(True), step(300, 0, 16, 60))[4:] == (3328, 1792)
     g = graphs(True, spread=True)
     w, rows, _ = g._sizes(MixedGraphs.key(g, joiner))
-    assert w == 4352 // 16 and rows == MixedGraphs.key(g, joiner)[0] + 2  # every history
+    # the table width covers every history; a row per one-row entry and slice, the scratch
+    assert w == 3328 // 16 and rows == MixedGraphs.key(g, joiner)[0] + MAX_SLICES + 1
 
 
 def test_one_wave_grids_spread() -> None:

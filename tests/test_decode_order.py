@@ -18,7 +18,7 @@ from crucible.engine.settings import Settings
 
 from crucible.backend.cupy_graphs import DecodeGraphs
 from crucible.backend.cupy_meta import longest_first
-from crucible.backend.cupy_mixed_graphs import MixedGraphs
+from crucible.backend.cupy_mixed_graphs import MixedGraphs, slice_tiles
 from crucible.backend.options import BackendOptions
 from crucible.kernels.variants import parse_variant
 from crucible.step.batch import PackedBatch, SegmentSpec, build_packed_batch
@@ -116,14 +116,19 @@ def test_mixed_graphs_keep_their_lists_in_packed_order() -> None:
     out = g.host_meta(batch, key)
     offs = np.cumsum([0] + sizes)
     tables = out[offs[8]:].reshape(-1, w)
-    for kind, lo, hi, rows in (("single", offs[4], offs[5], t), ("multi", offs[5], offs[6], s)):
-        mine = batch.segments[(batch.segments[:, 1] == 1) == (kind == "single")]
+    one = batch.segments[:, 1] == 1
+    single, multi = batch.segments[one], batch.segments[~one]
+    # the slices as their tiles (cupy_mixed_graphs.slice_tiles), slice by slice as packed
+    tiles = slice_tiles(multi, single.shape[0])
+    of_tile = multi[tiles[:, 3] - single.shape[0]]  # each tile's slice
+    for lo, hi, rows, mine, src in ((offs[4], offs[5], t, single, single[:, 3]),
+                                    (offs[5], offs[6], s, tiles, of_tile[:, 3])):
         listed = out[lo:hi].reshape(rows, 4)[: mine.shape[0]]
-        assert (listed[:, 0] == mine[:, 0]).all() and (listed[:, 2] == mine[:, 2]).all()
-        assert (listed[:, 1] == mine[:, 1]).all()
-        for e, seg in zip(listed, mine):
+        assert (listed[:, :3] == mine[:, :3]).all()
+        for e, table in zip(listed, src):
             need = -(-(e[2] + e[1]) // 16)
-            assert (tables[e[3], :need] == batch.page_tables[seg[3], :need]).all()
+            assert (tables[e[3], :need] == batch.page_tables[table, :need]).all()
+    assert (np.diff(tiles[:, 3]) >= 0).all() and (tiles[:, 0] >= of_tile[:, 0]).all()
 
 
 def test_longest_first_is_a_stable_descending_order() -> None:

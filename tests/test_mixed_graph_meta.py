@@ -13,8 +13,10 @@ from crucible.backend.cupy_mixed_graphs import (
     MAX_SLICES,
     MAX_TOKENS,
     SLICE_CAPACITY_FLOOR,
+    TILE,
     MixedGraphs,
     is_mixed_graph_step,
+    tile_slots,
 )
 from crucible.step.batch import PackedBatch, SegmentSpec, build_packed_batch
 
@@ -67,8 +69,8 @@ def test_every_real_row_sees_its_eager_inputs(seed: int) -> None:
     key = g.key(batch)
     t, f, s, chunk, cap1, capm = key
     n, segs = batch.num_rows, batch.segments
-    assert t >= n and f >= batch.final_rows.shape[0] and s >= int((segs[:, 1] > 1).sum())
-    assert chunk >= int(segs[:, 1].max()) and cap1 % 256 == 0 and capm % 256 == 0
+    assert t >= n and f >= batch.final_rows.shape[0] and (s, chunk) == (tile_slots(t), TILE)
+    assert cap1 % 256 == 0 and capm % 256 == 0
     feed = None
     if seed % 2:  # a pipelined step: some one-row segments read the previous step's ids
         feed = np.full(batch.num_rows, -1, np.int32)
@@ -91,15 +93,21 @@ def test_every_real_row_sees_its_eager_inputs(seed: int) -> None:
     for e, _ in live:
         covered[e[0] : e[0] + e[1]] += 1
     assert (covered == 1).all()  # real rows and padding rows, each once
+    # A one-row segment is one entry; a slice is its tiles of TILE rows (the last one
+    # first), each with the slice's pages and its own rows' absolute start.
     for k in range(segs.shape[0]):
         start, length, absolute, table = segs[k]
-        e, kind = next((e, kind) for e, kind in live if e[0] == start)
-        assert e[1] == length and e[2] == absolute
-        end = absolute + length  # the longest causal length in this segment
-        need = -(-end // 16)
-        assert need <= m["w"]
-        assert (m["tables"][e[3], :need] == batch.page_tables[table, :need]).all()
-        assert kind == ("single" if length == 1 else "multi")  # which kernel serves it
+        mine = [(e, kind) for e, kind in live if start <= e[0] < start + length]
+        assert all(kind == ("single" if length == 1 else "multi") for _, kind in mine)
+        if length > 1:
+            starts = [int(e[0]) for e, _ in mine]
+            assert starts == list(range(start, start + length, TILE))[::-1]  # adjacent
+        for e, _ in mine:
+            assert e[1] == min(TILE, start + length - e[0])
+            assert e[2] == absolute + e[0] - start
+            need = -(-(e[2] + e[1]) // 16)  # the entry's longest causal length, in pages
+            assert need <= m["w"]
+            assert (m["tables"][e[3], :need] == batch.page_tables[table, :need]).all()
     # Padding rows: one-row entries at position 0 whose table is the scratch row.
     for e, kind in live:
         if e[0] >= n:
@@ -160,9 +168,10 @@ def test_steps_outside_the_graphs_run_eagerly() -> None:
 
 def test_a_chat_cohort_step_replays() -> None:
     """A chat server's turns arrive in cohorts: a step of a dozen or more ~100-row slices
-    beside the decodes qualifies (up to MAX_SLICES slices), with a row grid of at least
-    the step's rows in all (tokens / slices bucket a slice), while steps of up to four
-    slices keep their keys (a quarter of the rows a slice)."""
+    beside the decodes qualifies (up to MAX_SLICES slices). The key takes neither the
+    slices' count nor their lengths (each slice is its tiles) nor a few more or fewer
+    decodes (final rows floor at FINALS_FLOOR): a cohort, a lone joiner and everything
+    between share their rows bucket's graph."""
     def step(decodes: int, lengths: list[int]) -> PackedBatch:
         return build_packed_batch(
             [SegmentSpec(f"d{i}", [1], 900, list(range(60)), [0]) for i in range(decodes)]
@@ -171,11 +180,15 @@ def test_a_chat_cohort_step_replays() -> None:
 
     cohort = step(48, [60] * 15 + [75])  # 1,023 rows, 16 slices
     assert is_mixed_graph_step(cohort, 1024) and not is_mixed_graph_step(cohort)
-    t, f, s, chunk, _, _ = MixedGraphs.key(graphs(), cohort)
-    assert (t, f, s, chunk) == (1024, 64, 16, 128)  # 75 rows -> 128; floor 1,024 / 16
-    assert MixedGraphs.key(graphs(), step(48, [60] * 7))[2:4] == (8, 64)  # 468 rows -> 512 / 8
-    assert MixedGraphs.key(graphs(), step(48, [60] * 9))[2:4] == (16, 64)  # 588 -> 640 / 16
-    assert MixedGraphs.key(graphs(), step(20, [30, 40, 50]))[2:4] == (4, 64)  # 192 / 4 < 64
+    key = MixedGraphs.key(graphs(), cohort)
+    assert key[:4] == (1024, 128, 1024 // TILE + MAX_SLICES, TILE)
+    for other in (step(63, [900]), step(40, [300, 300, 200, 100]), step(20, [90] * 10)):
+        assert MixedGraphs.key(graphs(), other)[:4] == key[:4]  # 920-1,000 rows: one shape
+    small = {MixedGraphs.key(graphs(), step(d, ls))
+             for d, ls in ((63, [84]), (46, [60, 60]), (63, [30, 40, 50]), (50, [70, 70]))}
+    assert small == {(192, 128, 192 // TILE + MAX_SLICES, TILE, 1024, 1024)}
+    assert MixedGraphs.key(graphs(), step(200, [60]))[1] == 256  # past the floor: its bucket
+    assert MixedGraphs.key(graphs(), step(8, [20]))[:2] == (32, 32)  # at most the rows
     assert not is_mixed_graph_step(step(8, [20] * (MAX_SLICES + 1)))
 
 

@@ -8,13 +8,23 @@ time when it is small. A graph replays it with one launch.
 A step qualifies when it has at most ``max_tokens`` rows (``MAX_TOKENS`` unless
 ``CRUCIBLE_MIXED_GRAPH_ROWS`` says otherwise: one of options.MIXED_GRAPH_ROWS) and at most
 ``MAX_SLICES`` segments of more than one row. It is padded to a graph's shape, the key
-``(tokens, finals, slices, chunk, decode capacity, slice capacity)``, each rounded up to a
-bucket. The buckets are coarse on purpose: chat traffic makes steps of every size, and each
-key costs a capture (a warm-up forward and the capture itself). So final rows round to a
-power of two, the slices' row grid covers at least a quarter of the rows (tiles past a
-slice's end exit; past four slices, at least the step's rows), and each launch's score
-capacity to its class: the largest at which its kernel still fits as many CTAs an SM
-(kernels/capacity.py; a larger score buffer changes no bits, only shared memory).
+``(tokens, finals, tile slots, TILE, decode capacity, slice capacity)``. The buckets are
+coarse on purpose: chat traffic makes steps of every size, and each key costs a capture (a
+warm-up forward and the capture itself, ~15 ms of host time on the critical path of every
+request waiting for that step). So the rows round to TOKEN_BUCKETS; the final rows to a
+power of two of at least FINALS_FLOOR (the LM head's few padded rows cost less than the
+captures a second dimension made); and each launch's score capacity to its class: the
+largest at which its kernel still fits as many CTAs an SM (kernels/capacity.py; a larger
+score buffer changes no bits, only shared memory).
+The slices are listed as tiles of TILE rows (``slice_tiles``): a slice of n rows is
+ceil(n / TILE) entries of its own rows, starts and page table, each a segment of its own
+to the tiled kernel, which launches one row tile per entry. A row's arithmetic depends on
+its absolute position and pages alone (the kernels are chunk-invariant: DESIGN.md 5), so
+the bits are the eager step's. The list has ``tile_slots(tokens)`` entries whatever the
+slices' count and lengths, so neither is a key dimension: while the grid was (longest
+slice, slices), a chat server's steps made a new key from each mix of slice counts and
+lengths, and on the H200 a cached chat run still captured 3-4 graphs and ran 4-8 steps
+eagerly inside its timed turns (docs/prefix-cache.md).
 Up to 16 slices: a chat server's turns arrive in cohorts (the users whose replies ended in
 one step), so a step holds a dozen or more ~100-token slices beside the decodes; while at
 most 4 were taken, such steps ran eagerly, ~9.4 ms of host launches for ~5 ms of GPU work
@@ -34,8 +44,9 @@ rule makes:
 - one-row segments: a list of ``tokens`` entries: the step's decode rows, then one per
   padding row (attending to its one scratch position), then empty entries (chunk_len 0,
   whose CTAs exit at once: cuda/attention_decode.cu);
-- slices: ``slices`` entries, the empty ones again of chunk_len 0 (the tiled kernel skips
-  row tiles past a segment's end); the grid covers ``chunk`` rows of each;
+- slice tiles: ``tile_slots(tokens)`` entries, each slice's tiles in a row (its last
+  tile first, the order the tiled kernel's grid took them in when it covered whole
+  slices: the longest history first), then empty ones (chunk_len 0, exiting at once);
 - final rows: ``finals`` entries, the padding ones pointing at row 0 (computed, not read);
 - feed: ``tokens`` entries, -1 (the row's own id) but for a pipelined step's decode rows,
   whose ids the graph reads from ``fed_in``: a buffer of its own at a fixed address, into
@@ -82,7 +93,8 @@ CAPTURE_AFTER = 2  # sightings of a key before it is captured
 TOKEN_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 640, 768, 1024, 1280, 1536, 2048)
 FINAL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 assert set(MIXED_GRAPH_ROWS) <= set(TOKEN_BUCKETS)  # what max_tokens may be: buckets
-SLICE_BUCKETS = (1, 2, 4, 8, 16)
+TILE = 4  # rows of a slice tile: the tiled kernels' most rows a CTA (variants.ROWS_CHOICES)
+FINALS_FLOOR = 128
 CAPACITY_BUCKETS = tuple(256 << i for i in range(8))  # 256 .. 32,768
 # The slices' launch: every capacity up to 1,024 gives the plain exact tiled kernel its three
 # CTAs an SM (registers bind first), so below that one bucket does (fewer keys); the
@@ -104,6 +116,25 @@ def _end(segments: np.ndarray) -> int:
 
 def _capacity(segments: np.ndarray) -> int:
     return _up(_end(segments), CAPACITY_BUCKETS)
+
+
+def tile_slots(tokens: int) -> int:
+    """Entries of a ``tokens``-row graph's tile list: every slice's rows in tiles, and one
+    partial tile per slice at most."""
+    return -(-tokens // TILE) + MAX_SLICES
+
+
+def slice_tiles(multi: np.ndarray, first_table: int) -> np.ndarray:
+    """The slices ``multi`` [m, 4] as tiles of TILE rows [n, 4]: (packed start, rows,
+    absolute start, table row), slice i's table row ``first_table + i``; each slice's
+    tiles last first."""
+    lens = -(-multi[:, 1] // TILE)
+    which = np.repeat(np.arange(multi.shape[0]), lens)
+    # tile j of its slice, counted from the slice's last tile
+    j = np.repeat(np.cumsum(lens), lens) - 1 - np.arange(int(lens.sum()))
+    off = TILE * j
+    return np.stack([multi[which, 0] + off, np.minimum(TILE, multi[which, 1] - off),
+                     multi[which, 2] + off, first_table + which], axis=1).astype(np.int32)
 
 
 def is_mixed_graph_step(batch: PackedBatch, max_tokens: int = MAX_TOKENS) -> bool:
@@ -141,25 +172,23 @@ class MixedGraphs(GraphCache):
         segs = batch.segments
         multi = segs[segs[:, 1] > 1]
         t = _up(batch.num_rows, TOKEN_BUCKETS)
-        f = min(t, _up(int(batch.final_rows.shape[0]), FINAL_BUCKETS))
-        s = _up(multi.shape[0], SLICE_BUCKETS)
-        floor = t // max(4, s)  # the grid: a quarter of the rows a slice, or t rows in all
-        chunk = min(t, max(floor, 1 << max(4, int(multi[:, 1].max() - 1).bit_length())))
+        f = min(t, max(FINALS_FLOOR, _up(int(batch.final_rows.shape[0]), FINAL_BUCKETS)))
+        s = tile_slots(t)
         classes = None if self.classes is None else self.classes.get()
         if classes is None:  # powers of two (host-only tests; the rule before the classes)
             cap = _capacity(segs)
-            return (t, f, s, chunk, cap,
+            return (t, f, s, TILE, cap,
                     min(cap, max(SLICE_CAPACITY_FLOOR, _capacity(multi))))
         single = segs[segs[:, 1] == 1]
-        return (t, f, s, chunk, classes.decode(_end(single), t),
-                classes.slices(max(SLICE_CAPACITY_FLOOR, _end(multi)), chunk, s))
+        return (t, f, s, TILE, classes.decode(_end(single), t),
+                classes.slices(max(SLICE_CAPACITY_FLOOR, _end(multi)), TILE, s))
 
     def _sizes(self, key: Key) -> tuple[int, int, list[int]]:
         """(table width, table rows, the buffer's part sizes: 4 row columns, one-row
         segments, slices, final rows, feed, page tables)."""
         t, f, s, _, cap1, capm = key
         w = min(self.width, max(cap1, capm) // 16)
-        rows = t + s + 1  # at most: every one-row entry and slice its own, the scratch row
+        rows = t + MAX_SLICES + 1  # at most: every one-row entry and slice, the scratch row
         return w, rows, [t] * 4 + [4 * t, 4 * s, f, t, rows * w]
 
     def host_meta(self, batch: PackedBatch | None, key: Key,
@@ -192,8 +221,8 @@ class MixedGraphs(GraphCache):
         sg[:d, 0], sg[:d, 1], sg[:d, 2], sg[:d, 3] = single[:, 0], 1, single[:, 2], np.arange(d)
         pad = t - n
         sg[d : d + pad, 0], sg[d : d + pad, 1], sg[d : d + pad, 3] = np.arange(n, t), 1, d + m
-        ms = out[8 * t : 8 * t + 4 * s].reshape(s, 4)
-        ms[:m, :3], ms[:m, 3] = multi[:, :3], d + np.arange(m)
+        tiles = slice_tiles(multi, d)
+        out[8 * t : 8 * t + tiles.size] = tiles.ravel()
         out[8 * t + 4 * s : 8 * t + 4 * s + batch.final_rows.shape[0]] = batch.final_rows
         out[at:fixed] = -1
         if feed is not None:
