@@ -22,6 +22,7 @@ import argparse
 import random
 import sys
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 from common import write_json
@@ -69,7 +70,8 @@ def simulate(batches: list[Any], max_tokens: int) -> dict[str, Any]:
         if not mg.is_mixed_graph_step(b, max_tokens):
             out[f"other_{size}"] += 1
             continue
-        key = mg.MixedGraphs.key(None, b)  # type: ignore[arg-type]  (uses the batch only)
+        # the batch alone, capacities in powers of two (no device for the classes)
+        key = mg.MixedGraphs.key(SimpleNamespace(classes=None), b)  # type: ignore[arg-type]
         keys.add(key)
         if key in held:
             what = "replay"
