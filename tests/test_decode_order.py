@@ -105,7 +105,7 @@ def test_row_order_where_the_list_must_ascend_or_the_switch_is_off() -> None:
 
 def test_mixed_graphs_keep_their_lists_in_packed_order() -> None:
     """Mixed steps are not reordered (cupy_meta.py says why): the one-row entries and the
-    slices follow the step's packing, each with its own start, history and pages."""
+    slices' tiles follow the step's packing, each with its own start, history and pages."""
     rng = np.random.default_rng(11)
     batch = decode_step(rng, 120, slices=6)
     g = MixedGraphs.__new__(MixedGraphs)
