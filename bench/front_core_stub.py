@@ -108,7 +108,7 @@ class FakeEngine:
     def stats(self) -> dict[str, int]:
         st = dict.fromkeys(("preemptions", "rows_computed", "cache_queries", "cache_hits",
                             "cache_hit_tokens", "cache_admissions", "cache_evictions",
-                            "cache_pages", "cache_resident_bytes"), 0)
+                            "cache_pages", "cache_resident_bytes", "cache_fill_waits"), 0)
         st.update(pages_total=self.allocator.num_pages, pages_free=self.allocator.num_free,
                   running=len(self.live), waiting=0, steps=self.num_steps,
                   tokens_generated=self.num_generated)

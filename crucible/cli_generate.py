@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TextIO
 
 from crucible.backend.profile import ProfiledBackend
 from crucible.cli_args import Parser, add_model_options, add_sampling_options, pool_flags
@@ -65,8 +66,11 @@ def sampling_from_args(args: argparse.Namespace, stop_ids: tuple[int, ...] = ())
 
 
 def stream(engine: LLMEngine, prompt_ids: list[int], params: SamplingParams,
-           out=sys.stdout) -> dict[str, float]:
-    """Run one request to the end, writing text as it comes; return timing stats."""
+           out: TextIO | None = None) -> dict[str, float]:
+    """Run one request to the end, writing text as it comes (to ``out``, default the
+    current sys.stdout: a default bound at import kept whatever stream was there then);
+    return timing stats."""
+    out = sys.stdout if out is None else out
     t0 = time.perf_counter()
     rid = engine.add_request(prompt_ids, params)
     first = last = None
@@ -115,7 +119,8 @@ def counters_line(s: dict) -> str:
             f"preemptions | prefix cache: {s['cache_hit_tokens']} cached tokens in "
             f"{s['cache_hits']} hits of {s['cache_queries']} queries, {s['cache_admissions']} "
             f"pages admitted, {s['cache_evictions']} evicted, {s['cache_pages']} resident "
-            f"({s['cache_resident_bytes'] / 2 ** 20:.1f} MiB)]")
+            f"({s['cache_resident_bytes'] / 2 ** 20:.1f} MiB), {s['cache_fill_waits']} waits "
+            f"for a prefix being filled]")
 
 
 def generate_parser() -> argparse.ArgumentParser:

@@ -39,7 +39,8 @@ READY, LOAD_FAILED, STEP, REFUSED, FAILED, STATS_REPLY, FRONTS = 16, 17, 18, 19,
 STATS_KEYS = ("pages_total", "pages_free", "running", "waiting", "steps", "preemptions",
               "rows_computed", "tokens_generated", "cache_queries", "cache_hits",
               "cache_hit_tokens", "cache_admissions", "cache_evictions", "cache_pages",
-              "cache_resident_bytes", "waiting_preempted", "adds_seen", *GRAPH_STATS)
+              "cache_resident_bytes", "cache_fill_waits", "waiting_preempted", "adds_seen",
+              *GRAPH_STATS)
 
 REASONS = ("stop", "length", "abort")  # finish codes 0, 1, 2; -1: not finished
 _CODE = {r: i for i, r in enumerate(REASONS)}

@@ -64,6 +64,7 @@ class CacheStats:
     hit_tokens: int = 0  # positions not recomputed
     admissions: int = 0  # pages published
     evictions: int = 0  # pages forgotten (reused by the allocator, or over budget)
+    fill_waits: int = 0  # admissions put off while another request filled the prefix
 
 
 @dataclass
@@ -136,6 +137,21 @@ class PrefixCache:
             pages.append(page)
             parent = key
         return pages
+
+    def extend_chain(self, tokens: Sequence[int], salt: str | None, chain: list[bytes],
+                     upto: int | None = None) -> int:
+        """Extend ``chain`` with the keys of ``tokens``' pages that ``match`` could find (at
+        most ``upto`` pages); returns how many pages that is. engine/filling.py claims and
+        looks up pages being filled by these keys, before they are published."""
+        limit = min((len(tokens) - 1) // PAGE_SIZE, self.max_tokens // PAGE_SIZE)
+        if upto is not None:
+            limit = min(limit, upto)
+        parent = chain[-1] if chain else self.root(salt)
+        for i in range(len(chain), limit):
+            parent = xxhash.xxh3_128_digest(parent + page_ids(tokens[i * PAGE_SIZE :
+                                                                     (i + 1) * PAGE_SIZE]))
+            chain.append(parent)
+        return max(limit, 0)
 
     def record(self, pages: Sequence[int]) -> None:
         """An admission used ``pages`` from ``match`` (counted once, when it is admitted)."""
@@ -221,9 +237,10 @@ def cache_counters(cache: PrefixCache | None) -> dict[str, int]:
     if cache is None:
         return dict.fromkeys(("cache_queries", "cache_hits", "cache_hit_tokens",
                               "cache_admissions", "cache_evictions", "cache_pages",
-                              "cache_resident_bytes"), 0)
+                              "cache_resident_bytes", "cache_fill_waits"), 0)
     s = cache.stats
     return {"cache_queries": s.queries, "cache_hits": s.hits, "cache_hit_tokens": s.hit_tokens,
             "cache_admissions": s.admissions, "cache_evictions": s.evictions,
             "cache_pages": cache.num_pages,
-            "cache_resident_bytes": cache.num_pages * cache.page_bytes}
+            "cache_resident_bytes": cache.num_pages * cache.page_bytes,
+            "cache_fill_waits": s.fill_waits}

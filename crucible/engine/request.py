@@ -122,7 +122,7 @@ class Request:
         "logprobs", "prompt_logprobs", "num_preemptions", "output_text",
         "num_tokens_emitted", "num_logprobs_emitted", "prompt_logprobs_emitted", "plain",
         "final_only", "argmax_from", "cache_salt", "use_cache", "chain", "num_published",
-        "num_cached_tokens",
+        "num_cached_tokens", "waits_on",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -160,6 +160,9 @@ class Request:
         self.chain: list[bytes] = []
         self.num_published = 0
         self.num_cached_tokens = 0
+        # While waiting: (the running request filling its next pages, that page's index),
+        # engine/filling.py
+        self.waits_on: tuple[Request, int] | None = None
         self.num_tokens_emitted = 0
         self.num_logprobs_emitted = 0
         self.prompt_logprobs_emitted = False

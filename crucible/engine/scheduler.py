@@ -10,6 +10,8 @@ One step = one packed forward. Policy (vLLM v1-like: no prefill or decode phase,
      remaining budget, the chunk cap and the pages still free (never preempting);
   3. waiting requests are admitted in FIFO order while budget and ``max_running`` allow and
      pages exist for their whole next slice; the first that does not fit stops admission.
+     A request whose next prompt pages another running request is computing waits for
+     them to be published, and those behind it go first (engine/filling.py).
 If nothing could be scheduled while requests run (every running prefill is blocked on
 pages), the most recent one is preempted and the step retried, so the engine never stalls:
 any single request fits the pool alone (checked when it is added).
@@ -21,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from crucible.step.batch import SegmentSpec
+from crucible.engine.filling import Filling
 from crucible.engine.pages import PageAllocator, pages_for, PAGE_SIZE
 from crucible.engine.request import Request, RequestStatus
 from crucible.errors import ConfigError, QueueFullError
@@ -80,6 +83,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is preempted first
         self.num_preemptions = 0
+        # the prompt pages running requests are computing (None without a prefix cache)
+        self.filling = None if allocator.cache is None else Filling(allocator.cache)
 
     def check_room(self) -> None:
         """Refuse at once (QueueFullError, HTTP 429) when the waiting queue is full."""
@@ -96,14 +101,19 @@ class Scheduler:
         """End a request (stop, length, abort): its pages go back before the next step."""
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
+            if self.filling is not None:
+                self.filling.release(request)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
+        request.waits_on = None
         request.page_table.release(self.allocator)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
 
     def _preempt(self, victim: Request) -> None:
         self.running.remove(victim)
+        if self.filling is not None:
+            self.filling.release(victim)
         victim.page_table.release(self.allocator)
         victim.num_computed_tokens = 0
         victim.num_published = 0  # what it published stays indexed for its return
@@ -185,26 +195,41 @@ class Scheduler:
         """Admit waiting requests in FIFO order while ``budget`` and ``max_running`` allow and
         pages exist for their whole next slice (the first that does not fit stops it),
         appending their slices; returns the budget left. Cached leading pages are mapped,
-        not computed: only the pages still needed count."""
+        not computed: only the pages still needed count. A request whose next pages a
+        running request is filling is passed over until they are published."""
         alloc = self.allocator
-        cache = alloc.cache
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
-            req = self.waiting[0]
+        cache, filling = alloc.cache, self.filling
+        i = 0
+        while i < len(self.waiting) and budget > 0 and \
+                len(self.running) < self.config.max_running:
+            req = self.waiting[i]
+            cached = cache is not None and req.use_cache
             hits: list[int] = []
-            if cache is not None and req.use_cache:
+            if cached:
+                if filling is not None and filling.waits(req.waits_on):
+                    i += 1  # still being filled: no new lookup
+                    continue
                 hits = cache.match(req.token_ids, req.cache_salt, req.chain)
+                if filling is not None:
+                    req.waits_on = filling.blocker(req, len(hits))
+                    if req.waits_on is not None:
+                        cache.stats.fill_waits += 1
+                        i += 1
+                        continue
             done = len(hits) * PAGE_SIZE
             n = self._cap(len(req.token_ids) - done, budget)
             unowned = sum(1 for p in hits if alloc.refcount(p) == 0)  # leave the free queue
             if not alloc.can_allocate(pages_for(done + n) - len(hits) + unowned):
                 break
-            self.waiting.popleft()
-            if cache is not None and req.use_cache:
+            del self.waiting[i]
+            if cached:
                 cache.record(hits)
                 for p in hits:
                     alloc.take(p)
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = done
+                if filling is not None:
+                    filling.claim(req, len(hits))
             req.page_table.pages = hits
             req.num_computed_tokens = done
             req.num_published = len(hits)

@@ -189,7 +189,9 @@ class Metrics:
                 ("admissions", "counter", "Pages published to the prefix cache."),
                 ("evictions", "counter", "Cached pages forgotten (reused or over budget)."),
                 ("pages", "gauge", "Pages the prefix cache indexes."),
-                ("resident_bytes", "gauge", "K/V bytes of the pages it indexes.")):
+                ("resident_bytes", "gauge", "K/V bytes of the pages it indexes."),
+                ("fill_waits", "counter",
+                 "Admissions put off while another request computed their prefix.")):
             name = f"crucible_prefix_cache_{key}" + ("_total" if kind == "counter" else "")
             metric(name, kind, text, stats.get(f"cache_{key}", 0))
         for reason in sorted(set(finished) | {"stop", "length", "abort", "error"}):
