@@ -21,10 +21,10 @@ from engine_fakes import fake_tokenizer
 from test_engine_pipeline import EOS, VOCAB, FeedRunner, params_mix, per_request
 
 
-def workload(seed: int, n: int, kind: str, shared: bool = False):
+def workload(seed: int, n: int, kind: str, shared: bool = False, head_len: int = 37):
     """Prompts, params, and arrivals spread over the first steps (step -> [(prompt, params)])."""
     rng = np.random.default_rng(seed)
-    head = rng.integers(0, VOCAB, 37).tolist()
+    head = rng.integers(0, VOCAB, head_len).tolist()
     prompts = [(head if shared and i % 2 else []) + rng.integers(0, VOCAB, int(rng.integers(1, 60))).tolist()
                for i in range(n)]
     params = params_mix(n, kind)
@@ -80,6 +80,24 @@ def test_mixed_steps_with_the_prefix_cache_equal_cold():
     want, _, _ = run({"pages": 96}, sched, wl, chain=False)
     assert got == want
     assert runner.num_fed_mixed > 0 and eng.cache_stats()["cache_hit_tokens"] > 0
+
+
+def test_waits_for_a_prefix_being_filled_in_pipelined_steps_equal_cold():
+    """A shared head of 8 pages: requests arriving while it is being computed wait for it
+    (engine/filling.py), planned ahead by the pipeline too, where the filler's pages of
+    the step in flight are not published yet; outputs equal a cold engine's, with the
+    page invariants after every step."""
+    wl = workload(6, 24, "random", shared=True, head_len=130)
+    sched = SchedulerConfig(token_budget=64, chunk_cap=24, max_running=6)
+    got, eng, runner = run({"pages": 160}, sched, wl, cache=True)
+    want, _, _ = run({"pages": 160}, sched, wl, chain=False)
+    assert got == want
+    stats = eng.cache_stats()
+    assert runner.num_fed_mixed > 0 and stats["cache_fill_waits"] > 0
+    # 12 requests share the head: all but the first map its 8 pages (without the waits,
+    # 1,200 of these 1,408 tokens, and ~20% more rows computed)
+    assert stats["cache_hit_tokens"] == 11 * 8 * 16
+    assert len(eng.scheduler.filling) == 0
 
 
 def test_small_fed_mixed_steps_are_left_to_the_scheduler():
