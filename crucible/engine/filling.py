@@ -11,8 +11,8 @@ computes (their chain keys, ``claim``); a waiting request whose first page past 
 hits is claimed by another running request stays waiting (``blocker``), and the requests
 behind it in the queue are still admitted. Once the owner publishes that page, the waiter's
 next lookup maps it like any other hit, and the waiter computes only what is its own.
-SGLang's scheduler holds back requests that share an uncached prefix with one being
-admitted for the same reason.
+SGLang's scheduler does the like within one admission round (its in-batch prefix caching
+puts off requests whose uncached prefix another request of that round is computing).
 
 The wait is bounded by the owner's progress, never by its lifetime: it ends when the owner
 has published the page (or tried to: a full cache refuses it, and the waiter computes the
