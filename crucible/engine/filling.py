@@ -50,12 +50,14 @@ class Filling:
         """``req``, admitted with ``first`` pages from the cache, computes its full pages
         from ``first`` on (those a later lookup could match): claim the ones no other
         running request has."""
-        limit = self.cache.extend_chain(req.token_ids, req.cache_salt, req.chain)
+        chain, owners = req.chain, self._owners
+        limit = self.cache.extend_chain(req.token_ids, req.cache_salt, chain)
         mine = []
-        for i in range(first, limit):
-            key = req.chain[i]
-            if self._live(self._owners.get(key)) is None:
-                self._owners[key] = (req, i)
+        for i in range(first, limit):  # every admission: kept to a few dict operations a page
+            key = chain[i]
+            entry = owners.get(key)
+            if entry is None or self._live(entry) is None:
+                owners[key] = (req, i)
                 mine.append(key)
         if mine:
             self._claims.setdefault(id(req), []).extend(mine)
