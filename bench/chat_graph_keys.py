@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import write_json  # noqa: E402
+from mixed_graph_keys import CaptureRule, spy_steps  # noqa: E402
 from prefix_chat import chat_run, conversations  # noqa: E402
 
 from crucible import LLM, SamplingParams  # noqa: E402
@@ -56,14 +57,7 @@ def record(args: argparse.Namespace) -> tuple[list[Any], int]:
     ids = [t for t in range(model.config.vocab_size) if t not in stops]
     work = conversations(args, ids, args.seed, args.turns)
     warm = conversations(args, ids, args.seed + 1_000_003, args.turns)
-    backend, batches = llm.engine.runner.backend, []
-    run_step = backend.run_step
-
-    def spy(batch: Any, *a: Any, **k: Any) -> Any:
-        batches.append(batch)
-        return run_step(batch, *a, **k)
-
-    backend.run_step = spy
+    batches = spy_steps(llm)
     params = SamplingParams(max_tokens=args.reply_tokens, temperature=0, ignore_eos=True)
     asyncio.run(chat_run(llm, *warm, params))
     start = len(batches)
@@ -73,8 +67,7 @@ def record(args: argparse.Namespace) -> tuple[list[Any], int]:
 
 def simulate(batches: list[Any], start: int, classes: CapacityClasses) -> dict[str, Any]:
     graphs = SimpleNamespace(classes=SimpleNamespace(get=lambda: classes))
-    held: set = set()
-    seen: Counter = Counter()
+    rule = CaptureRule()
     out = {"warmup": Counter(), "timed": Counter()}
     keys = {"warmup": set(), "timed": set()}
     for i, b in enumerate(batches):
@@ -83,18 +76,9 @@ def simulate(batches: list[Any], start: int, classes: CapacityClasses) -> dict[s
             continue
         key = mg.MixedGraphs.key(graphs, b)  # type: ignore[arg-type]
         keys[part].add(key)
-        if key in held:
-            what = "replay"
-        else:
-            seen[key] += 1
-            if seen[key] < mg.CAPTURE_AFTER or len(held) >= mg.MAX_GRAPHS:
-                what = "eager"
-            else:
-                held.add(key)
-                what = "capture"
-        out[part][what] += 1
+        out[part][rule(key)] += 1
     return {p: dict(keys=len(keys[p]), **dict(sorted(out[p].items()))) for p in out} | \
-        {"graphs_held": len(held)}
+        {"graphs_held": len(rule.held)}
 
 
 def main() -> int:

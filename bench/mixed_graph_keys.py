@@ -43,6 +43,13 @@ def record_steps(workload: str, n: int, seed: int, budget: int, max_running: int
     ids = [t for t in range(model.config.vocab_size) if t not in stops]
     _, _, prompts, params = requests(workload, n, MIXES[workload], context, ids,
                                      random.Random(seed), 1.0)
+    batches = spy_steps(llm)
+    llm.generate(prompts, params)
+    return batches
+
+
+def spy_steps(llm: LLM) -> list[Any]:
+    """A list that every PackedBatch ``llm``'s backend runs from now on is appended to."""
     backend, batches = llm.engine.runner.backend, []
     run_step = backend.run_step
 
@@ -51,14 +58,30 @@ def record_steps(workload: str, n: int, seed: int, budget: int, max_running: int
         return run_step(batch, *a, **k)
 
     backend.run_step = spy
-    llm.generate(prompts, params)
     return batches
+
+
+class CaptureRule:
+    """MixedGraphs' capture policy (cupy_graph_cache.GraphCache._graph) without a device:
+    ``rule(key)`` is what a step of that key does, "replay", "capture" or "eager"."""
+
+    def __init__(self) -> None:
+        self.held: set = set()
+        self.seen: Counter = Counter()
+
+    def __call__(self, key: Any) -> str:
+        if key in self.held:
+            return "replay"
+        self.seen[key] += 1
+        if self.seen[key] < mg.CAPTURE_AFTER or len(self.held) >= mg.MAX_GRAPHS:
+            return "eager"
+        self.held.add(key)
+        return "capture"
 
 
 def simulate(batches: list[Any], max_tokens: int) -> dict[str, Any]:
     """The capture rule over the steps, as MixedGraphs.run applies it (no GPU)."""
-    held: set = set()
-    seen: Counter = Counter()
+    rule = CaptureRule()
     out: Counter = Counter()
     rows_real = Counter()
     rows_padded = Counter()
@@ -73,15 +96,7 @@ def simulate(batches: list[Any], max_tokens: int) -> dict[str, Any]:
         # the batch alone, capacities in powers of two (no device for the classes)
         key = mg.MixedGraphs.key(SimpleNamespace(classes=None), b)  # type: ignore[arg-type]
         keys.add(key)
-        if key in held:
-            what = "replay"
-        else:
-            seen[key] += 1
-            if seen[key] < mg.CAPTURE_AFTER or len(held) >= mg.MAX_GRAPHS:
-                what = "eager"
-            else:
-                held.add(key)
-                what = "capture"
+        what = rule(key)
         out[f"{what}_{size}"] += 1
         if what in ("replay", "capture"):
             rows_real[size] += b.num_rows
@@ -92,7 +107,7 @@ def simulate(batches: list[Any], max_tokens: int) -> dict[str, Any]:
                    finals=finals_padded[s] / max(finals_real[s], 1))
            for s in ("le512", "gt512") if rows_real[s]}
     return dict(max_tokens=max_tokens, steps=len(batches), keys=len(keys),
-                graphs_held=len(held), outcomes=dict(sorted(out.items())), padding=pad)
+                graphs_held=len(rule.held), outcomes=dict(sorted(out.items())), padding=pad)
 
 
 def main() -> int:

@@ -6,16 +6,14 @@ must come back. Tiny random model on the CPU."""
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 import pytest
 
-from crucible import LLM, SamplingParams
+from crucible import SamplingParams
 from crucible.engine.filling import MIN_RUN
 from crucible.engine.request import RequestStatus
-from crucible.engine.settings import Settings
 from crucible.model.tiny import tiny_random_model
+from test_prefix_cache import bits, llm
 
 SEEDED = SamplingParams(max_tokens=5, ignore_eos=True, temperature=0.9, seed=3, logprobs=2)
 
@@ -23,15 +21,6 @@ SEEDED = SamplingParams(max_tokens=5, ignore_eos=True, temperature=0.9, seed=3, 
 @pytest.fixture(scope="module")
 def model():
     return tiny_random_model(seed=5, max_context=4096)
-
-
-def llm(model, **kw) -> LLM:
-    return LLM(model, settings=Settings(device="cpu", num_pages=kw.pop("num_pages", 600), **kw))
-
-
-def bits(outs) -> list:
-    return [(o.token_ids, [[(t, struct.pack("<d", v)) for t, v in lp.items()]
-                           for lp in o.logprobs]) for o in outs]
 
 
 def burst(model, n: int = 8, prefix: int = 600, seed: int = 0) -> list[list[int]]:

@@ -75,8 +75,9 @@ class Filling:
         published the first; None when ``req`` should be admitted now."""
         if not self._owners:
             return None
-        limit = self.cache.extend_chain(req.token_ids, req.cache_salt, req.chain,
-                                        hits + MIN_RUN)
+        # (match extended the chain to every matchable page: no hashing here)
+        limit = min(hits + MIN_RUN,
+                    self.cache.extend_chain(req.token_ids, req.cache_salt, req.chain))
         if hits >= limit:
             return None
         first = self._live(self._owners.get(req.chain[hits]))

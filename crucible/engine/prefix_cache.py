@@ -118,34 +118,28 @@ class PrefixCache:
     def match(self, tokens: Sequence[int], salt: str | None, chain: list[bytes]) -> list[int]:
         """The pages of ``tokens``' leading full pages that are cached, at most up to (not
         including) the page of the last token. ``chain`` (the request's keys so far) is
-        extended with the keys it computes; keys it already holds (from an admission that
-        found no free pages, or from publishing before a preemption) are reused, the walk
-        still starting at the root: page i's parent is key i - 1, however long the chain."""
-        limit = min((len(tokens) - 1) // PAGE_SIZE, self.max_tokens // PAGE_SIZE)
+        extended to every such page (``extend_chain``: an admitted request claims them all,
+        engine/filling.py); keys it already holds (from an admission that found no free
+        pages, or from publishing before a preemption) are reused, the walk still starting
+        at the root: page i's parent is key i - 1, however long the chain."""
+        limit = self.extend_chain(tokens, salt, chain)
         pages: list[int] = []
         parent = self.root(salt)
         for i in range(limit):
-            ids = page_ids(tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
-            if i < len(chain):
-                key = chain[i]
-            else:
-                key = xxhash.xxh3_128_digest(parent + ids)  # page_key
-                chain.append(key)
+            key = chain[i]
             page = self._pages.get(key)
-            if page is None or self._parents[page] != parent or self._ids[page] != ids:
+            if page is None or self._parents[page] != parent or \
+                    self._ids[page] != page_ids(tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE]):
                 break  # a miss, or a hash collision that the token ids expose
             pages.append(page)
             parent = key
         return pages
 
-    def extend_chain(self, tokens: Sequence[int], salt: str | None, chain: list[bytes],
-                     upto: int | None = None) -> int:
-        """Extend ``chain`` with the keys of ``tokens``' pages that ``match`` could find (at
-        most ``upto`` pages); returns how many pages that is. engine/filling.py claims and
-        looks up pages being filled by these keys, before they are published."""
+    def extend_chain(self, tokens: Sequence[int], salt: str | None, chain: list[bytes]) -> int:
+        """Extend ``chain`` with the keys of ``tokens``' pages that ``match`` could find;
+        returns how many pages that is. engine/filling.py claims and looks up pages being
+        filled by these keys, before they are published."""
         limit = min((len(tokens) - 1) // PAGE_SIZE, self.max_tokens // PAGE_SIZE)
-        if upto is not None:
-            limit = min(limit, upto)
         first = len(chain)
         if first < limit:  # the pages' ids packed in one call (a call a page cost 3x)
             raw = struct.pack(f"<{(limit - first) * PAGE_SIZE}i",
