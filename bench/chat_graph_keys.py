@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import write_json  # noqa: E402
 from mixed_graph_keys import CaptureRule, spy_steps  # noqa: E402
-from prefix_chat import chat_run, conversations  # noqa: E402
+from prefix_chat import add_chat_args, chat_run, conversations  # noqa: E402
 
 from crucible import LLM, SamplingParams  # noqa: E402
 from crucible.backend import cupy_mixed_graphs as mg  # noqa: E402
@@ -83,12 +83,7 @@ def simulate(batches: list[Any], start: int, classes: CapacityClasses) -> dict[s
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--users", type=int, default=64)
-    ap.add_argument("--turns", type=int, default=8)
-    ap.add_argument("--system-tokens", type=int, default=500)
-    ap.add_argument("--user-min", type=int, default=30)
-    ap.add_argument("--user-max", type=int, default=80)
-    ap.add_argument("--reply-tokens", type=int, default=64)
+    add_chat_args(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()

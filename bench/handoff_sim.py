@@ -116,12 +116,7 @@ def name(handoff: bool, cache: bool | None, late: bool) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--users", type=int, default=64)
-    ap.add_argument("--turns", type=int, default=8)
-    ap.add_argument("--system-tokens", type=int, default=500)
-    ap.add_argument("--user-min", type=int, default=30)
-    ap.add_argument("--user-max", type=int, default=80)
-    ap.add_argument("--reply-tokens", type=int, default=64)
+    pc.add_chat_args(ap)
     ap.add_argument("--token-budget", type=int, default=1024)
     ap.add_argument("--base-ms", type=float, default=1.4)
     ap.add_argument("--row-us", type=float, default=9.0)

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import write_json  # noqa: E402
-from prefix_chat import chat_figures, chat_run, conversations  # noqa: E402
+from prefix_chat import add_chat_args, chat_figures, chat_run, conversations  # noqa: E402
 from prefix_report import first_mismatch, paired, summarize, table  # noqa: E402
 from throughput import DEFAULT_MODEL, TINY, TINY_CUDA_GEOMETRY, plain  # noqa: E402
 from throughput_measure import Probe, graph_counters, timed_generate  # noqa: E402
@@ -154,12 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-running", type=int)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--users", type=int, default=64)
-    ap.add_argument("--turns", type=int, default=8)
-    ap.add_argument("--system-tokens", type=int, default=500)
-    ap.add_argument("--user-min", type=int, default=30, help="user message ids per turn, min")
-    ap.add_argument("--user-max", type=int, default=80, help="user message ids per turn, max")
-    ap.add_argument("--reply-tokens", type=int, default=64)
+    add_chat_args(ap)
     ap.add_argument("--warmup-turns", type=int, default=None,
                     help="chat warm-up turns per fresh LLM (other prompts; 0: none; "
                          "default: --turns)")

@@ -33,6 +33,16 @@ from throughput_measure import dist, pct
 from crucible import LLM, SamplingParams
 
 
+def add_chat_args(ap: argparse.ArgumentParser) -> None:
+    """The chat workload's shape, the same flags and defaults in every bench that runs it."""
+    ap.add_argument("--users", type=int, default=64)
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--system-tokens", type=int, default=500)
+    ap.add_argument("--user-min", type=int, default=30, help="user message ids per turn, min")
+    ap.add_argument("--user-max", type=int, default=80, help="user message ids per turn, max")
+    ap.add_argument("--reply-tokens", type=int, default=64)
+
+
 def conversations(args: argparse.Namespace, ids: list[int], seed: int, turns: int
                   ) -> tuple[list[int], list[list[list[int]]]]:
     """The shared system prompt and each user's messages (users x turns)."""
