@@ -29,6 +29,8 @@ def build_engine(args: argparse.Namespace) -> LLMEngine:
     engine, info = factory.build_engine(args.model, settings)
     factory.freeze_startup()
     print(f"crucible: {info.pool}", file=sys.stderr)
+    if info.note:
+        print(f"crucible: {info.note}", file=sys.stderr)
     if info.graphs:
         print(f"crucible: {info.graphs}", file=sys.stderr)
     if info.device == "cuda":  # say which attention kernel runs

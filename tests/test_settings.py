@@ -175,7 +175,7 @@ def test_factory_captures_graphs_at_start_up_when_asked(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(factory, "resolve_device", lambda d: "cuda")
     monkeypatch.setattr(factory, "make_backend", lambda d, o: Graphs())
-    settings = Settings(num_pages=64, max_running=40, graph_warmup=warmup)
+    settings = Settings(device="cuda", num_pages=64, max_running=40, graph_warmup=warmup)
     engine, info = factory.build_engine(factory.TINY_MODEL, settings)
     assert calls == ([40] if warmup else [])
     assert (info.graphs.startswith("38 decode graphs captured at start-up in ")

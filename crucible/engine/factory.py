@@ -7,7 +7,7 @@ import gc
 import time
 from dataclasses import dataclass
 
-from crucible.backend.select import make_backend, resolve_device
+from crucible.backend.select import cuda_geometry_problem, make_backend, resolve_device
 from crucible.backend.protocol import Backend
 from crucible.engine.engine import LLMEngine
 from crucible.engine.pacing import Pacer
@@ -40,6 +40,7 @@ class EngineInfo:
     attention: str
     graphs: str = ""  # what was captured at start-up, for the start-up report
     gemm: str = "fma"  # the order the int8 GEMMs take (Settings.gemm_order)
+    note: str = ""  # why --device auto chose the CPU beside a GPU, for the start-up report
 
 
 def load(model: str | LoadedModel, settings: Settings) -> LoadedModel:
@@ -77,6 +78,11 @@ def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngin
     device = resolve_device(settings.device)
     backend = make_backend(device, settings.backend_options())
     loaded = load(model, settings)
+    note = ""
+    problem = cuda_geometry_problem(loaded.config) if device == "cuda" else None
+    if problem and settings.device == "auto":  # an explicit cuda is refused at the upload
+        device, note = "cpu", f"device auto chose the CPU: {problem}"
+        backend = make_backend(device, settings.backend_options())
     sized: list[PoolSize] = []
 
     def pages(be: Backend) -> int:  # once the weights are on the device
@@ -107,7 +113,7 @@ def build_engine(model: str | LoadedModel, settings: Settings) -> tuple[LLMEngin
                       max_queue=cfg.max_queue, max_running=cfg.max_running,
                       attention=settings.attention if device == "cuda"
                       else "numpy reference order", graphs=graphs,
-                      gemm=settings.gemm_order(device))
+                      gemm=settings.gemm_order(device), note=note)
     return engine, info
 
 
