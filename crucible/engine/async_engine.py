@@ -7,8 +7,6 @@ are handed to it through small lock-protected lists and applied before the next 
 abort frees the request's pages before any further step runs. Leaving the async iterator
 early (client disconnect, ``break``, task cancellation) aborts the request. While an
 AsyncLLMEngine is live, drive its LLMEngine only through it (not LLM.generate as well).
-After a step that gives a request its first token or ends one, the worker lets the event
-loop take those in before it plans the next step (engine/handoff.py says why).
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import threading
 from typing import AsyncIterator, Sequence
 
 from crucible.engine.engine import LLMEngine, RequestDelta
-from crucible.engine.handoff import hand_over
 from crucible.engine.sampling import SamplingParams
 from crucible.errors import QueueFullError, RequestError
 
@@ -32,7 +29,6 @@ class AsyncLLMEngine:
         self._adds: list[tuple[str, list[int], SamplingParams]] = []
         self._aborts: list[str] = []
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._quiet: set[str] = set()  # streams that have had no token yet
         self._ids = itertools.count()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -57,7 +53,6 @@ class AsyncLLMEngine:
                 raise QueueFullError(f"waiting queue is full ({self.engine.config.max_queue} "
                                      f"requests); retry later")
             self._streams[rid] = (asyncio.get_running_loop(), queue)
-            self._quiet.add(rid)
             self._adds.append((rid, [int(t) for t in prompt_token_ids], params, cache_salt))
         self._ensure_worker()
         self._wake.set()
@@ -121,35 +116,15 @@ class AsyncLLMEngine:
             self._thread = threading.Thread(target=self._run, name="crucible-engine", daemon=True)
             self._thread.start()
 
-    def _push(self, rid: str, item: RequestDelta | BaseException,
-              last: bool) -> asyncio.AbstractEventLoop | None:
-        """Hand ``item`` to its stream's loop; that loop, or None when nobody listens."""
+    def _push(self, rid: str, item: RequestDelta | BaseException, last: bool) -> None:
         with self._lock:
             entry = self._streams.pop(rid, None) if last else self._streams.get(rid)
-            if last:
-                self._quiet.discard(rid)
-        if entry is None:
-            return None
-        loop, queue = entry
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # that event loop is closed: nobody is listening any more
-            return None
-        return loop
-
-    def _deliver(self, deltas: list[RequestDelta]) -> set[asyncio.AbstractEventLoop]:
-        """Push a step's deltas; the loops that got a first token or a finish."""
-        urgent: set[asyncio.AbstractEventLoop] = set()
-        quiet = self._quiet
-        for d in deltas:
-            # Read before the push: a finishing push drops the id from quiet.
-            first = bool(d.new_token_ids) and d.request_id in quiet
-            loop = self._push(d.request_id, d, d.finished)
-            if loop is not None and (first or d.finished):
-                urgent.add(loop)
-                if first:
-                    quiet.discard(d.request_id)
-        return urgent
+        if entry is not None:
+            loop, queue = entry
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # that event loop is closed: nobody is listening any more
+                pass
 
     def _apply_pending(self) -> None:
         failed: list[tuple[str, BaseException]] = []
@@ -189,6 +164,5 @@ class AsyncLLMEngine:
                     self.engine.abort(rid)
                     self._push(rid, e, True)
                 continue
-            urgent = self._deliver(deltas)
-            if urgent:
-                hand_over(urgent)
+            for d in deltas:
+                self._push(d.request_id, d, d.finished)
