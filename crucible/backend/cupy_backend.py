@@ -21,8 +21,7 @@ from crucible.backend.cupy_route import graph_stats, mixed_feed_rows, run_step
 from crucible.backend.options import BackendOptions
 from crucible.backend.protocol import BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
-from crucible.backend.select import cuda_geometry_problem
-from crucible.errors import ConfigError
+from crucible.backend.select import require_cuda_geometry
 from crucible.kernels import linear as ck
 from crucible.kernels import linear_chunks as cc
 from crucible.kernels import linear_mma as lm, linear_wgmma
@@ -59,9 +58,7 @@ class CupyBackend:
         return f"cupy-{self.variant.name}" + ("-mma" if self.mma else "")
 
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
-        problem = cuda_geometry_problem(geometry)
-        if problem:
-            raise ConfigError(f"--device cuda: {problem} (--device cpu runs any head size)")
+        require_cuda_geometry(geometry)
         cp = cupy()
         cfg = self.cfg = geometry
         self.mode = weights.mode

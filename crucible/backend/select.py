@@ -56,6 +56,13 @@ def cuda_geometry_problem(geometry: Geometry) -> str | None:
     return None
 
 
+def require_cuda_geometry(geometry: Geometry) -> None:
+    """The CUDA backend's check at the weights' upload: a clear error, not a kernel's."""
+    problem = cuda_geometry_problem(geometry)
+    if problem:
+        raise ConfigError(f"--device cuda: {problem} (--device cpu runs any head size)")
+
+
 def make_backend(device: str, options: BackendOptions | None = None) -> Backend:
     options = options or BackendOptions()
     if resolve_device(device) == "cuda":
