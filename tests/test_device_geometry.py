@@ -11,10 +11,10 @@ import pytest
 from crucible import SamplingParams
 from crucible.backend.cupy_backend import CupyBackend
 from crucible.backend.numpy_backend import NumpyBackend
-from crucible.backend.select import cuda_geometry_problem
 from crucible.engine import factory
 from crucible.engine.settings import Settings
 from crucible.errors import ConfigError
+from crucible.kernels.variants import cuda_geometry_problem
 from crucible.model.tiny import tiny_random_model
 
 CUDA_SHAPE = dict(hidden_size=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn_size=512)

@@ -21,14 +21,13 @@ from crucible.backend.cupy_route import graph_stats, mixed_feed_rows, run_step
 from crucible.backend.options import BackendOptions
 from crucible.backend.protocol import BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
-from crucible.backend.select import require_cuda_geometry
 from crucible.kernels import linear as ck
 from crucible.kernels import linear_chunks as cc
 from crucible.kernels import linear_mma as lm, linear_wgmma
 from crucible.kernels import linear_rows as cf
 from crucible.kernels.device_weight import DeviceWeight, cupy, upload_weight
 from crucible.kernels.model_ops import flat_launch, rows_launch
-from crucible.kernels.variants import Variant, parse_variant
+from crucible.kernels.variants import Variant, parse_variant, require_cuda_geometry
 from crucible.step.batch import PackedBatch
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import importlib.util
 
 from crucible.backend.options import BackendOptions
-from crucible.backend.protocol import Backend, Geometry
+from crucible.backend.protocol import Backend
 from crucible.errors import BackendUnavailableError, ConfigError
-from crucible.kernels.variants import HEAD_DIM
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -44,23 +43,6 @@ def resolve_device(device: str) -> str:
             "--device cuda: no CUDA GPU answered (is cupy-cuda13x installed? "
             "pip install 'crucible-llm[cuda]')")
     return "cuda"
-
-
-def cuda_geometry_problem(geometry: Geometry) -> str | None:
-    """Why the CUDA kernels cannot run this model's shape (None: they can). The attention
-    kernels hold a head's 64 values in fixed lanes, so any other head size would fail at the
-    first step with a kernel's argument error; the engine says so before loading instead."""
-    if geometry.head_dim != HEAD_DIM:
-        return (f"the CUDA kernels take head_dim {HEAD_DIM}; this model's head_dim is "
-                f"{geometry.head_dim}")
-    return None
-
-
-def require_cuda_geometry(geometry: Geometry) -> None:
-    """The CUDA backend's check at the weights' upload: a clear error, not a kernel's."""
-    problem = cuda_geometry_problem(geometry)
-    if problem:
-        raise ConfigError(f"--device cuda: {problem} (--device cpu runs any head size)")
 
 
 def make_backend(device: str, options: BackendOptions | None = None) -> Backend:

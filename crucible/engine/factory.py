@@ -7,7 +7,7 @@ import gc
 import time
 from dataclasses import dataclass
 
-from crucible.backend.select import cuda_geometry_problem, make_backend, resolve_device
+from crucible.backend.select import make_backend, resolve_device
 from crucible.backend.protocol import Backend
 from crucible.engine.engine import LLMEngine
 from crucible.engine.pacing import Pacer
@@ -16,6 +16,7 @@ from crucible.engine.prefix_cache import PrefixCache
 from crucible.engine.runner import ModelRunner
 from crucible.engine.settings import Settings
 from crucible.errors import ConfigError
+from crucible.kernels.variants import cuda_geometry_problem
 from crucible.model.loader import LoadedModel, load_model
 
 CACHE_FORMAT = "crucible-prefix-v1"  # the arithmetic policy id: bump when kernels change bits

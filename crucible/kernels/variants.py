@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from crucible.errors import ConfigError
 
@@ -217,3 +217,20 @@ def _reported(plan: LaunchPlan, reason: str) -> LaunchPlan:
 def _say_once(requested: str, actual: str, reason: str) -> None:
     # Cached so a steady stream of identical calls logs the hand-over a single time.
     _log.warning("attention variant %s runs as %s: %s", requested, actual, reason)
+
+
+def cuda_geometry_problem(geometry: Any) -> str | None:
+    """Why the CUDA kernels cannot run this model's shape (None: they can). The attention
+    kernels hold a head's 64 values in fixed lanes, so any other head size would fail at the
+    first step with a kernel's argument error; the engine says so before loading instead."""
+    if geometry.head_dim != HEAD_DIM:
+        return (f"the CUDA kernels take head_dim {HEAD_DIM}; this model's head_dim is "
+                f"{geometry.head_dim}")
+    return None
+
+
+def require_cuda_geometry(geometry: Any) -> None:
+    """The CUDA backend's check at the weights' upload: a clear error, not a kernel's."""
+    problem = cuda_geometry_problem(geometry)
+    if problem:
+        raise ConfigError(f"--device cuda: {problem} (--device cpu runs any head size)")
