@@ -5,7 +5,8 @@
 #
 #     OUT=/some/dir PART=a bash bench/chat_evidence.sh                  # ~3 min, no model
 #     OUT=/some/dir PART=b MODEL=/path/smollm2.gguf bash bench/chat_evidence.sh   # ~8 min
-#         (MIX=chat: the chat mix alone, ~4.5 min)
+#         (MIX=chat: the chat mix alone, ~4.5 min; CLIENTS=256,512 with it: ~2 min, the
+#         levels #16's targets name, for a lease with little time left)
 #     OUT=/some/dir PART=c MODEL=/path/smollm2.gguf bash bench/chat_evidence.sh   # ~4.5 min
 #
 # a: a mixed graph capture's host time by part (bench/capture_parts.py), the graphs'
@@ -31,7 +32,7 @@ a)
 b)
     MODEL=${MODEL:?set MODEL to the default model GGUF}
     python3 bench/serve_clients.py --model "$MODEL" --device cuda --mix "${MIX:-issue,chat}" \
-        --clients 1,16,64,256,512 --seconds 12 --ramp-seconds 2 --settle-seconds 3 \
+        --clients "${CLIENTS:-1,16,64,256,512}" --seconds 12 --ramp-seconds 2 --settle-seconds 3 \
         --warmup-seconds 5 --warmup-clients 512 --rounds 2 --plot none \
         --json "$OUT/serve-sweep.json" > "$OUT/serve-sweep.log" 2>&1
     tail -30 "$OUT/serve-sweep.log" ;;
