@@ -69,3 +69,17 @@ def test_explicit_cuda_is_refused_at_the_upload_naming_the_head_size() -> None:
     with pytest.raises(ConfigError, match=r"--device cuda: the CUDA kernels take head_dim 64; "
                                           r"this model's head_dim is 16"):
         CupyBackend().load_weights(tiny_random_model(0).config, None)  # type: ignore[arg-type]
+
+
+def test_generate_says_at_start_why_auto_chose_the_cpu(gpu_machine: list[str],
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    from crucible.cli import main
+
+    code = main(["generate", "--prompt", "the cat", "--max-tokens", "2", "--temperature", "0",
+                 "--weights", "f32", "--model", factory.TINY_MODEL])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert ("crucible: device auto chose the CPU: the CUDA kernels take head_dim 64; this "
+            "model's head_dim is 16") in err
+    assert "GEMMs on the tensor cores" not in err  # the CUDA lines stay out: it runs on the CPU
