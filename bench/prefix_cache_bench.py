@@ -98,12 +98,12 @@ def collect() -> None:
 
 def chat_once(model: LoadedModel, args: argparse.Namespace, name: str,
               work: tuple[list[int], list[list[list[int]]]],
-              warm: tuple[list[int], list[list[list[int]]]]
+              warm: list[tuple[list[int], list[list[list[int]]]]]
               ) -> tuple[dict[str, Any], list[list[int]], LLM]:
     params = SamplingParams(max_tokens=args.reply_tokens, temperature=0, ignore_eos=True)
     llm = fresh_llm(model, args, CONFIGS[name])
-    if args.warmup_turns:
-        asyncio.run(chat_run(llm, *warm, params))
+    for system, msgs in warm if args.warmup_turns else ():
+        asyncio.run(chat_run(llm, system, msgs, params))
     c0 = llm.engine.cache_stats()
     s0, g0 = llm.stats(), graph_counters(llm)
     wall, recs = asyncio.run(chat_run(llm, *work, params))
@@ -158,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-turns", type=int, default=None,
                     help="chat warm-up turns per fresh LLM (other prompts; 0: none; "
                          "default: --turns)")
+    ap.add_argument("--warmup-passes", type=int, default=1,
+                    help="chat warm-up conversation sets, each with its own prompts: a mixed "
+                         "graph is captured the second time its key is seen, so one pass can "
+                         "leave keys to be captured inside the timed turns")
     ap.add_argument("--miss-requests", type=int, default=256)
     ap.add_argument("--miss-prompt-min", type=int, default=256)
     ap.add_argument("--miss-prompt-max", type=int, default=1024)
@@ -168,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds, --users, --turns and --reply-tokens must be >= 1")
     if args.warmup_turns is None:
         args.warmup_turns = args.turns
-    if args.warmup_turns < 0:
-        ap.error("--warmup-turns must be >= 0")
+    if args.warmup_turns < 0 or args.warmup_passes < 1:
+        ap.error("--warmup-turns must be >= 0 and --warmup-passes >= 1")
     if not 1 <= args.user_min <= args.user_max:
         ap.error("need 1 <= --user-min <= --user-max")
     if not 1 <= args.miss_prompt_min <= args.miss_prompt_max or args.miss_output < 1:
@@ -189,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     stops = set(model.tokenizer.stop_token_ids)
     ids = [t for t in range(model.config.vocab_size) if t not in stops]
     chat_work = conversations(args, ids, args.seed, args.turns)
-    chat_warm = conversations(args, ids, args.seed + 1_000_003, args.warmup_turns)
+    chat_warm = [conversations(args, ids, args.seed + 1_000_003 * (p + 1), args.warmup_turns)
+                 for p in range(args.warmup_passes)]
     bounds = (args.miss_prompt_min, args.miss_prompt_max, args.miss_output, args.miss_output)
     _, _, mp, mpar = requests("random", args.miss_requests, bounds, context, ids,
                               random.Random(args.seed + 7), 0.0)
@@ -271,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                             "user_tokens": [args.user_min, args.user_max],
                             "reply_tokens": args.reply_tokens, "temperature": 0,
                             "warmup_turns": args.warmup_turns,
+                            "warmup_passes": args.warmup_passes,
                             "longest_prompt": max(len(chat_work[0]) + sum(
                                 len(m) for m in ms) + (args.turns - 1) * args.reply_tokens
                                 for ms in chat_work[1])} if "chat" in runs else None,

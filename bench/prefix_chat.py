@@ -16,7 +16,9 @@ the same shape with another system prompt and messages, by default as many as th
 conversations have: a turn's steps take graph keys of its history's length, so a shorter
 warm-up left the later turns' keys to be captured inside the timed part (3-8 captures of
 40-90 ms, each on the critical path of a turn's arrivals; docs/prefix-cache.md). What is
-captured in the timed part is still counted (``graphs``).
+captured in the timed part is still counted (``graphs``). A mixed graph is captured the
+second time its key is seen, so keys the warm-up met once are captured in the timed turns
+(1-3 a cached run on an H100, 2026-12-07); ``--warmup-passes`` runs that many warm-up sets.
 """
 
 from __future__ import annotations
