@@ -17,7 +17,8 @@
 #    (12-second windows after a 3-second settle, two rounds; docs/serving.md).
 # c: the prefix cache's chat bench at serve's budget and graph rows (3 rounds, the
 #    warm-up as long as the conversations), its misses-only bench at the defaults (1,024
-#    unique prompts, 3 rounds), then one turn's timeline.
+#    unique prompts, 3 rounds), then one turn's timeline. WARMUP_PASSES: the chat
+#    warm-up's sets (prefix_cache_bench.py --warmup-passes; 1 unless set).
 PART=${PART:?set PART to a, b or c}
 . "$(dirname "$0")/device_run.sh"
 case "$PART" in
@@ -40,6 +41,7 @@ c)
     MODEL=${MODEL:?set MODEL to the default model GGUF}
     CRUCIBLE_MIXED_GRAPH_ROWS=1024 python3 bench/prefix_cache_bench.py --model "$MODEL" \
         --device cuda --workload chat --rounds 3 --token-budget 1024 \
+        --warmup-passes "${WARMUP_PASSES:-1}" \
         --json "$OUT/prefix-chat.json" > "$OUT/prefix-chat.log" 2>&1
     tail -12 "$OUT/prefix-chat.log"
     # #17's other benchmark: unique prompts only, the cache on within 2% of off. 1,024
