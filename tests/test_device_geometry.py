@@ -48,7 +48,8 @@ def test_the_problem_names_the_head_size() -> None:
 
 def test_auto_runs_an_unsupported_shape_on_the_cpu_and_says_why(gpu_machine: list[str]
                                                                 ) -> None:
-    engine, info = factory.build_engine(tiny_random_model(0), Settings(num_pages=64, weights="f32"))
+    settings = Settings(num_pages=64, weights="f32")
+    engine, info = factory.build_engine(tiny_random_model(0), settings)
     assert gpu_machine == ["cuda", "cpu"] and info.device == "cpu"
     assert info.note.startswith("device auto chose the CPU:") and "head_dim is 16" in info.note
     engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, temperature=0))

@@ -222,7 +222,7 @@ def _say_once(requested: str, actual: str, reason: str) -> None:
 def cuda_geometry_problem(geometry: Any) -> str | None:
     """Why the CUDA kernels cannot run this model's shape (None: they can). The attention
     kernels hold a head's 64 values in fixed lanes, so any other head size would fail at the
-    first step with a kernel's argument error; the engine says so before loading instead."""
+    first step with a kernel's argument error; the engine says so before the upload instead."""
     if geometry.head_dim != HEAD_DIM:
         return (f"the CUDA kernels take head_dim {HEAD_DIM}; this model's head_dim is "
                 f"{geometry.head_dim}")
