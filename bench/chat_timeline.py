@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prefix_cache_bench as pb  # noqa: E402
+from prefix_chat import add_chat_args  # noqa: E402
 
 from crucible.engine.engine import LLMEngine  # noqa: E402
 from crucible.engine.sampling import SamplingParams  # noqa: E402
@@ -73,16 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=pb.TINY)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--users", type=int, default=64)
-    ap.add_argument("--turns", type=int, default=4)
+    add_chat_args(ap)
+    ap.set_defaults(turns=4)
     ap.add_argument("--token-budget", type=int, default=1024)
-    ap.add_argument("--reply-tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    args = argparse.Namespace(model=a.model, device=a.device, weights=None, tiny_context=4096,
-                              num_pages=None, token_budget=a.token_budget, max_running=None,
-                              users=a.users, system_tokens=500, user_min=30, user_max=80,
-                              seed=0, reply_tokens=a.reply_tokens)
+    args = argparse.Namespace(weights=None, tiny_context=4096, num_pages=None,
+                              max_running=None, seed=0, **vars(a))
     model = pb.load(args)
     ids = list(range(3, model.config.vocab_size - 2))
     undo = instrument()

@@ -102,7 +102,7 @@ def chat_once(model: LoadedModel, args: argparse.Namespace, name: str,
               ) -> tuple[dict[str, Any], list[list[int]], LLM]:
     params = SamplingParams(max_tokens=args.reply_tokens, temperature=0, ignore_eos=True)
     llm = fresh_llm(model, args, CONFIGS[name])
-    for system, msgs in warm if args.warmup_turns else ():
+    for system, msgs in warm:
         asyncio.run(chat_run(llm, system, msgs, params))
     c0 = llm.engine.cache_stats()
     s0, g0 = llm.stats(), graph_counters(llm)
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = [t for t in range(model.config.vocab_size) if t not in stops]
     chat_work = conversations(args, ids, args.seed, args.turns)
     chat_warm = [conversations(args, ids, args.seed + 1_000_003 * (p + 1), args.warmup_turns)
-                 for p in range(args.warmup_passes)]
+                 for p in range(args.warmup_passes if args.warmup_turns else 0)]
     bounds = (args.miss_prompt_min, args.miss_prompt_max, args.miss_output, args.miss_output)
     _, _, mp, mpar = requests("random", args.miss_requests, bounds, context, ids,
                               random.Random(args.seed + 7), 0.0)
