@@ -97,6 +97,9 @@ class InstantRunner:
     def graph_stats(self) -> dict[str, int]:
         return dict.fromkeys(GRAPH_STATS, 0)
 
+    def first_use(self, batch: Any, fed: bool) -> bool:
+        return False  # no graphs: nothing is ever captured
+
     def launch_sample(self, batch: Any, rows: Any, host_rows: Any = (), feed: Any = None
                       ) -> _Done:
         # Each request reads TEXT from its own offset (its first page, distinct per

@@ -36,6 +36,9 @@ class FakeRunner:
     def graph_stats(self) -> dict[str, int]:
         return dict.fromkeys(GRAPH_STATS, 0)  # every step eager: there are no graphs
 
+    def first_use(self, batch: PackedBatch, fed: bool) -> bool:
+        return False  # no graphs to capture
+
     def forward(self, batch: PackedBatch) -> np.ndarray:
         if self.on_batch is not None:
             self.on_batch(batch)

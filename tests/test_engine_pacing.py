@@ -71,6 +71,9 @@ class SimRunner:
     def graph_stats(self) -> dict[str, int]:
         return dict.fromkeys(GRAPH_STATS, 0)
 
+    def first_use(self, batch: Any, fed: bool) -> bool:
+        return False
+
     def launch_sample(self, batch: Any, rows: Any, host_rows: Any = (), feed: Any = None
                       ) -> SimPending:
         start = max(self.clock.now, self.busy_until)

@@ -46,6 +46,9 @@ class ScriptRunner:
         self.sampler = object()  # not None: the engine samples "on the device"
         self.backend = SimpleNamespace(arithmetic="script")
 
+    def first_use(self, batch, fed):
+        return False
+
     def launch_sample(self, batch, rows, host_rows=(), feed=None):
         ids = tuple(self.scripts[r.seed][r.counter] for r in rows)
         lps = tuple(None if r.num_logprobs is None else {t: -0.5} for r, t in zip(rows, ids))

@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend import cupy_fork, cupy_mma, cupy_rope_in, cupy_stack, stages
+from crucible.backend import cupy_fork, cupy_mma, cupy_rope_in, cupy_route, cupy_stack, stages
 from crucible.backend.cupy_graph_memory import logits_out
 from crucible.backend.cupy_memory import MemoryGuard, step_headroom
 from crucible.backend.cupy_meta import CupyMeta, device_meta
-from crucible.backend.cupy_route import graph_stats, mixed_feed_rows, run_step
 from crucible.backend.options import BackendOptions
 from crucible.backend.protocol import BackendWeights, Forward, Geometry
 from crucible.backend.rope import rope_table
@@ -108,8 +107,10 @@ class CupyBackend:
     def capture_graphs(self, forward: Forward, max_rows: int) -> int:
         return 0 if self.graphs is None else self.graphs.capture_all(forward, max_rows)
 
-    def graph_stats(self) -> dict[str, int]:
-        return graph_stats(self)
+    # Which way steps run and ran (backend/protocol.py), answered by cupy_route.py.
+    graph_stats = cupy_route.graph_stats
+    first_use = cupy_route.first_use
+    mixed_feed_rows = cupy_route.mixed_feed_rows
 
     def device_sampler(self) -> Any:
         from crucible.backend.cupy_sampling import CupySampler
@@ -140,9 +141,6 @@ class CupyBackend:
     def fed_ids(self, rows: int) -> Any:
         return self.graphs.fed_ids(rows) if self.graphs is not None else None
 
-    def mixed_feed_rows(self) -> int | None:
-        return mixed_feed_rows(self)
-
     def sampled_ids(self, rows: int) -> Any:
         g = self.graphs
         buf = g.fed_ids(rows) if g is not None and g.last_replayed else None
@@ -162,7 +160,7 @@ class CupyBackend:
                  feed: np.ndarray | None = None) -> Any:
         """Logits [R, vocab] of the final rows as a device array (the backend's: valid until
         the next step), from a graph or eagerly: backend/cupy_route.py."""
-        return run_step(self, batch, forward, feed)
+        return cupy_route.run_step(self, batch, forward, feed)
 
     def new(self, shape: tuple[int, ...]) -> Any:
         """An uninitialised f32 device array (the stages' outputs)."""

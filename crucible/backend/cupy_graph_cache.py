@@ -58,6 +58,11 @@ class GraphCache:
         self.clear()
         return n
 
+    def is_new(self, key: Hashable) -> bool:
+        """Whether a step of ``key`` would be captured or run eagerly for want of its graph
+        (a first use: not when the cache is full, whose new keys run eagerly for good)."""
+        return key not in self.graphs and len(self.graphs) < self.max_graphs
+
     def _graph(self, key: Hashable, capture: Callable[[], Captured]) -> Captured | None:
         """``key``'s graph, captured now by ``capture()`` if the policy says so; None when
         the step must run eagerly."""

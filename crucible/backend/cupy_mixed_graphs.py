@@ -148,6 +148,8 @@ def is_mixed_graph_step(batch: PackedBatch, max_tokens: int = MAX_TOKENS) -> boo
 
 
 class MixedGraphs(GraphCache):
+    _keyed: tuple[Any, Any] = (None, None)  # the latest batch and its key
+
     def __init__(self, table_width: int, scratch_page: int,
                  max_tokens: int = MAX_TOKENS, owner: Any = None) -> None:
         import cupy as cp
@@ -169,6 +171,13 @@ class MixedGraphs(GraphCache):
         self.fed_in = cp.full(FED_ROWS, 0, dtype=cp.int32)
 
     def key(self, batch: PackedBatch) -> Key:
+        if self._keyed[0] is batch:  # asked by cupy_route.first_use, then by run
+            return self._keyed[1]
+        key = self._key(batch)
+        self._keyed = (batch, key)
+        return key
+
+    def _key(self, batch: PackedBatch) -> Key:
         segs = batch.segments
         multi = segs[segs[:, 1] > 1]
         t = _up(batch.num_rows, TOKEN_BUCKETS)

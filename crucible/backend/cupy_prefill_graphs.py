@@ -79,15 +79,20 @@ class PrefillGraphs(GraphCache):
         return CupyMeta(length, v[0], v[1], v[2], v[3], v[4].reshape(1, 4),
                         v[5].reshape(1, self.width), v[6], 1 if want else 0, length, capacity)
 
+    def key(self, batch: PackedBatch, capacity: int) -> tuple[int, bool, int]:
+        """(rows, whether the last row samples, the score capacity it replays at)."""
+        length, want = batch.num_rows, batch.final_rows.shape[0] == 1
+        classes = None if self.classes is None else self.classes.get()
+        if classes is not None and classes.spread:  # (kernels/capacity.py; off by default)
+            capacity = classes.slices(capacity, length, 1)
+        return length, want, capacity
+
     def run(self, batch: PackedBatch, capacity: int,
             forward: Callable[[Any], Any]) -> Any | None:
         """The step's logits on the device, or None when it must run eagerly."""
         import cupy as cp
 
-        length, want = batch.num_rows, batch.final_rows.shape[0] == 1
-        classes = None if self.classes is None else self.classes.get()
-        if classes is not None and classes.spread:  # (kernels/capacity.py; off by default)
-            capacity = classes.slices(capacity, length, 1)
+        key = length, want, capacity = self.key(batch, capacity)
 
         def capture() -> Any:
             meta_dev = cp.asarray(self.host_meta(None, length, want))
@@ -95,7 +100,7 @@ class PrefillGraphs(GraphCache):
                                    self._views(meta_dev, length, want, capacity), self.memory,
                                    wait=False)
 
-        cap = self._graph((length, want, capacity), capture)
+        cap = self._graph(key, capture)
         if cap is None:
             return None
         logits = cap.replay(self.stream, self.host_meta(batch, length, want), self.ring)

@@ -118,6 +118,9 @@ class NumpyBackend:
             raise ValueError("the numpy backend runs no fed (pipelined) steps")
         return forward(self.prepare(batch))
 
+    def first_use(self, batch: PackedBatch, fed: bool) -> bool:
+        return False  # no graphs: every step runs as it comes
+
     def fed_ids(self, rows: int) -> None:
         return None
 

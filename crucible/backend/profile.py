@@ -72,6 +72,9 @@ class ProfiledBackend:
             raise ValueError("a profiled backend runs no fed (pipelined) steps")
         return forward(self.prepare(batch))
 
+    def first_use(self, batch: Any, fed: bool) -> bool:
+        return False  # profiled steps run eagerly, stage by stage
+
     def fed_ids(self, rows: int) -> None:
         return None  # every step's stages are timed in turn: no pipelining
 

@@ -123,6 +123,12 @@ class Backend(Protocol):
         captured graph of it instead. ``feed`` (pipelined decode): per row, the index of the
         previous step's sampled id that is its input token (-1: the batch's own)."""
 
+    def first_use(self, batch: PackedBatch, fed: bool) -> bool:
+        """Whether ``run_step`` of ``batch`` (``fed``: with a feed) would be a graph's first
+        use: a capture, or an eager forward of a shape a graph kind takes but holds no graph
+        for yet (a first sighting). Such a launch holds the host for milliseconds, so the
+        engine collects the step in flight first (engine/engine.py). False without graphs."""
+
     def fed_ids(self, rows: int) -> Array | None:
         """Where the latest step's sampled ids live on the device so that a fed step can
         read them, or None when no fed step can follow (no pipelining here)."""

@@ -15,7 +15,7 @@ results do to its requests (tokens, stops, deltas) is engine/updates.py.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -24,9 +24,9 @@ from crucible.step.batch import PackedBatch, build_packed_batch
 from crucible.engine.pacing import Pacer
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import DecodeRows, Launched
-from crucible.engine.pipeline_next import plan_next
+from crucible.engine.pipeline_next import NextStep, plan_next
 from crucible.engine.prefix_cache import PrefixCache, cache_counters
-from crucible.engine.request import Logprobs, Request, RequestDelta
+from crucible.engine.request import Logprobs, Request, RequestDelta, RequestStatus
 from crucible.engine.rng import derive_seed
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import ScheduledSlice, Scheduler, SchedulerConfig
@@ -49,6 +49,12 @@ def _first_out_of_vocab(ids: Sequence[int], vocab_size: int) -> Any:
     except TypeError:  # ids of mixed kinds: the walk below says which one is wrong
         pass
     return next((t for t in ids if not 0 <= int(t) < vocab_size), None)
+
+
+def _requests(nxt: NextStep) -> Iterable[Request]:
+    """The requests a planned step has rows of."""
+    decode = () if nxt.decode is None else nxt.decode.requests
+    return itertools.chain(decode, (sl.request for sl in nxt.slices))
 
 
 class LLMEngine(StepUpdates):
@@ -76,6 +82,10 @@ class LLMEngine(StepUpdates):
         self.num_chained = 0  # steps queued by the pipeline, before the previous one's ids
         self.num_chained_mixed = 0  # those of them that hold prefill slices
         self._inflight: Launched | None = None  # a queued step whose results are not applied
+        # A step planned ahead whose launch is a graph's first use (a capture or an eager
+        # forward: many ms of host time), held until the step before it was collected.
+        self._deferred: NextStep | None = None
+        self.num_deferred = 0
         # Late planning (engine/pacing.py): set by a serving loop that takes arrivals.
         self.pacer: Pacer | None = None
         # --profile: (stage, fn) -> fn(), timed; host sampling runs through it.
@@ -151,6 +161,10 @@ class LLMEngine(StepUpdates):
         results are read, so one step may still be in flight when this returns."""
         while True:
             cur = self._inflight
+            if cur is None and self._deferred is not None:
+                nxt, self._deferred = self._deferred, None
+                if any(r.status is RequestStatus.RUNNING for r in _requests(nxt)):
+                    cur = self._launch_next(nxt)  # else every row's request ended: dropped
             if cur is None:
                 if self.prefix_cache is not None:
                     self.prefix_cache.follow(self.runner.backend.arithmetic)
@@ -164,7 +178,16 @@ class LLMEngine(StepUpdates):
                 sched = self.scheduler
                 pacer.wait(cur.pending, not sched.waiting
                            and len(sched.running) < sched.config.max_running)
-            self._inflight = self._chain(cur)
+            nxt = self._plan_next(cur)
+            self._inflight = None
+            if nxt is not None and self.runner.first_use(nxt.batch, nxt.feed is not None):
+                # Its launch would hold the host for a capture or an eager forward while
+                # cur's tokens wait behind it: they go out first, and the next call
+                # launches it (its fed rows still find cur's ids on the device).
+                self._deferred = nxt
+                self.num_deferred += 1
+            elif nxt is not None:
+                self._inflight = self._launch_next(nxt)
             deltas, live = self._collect(cur)
             if pacer is not None and cur.pending is not None:
                 pacer.ended()
@@ -192,16 +215,16 @@ class LLMEngine(StepUpdates):
             self.pacer.launched()
         return Launched(tuple(slices), pending, None, len(rows), decode)
 
-    def _chain(self, cur: Launched) -> Launched | None:
-        """Step t+1 queued before step t's results are applied, or None
+    def _plan_next(self, cur: Launched) -> NextStep | None:
+        """Step t+1 planned before step t's results are applied, or None
         (engine/pipeline_next.py)."""
         runner = self.runner
         if self.prefix_cache is not None and self.scheduler.waiting:  # admissions may hit
             self.prefix_cache.follow(runner.backend.arithmetic)
-        nxt = plan_next(cur, self.scheduler, self.max_context, self.vocab_size,
-                        runner.chain_rows, runner.mixed_feed_rows)
-        if nxt is None:
-            return None
+        return plan_next(cur, self.scheduler, self.max_context, self.vocab_size,
+                         runner.chain_rows, runner.mixed_feed_rows)
+
+    def _launch_next(self, nxt: NextStep) -> Launched:
         self.num_chained += 1
         self.num_chained_mixed += any(sl.length > 1 for sl in nxt.slices)
         return self._launch(nxt.slices, nxt.batch, nxt.rows, nxt.feed, nxt.decode,

@@ -91,6 +91,11 @@ class ModelRunner:
         """How the steps so far ran: backend/protocol.py GRAPH_STATS."""
         return self.backend.graph_stats()
 
+    def first_use(self, batch: PackedBatch, fed: bool) -> bool:
+        """Whether launching ``batch`` would be a graph's first use (a capture, or an eager
+        forward of a shape a graph kind takes but has no graph for yet)."""
+        return self.backend.first_use(batch, fed)
+
     @property
     def chain_rows(self) -> int:
         """The most rows a pipelined decode step may have (0: this runner cannot pipeline).
