@@ -178,6 +178,29 @@ def test_a_request_whose_chain_is_filled_still_hits() -> None:
     assert cache.match(other, None, published[:1]) == [10]
 
 
+def test_a_hash_collision_is_caught_by_the_stored_ids(monkeypatch) -> None:
+    """A hit needs the page's ids and parent, not only its key: with a forged hash under
+    which every page of a chain collides, another prompt's page is never a hit, and the
+    chain's own pages still are (those the collisions let in: the first; later ones share
+    its key, so they are not indexed)."""
+    import crucible.engine.prefix_cache as pcm
+
+    cache = pcm.PrefixCache(("test", "model", "int8"), "arith", max_pages=64)
+    toks = list(range(300, 300 + 16 * 6 + 1))
+    chain: list[bytes] = []
+    monkeypatch.setattr(pcm.xxhash, "xxh3_128_digest", lambda data: b"k" * 16)
+    for i in range(6):
+        cache.publish(20 + i, i, toks[i * 16 : (i + 1) * 16], None, chain)
+    cache.check()
+    assert cache.num_pages == 1 and cache.match(toks, None, []) == [20]
+    for bad in range(16):  # one id of the first page changed: same key, other content
+        other = list(toks)
+        other[bad] += 1
+        assert cache.match(other, None, []) == []
+    # A page's own ids under another parent are another page (the walk's parent check).
+    assert cache.match(toks[16:], None, []) == []
+
+
 def test_d10_namespace_covers_model_weights_and_arithmetic(model) -> None:
     from crucible.engine.factory import prefix_cache
 

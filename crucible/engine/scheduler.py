@@ -218,14 +218,13 @@ class Scheduler:
                         continue
             done = len(hits) * PAGE_SIZE
             n = self._cap(len(req.token_ids) - done, budget)
-            unowned = sum(1 for p in hits if alloc.refcount(p) == 0)  # leave the free queue
+            unowned = alloc.count_free(hits)  # they leave the free queue
             if not alloc.can_allocate(pages_for(done + n) - len(hits) + unowned):
                 break
             del self.waiting[i]
             if cached:
                 cache.record(hits)
-                for p in hits:
-                    alloc.take(p)
+                alloc.take_all(hits)
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = done
                 if filling is not None:

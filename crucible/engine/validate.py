@@ -125,13 +125,14 @@ def validate_packed_batch(batch: PackedBatch, *, num_pages: int, vocab_size: int
 
 
 def _writes_shared(segs: np.ndarray, tables: np.ndarray, shared_pages: np.ndarray) -> bool:
-    """Whether any segment writes one of ``shared_pages`` (vectorised)."""
+    """Whether any segment writes one of ``shared_pages`` (sorted, distinct; vectorised)."""
     lo, hi = np.zeros(tables.shape[0], np.int64), np.full(tables.shape[0], -1, np.int64)
     lo[segs[:, 3]] = segs[:, 2] >> PAGE_SHIFT
     hi[segs[:, 3]] = (segs[:, 2] + segs[:, 1] - 1) >> PAGE_SHIFT
     col = np.arange(tables.shape[1])[None, :]
-    written = (col >= lo[:, None]) & (col <= hi[:, None])
-    return bool(np.isin(tables[written], shared_pages).any())
+    w = tables[(col >= lo[:, None]) & (col <= hi[:, None])]
+    at = np.minimum(np.searchsorted(shared_pages, w), shared_pages.size - 1)
+    return bool((shared_pages[at] == w).any())  # (a binary search: the writes are few)
 
 
 def _segments_ok(segs: np.ndarray, tables: np.ndarray, lengths: np.ndarray, n_rows: int,
@@ -171,6 +172,18 @@ def _well_typed(batch: PackedBatch) -> bool:
                for a, ndim in zip(arrays, (1, 1, 2, 2, 1, 1)))
 
 
+def _shared_ok(segs: np.ndarray, tables: np.ndarray, valid: np.ndarray, pages: np.ndarray,
+               twice: np.ndarray, num_pages: int) -> bool:
+    """Pages held more than once (``twice``, sorted): fine where several tables share them
+    (the prefix cache's, every step of a chat server), as long as no table holds one twice
+    and no segment writes one."""
+    table_of = np.nonzero(valid)[0]  # each entry's table, in ``pages``' order
+    if not _distinct(table_of * num_pages + pages):
+        return False
+    shared = twice[np.concatenate(([True], twice[1:] != twice[:-1]))]
+    return not _writes_shared(segs, tables, shared)
+
+
 def _distinct(a: np.ndarray) -> bool:
     """No value twice in the 1-D ``a`` (one sort; cheaper than np.unique)."""
     s = np.sort(a)
@@ -180,8 +193,8 @@ def _distinct(a: np.ndarray) -> bool:
 def _vector_ok(batch: PackedBatch, num_pages: int, vocab_size: int,
                max_pages: int | None) -> bool:
     """True when the batch passes every check of validate_packed_batch, in whole-array
-    operations (a decode step of many requests). It only accepts: False (a problem, or a
-    page held by two tables) leaves the verdict and the message to the full checks."""
+    operations (a decode step of many requests). It only accepts: False (a problem) leaves
+    the verdict and the message to the full checks."""
     if not _well_typed(batch):
         return False
     tokens, positions, tables, finals = (batch.token_ids, batch.positions, batch.page_tables,
@@ -197,11 +210,17 @@ def _vector_ok(batch: PackedBatch, num_pages: int, vocab_size: int,
     # Row packed_start + r sits at absolute_start + r (segments tile the rows, checked).
     if (positions != np.repeat(segs[:, 2] - segs[:, 0], segs[:, 1]) + np.arange(n_rows)).any():
         return False
-    # Every page in the pool and none twice anywhere: no table holds a page twice, and no
-    # page is shared, so none that a segment writes is.
-    pages = tables[np.arange(tables.shape[1])[None, :] < lengths[:, None]]
-    if pages.size and (pages.min() < 0 or pages.max() >= num_pages or not _distinct(pages)):
-        return False
+    # Every page in the pool and none twice anywhere: then no table holds a page twice, and
+    # no page is shared, so none that a segment writes is.
+    valid = np.arange(tables.shape[1])[None, :] < lengths[:, None]
+    pages = tables[valid].astype(np.int64)
+    if pages.size:
+        if pages.min() < 0 or pages.max() >= num_pages:
+            return False
+        s = np.sort(pages)
+        twice = s[1:][s[1:] == s[:-1]]  # pages held more than once: sorted
+        if twice.size and not _shared_ok(segs, tables, valid, pages, twice, num_pages):
+            return False
     if finals.size and not (finals[0] >= 0 and finals[-1] < n_rows
                             and (finals[1:] > finals[:-1]).all()):
         return False
