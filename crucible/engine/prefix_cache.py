@@ -145,7 +145,7 @@ class PrefixCache:
             pages.append(page)
             parent = keys[page]
         if len(chain) < len(pages):
-            chain.extend(keys[p] for p in pages[len(chain) :])
+            chain.extend(map(keys.__getitem__, pages[len(chain) :]))
         self.extend_chain(tokens, salt, chain, raw)
         return pages
 
