@@ -1,0 +1,150 @@
+"""Host time of a cached chat cohort's admission: the step that admits 16 next turns of
+conversations the prefix cache holds, with instant kernels (bench/host_step.py's
+``InstantRunner``), so only the engine's Python counts.
+
+    python3 bench/admission_host.py [--rounds 5] [--cohorts 12] [--json PATH] [--against REV]
+
+Why: on a GPU a chat cohort's turn arrives while a short decode step runs, and the device
+then waits for the host to plan the cohort's step: matching ~100 cached pages a request,
+taking them out of the free queue, validating a batch whose tables share the system
+prompt's pages (bench/chat-timeline-*: ~2.8 ms on an H100 host before 2026-12-07, on the
+critical path of every cached turn's time to first token).
+
+Set-up (the prefix cache chat bench's shape, bench/prefix_chat.py): 64 conversations
+behind a 500-token system prompt, four cohorts of 16 taking 8 turns of 60 new tokens and 64
+generated ones (~1,550 tokens of history each), then 48 conversations decoding long. Timed
+(process CPU time): ``--cohorts`` steps, each admitting the next turn of 16 conversations
+(all but their last ~100 tokens cached), and as many plain decode steps beside them.
+``--against REV``: each round runs this tree and REV (a temporary git worktree) in fresh
+processes, alternating which goes first; figures per side and the paired ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from common import stat, write_json
+from host_step import TEXT, InstantRunner
+
+from crucible.engine.engine import LLMEngine
+from crucible.engine.prefix_cache import PrefixCache
+from crucible.engine.sampling import SamplingParams
+from crucible.engine.scheduler import SchedulerConfig
+from crucible.model.tiny_tokenizer import TINY_VOCAB_SIZE, tiny_tokenizer
+
+PAGES, USERS, COHORT = 16384, 64, 16
+
+
+def one_round(cohorts: int, seed: int) -> dict[str, float]:
+    tok = tiny_tokenizer()
+    rng = np.random.default_rng(seed)
+    runner = InstantRunner(PAGES, TINY_VOCAB_SIZE, 8192, tok.encode(TEXT))
+    runner.backend = SimpleNamespace(arithmetic="instant")
+    eng = LLMEngine(runner, tok, SchedulerConfig(token_budget=1024, max_queue=256,
+                                                 max_running=256),
+                    prefix_cache=PrefixCache(("bench",), "instant", PAGES))
+    eng.detokenize = False
+    system = rng.integers(0, TINY_VOCAB_SIZE, 500).tolist()
+    convs = [system + rng.integers(0, TINY_VOCAB_SIZE, 60).tolist() for _ in range(USERS)]
+    reply = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+
+    def turn(users: range) -> None:
+        rids = {eng.add_request(convs[u], reply): u for u in users}
+        outs: dict[str, list[int]] = {r: [] for r in rids}
+        while any(r in eng.requests for r in rids):
+            for d in eng.step():
+                if d.request_id in outs:
+                    outs[d.request_id] += d.new_token_ids
+        for r, u in rids.items():
+            convs[u] += outs[r] + rng.integers(0, TINY_VOCAB_SIZE, 60).tolist()
+
+    for _ in range(8):
+        for c in range(USERS // COHORT):
+            turn(range(COHORT * c, COHORT * (c + 1)))
+    long = SamplingParams(max_tokens=100_000 // 8, temperature=0.0, ignore_eos=True)
+    for u in range(COHORT, USERS):
+        eng.add_request(convs[u], long)
+    for _ in range(4):
+        eng.step()
+    admit, decode = [], []
+    for k in range(cohorts):
+        t = time.process_time()
+        eng.step()
+        decode.append(time.process_time() - t)
+        for u in range(COHORT):  # the same conversations, a token longer each time
+            eng.add_request(convs[u] + [1] * (k + 1), reply)
+        t = time.process_time()
+        eng.step()  # plans (admits) the cohort's step
+        admit.append(time.process_time() - t)
+        while any(len(r.token_ids) < r.num_prompt_tokens + 64 for r in eng.requests.values()
+                  if r.params.max_tokens == 64):
+            eng.step()
+    return {"admission_step_ms": float(np.median(admit)) * 1e3,
+            "decode_step_ms": float(np.median(decode)) * 1e3}
+
+
+def fresh(tree: Path, cohorts: int, seed: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        subprocess.run([sys.executable, __file__, "--rounds", "1", "--cohorts", str(cohorts),
+                        "--seed", str(seed), "--json", str(out)], check=True,
+                       capture_output=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(tree)))
+        return {k: v["median"] for k, v in json.loads(out.read_text())["figures"].items()}
+
+
+def against(rev: str, rounds: int, cohorts: int) -> dict:
+    repo = Path(__file__).resolve().parent.parent
+    base = Path(tempfile.mkdtemp(prefix="admission-base-"))
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", "--detach", str(base),
+                    rev], check=True)
+    sides: dict[str, dict[str, list[float]]] = {"base": {}, "this": {}}
+    try:
+        for r in range(rounds):
+            order = [("base", base), ("this", repo)]
+            for side, tree in order if r % 2 == 0 else order[::-1]:
+                for k, v in fresh(tree, cohorts, r).items():
+                    sides[side].setdefault(k, []).append(v)
+            print(f"round {r}: " + ", ".join(f"{s} {k} {v[-1]:.3f}" for s in sides
+                                             for k, v in sides[s].items()), file=sys.stderr)
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(base)])
+    return {"against": rev,
+            "figures": {s: {k: stat(v) for k, v in d.items()} for s, d in sides.items()},
+            "base_over_this": {k: stat([a / b for a, b in zip(sides["base"][k], v)])
+                               for k, v in sides["this"].items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--cohorts", type=int, default=12)
+    p.add_argument("--json", default="bench/admission-host-cpu.json")
+    p.add_argument("--against", default=None, metavar="REV")
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # fresh()'s
+    args = p.parse_args(argv)
+    head = {"command": "python3 bench/admission_host.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]), "rounds": args.rounds,
+        "cohorts": args.cohorts}
+    if args.against:
+        write_json(args.json, {**head, **against(args.against, args.rounds, args.cohorts)})
+        return 0
+    res: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        for k, v in one_round(args.cohorts, args.seed + r).items():
+            res.setdefault(k, []).append(v)
+    write_json(args.json, {**head, "figures": {k: stat(v) for k, v in res.items()}})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
