@@ -17,6 +17,7 @@ import threading
 from typing import AsyncIterator, Sequence
 
 from crucible.engine.engine import LLMEngine, RequestDelta
+from crucible.engine.request import TokenIds
 from crucible.engine.sampling import SamplingParams
 from crucible.errors import QueueFullError, RequestError
 
@@ -53,7 +54,8 @@ class AsyncLLMEngine:
                 raise QueueFullError(f"waiting queue is full ({self.engine.config.max_queue} "
                                      f"requests); retry later")
             self._streams[rid] = (asyncio.get_running_loop(), queue)
-            self._adds.append((rid, [int(t) for t in prompt_token_ids], params, cache_salt))
+            ids = TokenIds(map(int, prompt_token_ids))  # taken as it is by add_request
+            self._adds.append((rid, ids, params, cache_salt))
         self._ensure_worker()
         self._wake.set()
         return rid, queue

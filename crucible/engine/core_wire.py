@@ -25,6 +25,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from crucible.backend.protocol import GRAPH_STATS
 from crucible.engine.engine import Logprobs, RequestDelta
+from crucible.engine.request import TokenIds
 from crucible.engine.sampling import SamplingParams
 from crucible.model.tokenizer import Tokenizer
 
@@ -93,7 +94,7 @@ def decode_add(data: bytes) -> tuple[int, list[int], dict[str, Any]]:
     start = _ADD.size
     meta = json.loads(data[start : start + m])
     meta["params"] = SamplingParams(**meta["params"])
-    ids = np.frombuffer(data, _I32, n, start + m).tolist()
+    ids = TokenIds(np.frombuffer(data, _I32, n, start + m).tolist())
     return handle, ids, meta
 
 

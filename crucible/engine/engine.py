@@ -26,7 +26,7 @@ from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import DecodeRows, Launched
 from crucible.engine.pipeline_next import NextStep, plan_next
 from crucible.engine.prefix_cache import PrefixCache, cache_counters
-from crucible.engine.request import Logprobs, Request, RequestDelta, RequestStatus
+from crucible.engine.request import Logprobs, Request, RequestDelta, RequestStatus, TokenIds
 from crucible.engine.rng import derive_seed
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import ScheduledSlice, Scheduler, SchedulerConfig
@@ -134,8 +134,10 @@ class LLMEngine(StepUpdates):
         seed = params.seed if params.seed is not None else derive_seed(self._seed_base, arrival)
         text = self.tokenizer if self.detokenize and (not final_only or params.stop) \
             else None
-        req = Request(rid, list(map(int, prompt_token_ids)), params, seed=seed,
-                      arrival=arrival, eos_ids=self.eos_ids, tokenizer=text)
+        ids = prompt_token_ids if type(prompt_token_ids) is TokenIds \
+            else list(map(int, prompt_token_ids))
+        req = Request(rid, ids, params, seed=seed, arrival=arrival, eos_ids=self.eos_ids,
+                      tokenizer=text)
         req.final_only = final_only
         req.use_cache = use_prefix_cache and params.prompt_logprobs is None
         req.cache_salt = cache_salt
