@@ -119,12 +119,22 @@ class AsyncLLMEngine:
             self._thread.start()
 
     def _push(self, rid: str, item: RequestDelta | BaseException, last: bool) -> None:
+        self._push_all([(rid, item, last)])
+
+    def _push_all(self, items: list[tuple[str, RequestDelta | BaseException, bool]]) -> None:
+        """Hand each item to its request's queue: one lock and one wake-up of each event
+        loop for a whole step's deltas (a call_soon_threadsafe each cost the worker ~5 us
+        a request between two steps), in order."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         with self._lock:
-            entry = self._streams.pop(rid, None) if last else self._streams.get(rid)
-        if entry is not None:
-            loop, queue = entry
+            pop, get = self._streams.pop, self._streams.get
+            for rid, item, last in items:
+                entry = pop(rid, None) if last else get(rid)
+                if entry is not None:
+                    by_loop.setdefault(entry[0], []).append((entry[1], item))
+        for loop, puts in by_loop.items():
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
+                loop.call_soon_threadsafe(_put_all, puts)
             except RuntimeError:  # that event loop is closed: nobody is listening any more
                 pass
 
@@ -166,5 +176,9 @@ class AsyncLLMEngine:
                     self.engine.abort(rid)
                     self._push(rid, e, True)
                 continue
-            for d in deltas:
-                self._push(d.request_id, d, d.finished)
+            self._push_all([(d.request_id, d, d.finished) for d in deltas])
+
+
+def _put_all(puts: list[tuple[asyncio.Queue, RequestDelta | BaseException]]) -> None:
+    for queue, item in puts:
+        queue.put_nowait(item)
