@@ -156,15 +156,15 @@ def _full(batch, **kw):
     """The full checks alone: True if they accept."""
     import crucible.engine.validate as v
 
-    saved = v._SMALL_ROWS, v._vector_ok
-    v._SMALL_ROWS, v._vector_ok = 0, lambda *args: False
+    saved = v.small_ok, v.vector_ok
+    v.small_ok = v.vector_ok = lambda *args: False
     try:
         check(batch, **kw)
         return True
     except BatchValidationError:
         return False
     finally:
-        v._SMALL_ROWS, v._vector_ok = saved
+        v.small_ok, v.vector_ok = saved
 
 
 def _corruptions(make, rng, n=3000):
@@ -181,7 +181,7 @@ def _corruptions(make, rng, n=3000):
 
 
 def _small(batch, num_pages=NUM_PAGES, max_pages=None):
-    from crucible.engine.validate import _small_ok
+    from crucible.engine.validate_fast import small_ok as _small_ok
 
     return _small_ok(batch, num_pages, VOCAB, max_pages)
 
@@ -219,7 +219,7 @@ def test_small_pass_never_accepts_what_the_full_checks_refuse():
 # may only accept what they accept, and it accepts everything they accept except a page
 # held by two tables (which it leaves to them).
 def _vector(batch, num_pages, max_pages=None):
-    from crucible.engine.validate import _vector_ok
+    from crucible.engine.validate_fast import vector_ok as _vector_ok
 
     return _vector_ok(batch, num_pages, VOCAB, max_pages)
 

@@ -15,13 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from crucible.step.batch import PAGE_SHIFT, PAGE_SIZE, PackedBatch
+from crucible.engine.validate_fast import segments_ok, small_ok, vector_ok, writes_shared
 from crucible.errors import BatchValidationError
 
 _INT32_MAX = 2**31 - 1
 _VECTOR_FROM = 16  # segments; below this the Python walk is the faster check
-# At or below these sizes (a decode step of a few requests) one plain-Python pass accepts a
-# good batch more cheaply than the ~20 numpy calls the checks below cost whatever the size.
-_SMALL_ROWS, _SMALL_SEGS = 64, 8
 
 
 def _fail(msg: str) -> None:
@@ -44,8 +42,8 @@ def validate_packed_batch(batch: PackedBatch, *, num_pages: int, vocab_size: int
     # A good batch is accepted by one of two silent passes (plain Python when small, whole
     # arrays otherwise); anything else (a problem, or a page shared read-only) goes through
     # the checks below, which name the first problem.
-    if (_small_ok(batch, num_pages, vocab_size, max_pages_per_table)
-            or _vector_ok(batch, num_pages, vocab_size, max_pages_per_table)):
+    if (small_ok(batch, num_pages, vocab_size, max_pages_per_table)
+            or vector_ok(batch, num_pages, vocab_size, max_pages_per_table)):
         return
     tokens = _check_array("token_ids", batch.token_ids, 1)
     positions = _check_array("positions", batch.positions, 1)
@@ -71,7 +69,7 @@ def validate_packed_batch(batch: PackedBatch, *, num_pages: int, vocab_size: int
     # (cheapest in Python). Many: a vectorised pass accepts a good batch, and only a bad one
     # is walked, to name its first problem.
     many = segs.shape[0] > _VECTOR_FROM
-    if not (many and _segments_ok(segs, tables, lengths, n_rows, max_pages_per_table)):
+    if not (many and segments_ok(segs, tables, lengths, n_rows, max_pages_per_table)):
         _check_segments(batch, segs, tables, lengths, n_rows, max_pages_per_table)
 
     # Positions: row packed_start + r sits at absolute_start + r.
@@ -103,7 +101,7 @@ def validate_packed_batch(batch: PackedBatch, *, num_pages: int, vocab_size: int
     shared_pages = uniq[counts > 1]
     # Pages a segment writes: entries first..last of its own table (each table has at most
     # one segment, checked above).
-    if shared_pages.size and (not many or _writes_shared(segs, tables, shared_pages)):
+    if shared_pages.size and (not many or writes_shared(segs, tables, shared_pages)):
         for i, (_, length, abs_start, t) in enumerate(segs.tolist()):
             w = tables[t, abs_start >> PAGE_SHIFT : ((abs_start + length - 1) >> PAGE_SHIFT) + 1]
             shared = w[np.isin(w, shared_pages)]
@@ -122,109 +120,6 @@ def validate_packed_batch(batch: PackedBatch, *, num_pages: int, vocab_size: int
     if bad.size:
         r = int(bad[0])
         _fail(f"row {r} token id {tokens[r]} outside the vocabulary [0, {vocab_size})")
-
-
-def _writes_shared(segs: np.ndarray, tables: np.ndarray, shared_pages: np.ndarray) -> bool:
-    """Whether any segment writes one of ``shared_pages`` (sorted, distinct; vectorised)."""
-    lo, hi = np.zeros(tables.shape[0], np.int64), np.full(tables.shape[0], -1, np.int64)
-    lo[segs[:, 3]] = segs[:, 2] >> PAGE_SHIFT
-    hi[segs[:, 3]] = (segs[:, 2] + segs[:, 1] - 1) >> PAGE_SHIFT
-    col = np.arange(tables.shape[1])[None, :]
-    w = tables[(col >= lo[:, None]) & (col <= hi[:, None])]
-    at = np.minimum(np.searchsorted(shared_pages, w), shared_pages.size - 1)
-    return bool((shared_pages[at] == w).any())  # (a binary search: the writes are few)
-
-
-def _segments_ok(segs: np.ndarray, tables: np.ndarray, lengths: np.ndarray, n_rows: int,
-                 max_pages: int | None) -> bool:
-    """True when every segment check below passes (vectorised; no message). Minima and
-    maxima replace elementwise masks where they can: this runs every step."""
-    if segs.shape[0] == 0:
-        return n_rows == 0
-    start, length, abs_start, t = segs.T
-    min_start, min_length, min_abs, min_t = segs.min(axis=0).tolist()
-    if min_start < 0 or min_length <= 0 or min_abs < 0 or min_t < 0:
-        return False
-    ends = np.cumsum(length)
-    if ends[-1] != n_rows or (start != ends - length).any():
-        return False
-    # Tiled with positive lengths, start + length is ends, whose largest is ends[-1].
-    abs_end = abs_start + length
-    if ends[-1] > _INT32_MAX or abs_end.max() > _INT32_MAX:
-        return False
-    if t.max() >= tables.shape[0]:
-        return False
-    n_table = lengths[t]
-    if n_table.min() < 0 or n_table.max() > tables.shape[1]:
-        return False
-    if max_pages is not None and n_table.max() > max_pages:
-        return False
-    if (abs_end > n_table * PAGE_SIZE).any():
-        return False
-    return _distinct(t)
-
-
-def _well_typed(batch: PackedBatch) -> bool:
-    """Every array an int32 numpy array of the right rank (what _check_array demands)."""
-    arrays = (batch.token_ids, batch.positions, batch.segments, batch.page_tables,
-              batch.table_lengths, batch.final_rows)
-    return all(isinstance(a, np.ndarray) and a.dtype == np.int32 and a.ndim == ndim
-               for a, ndim in zip(arrays, (1, 1, 2, 2, 1, 1)))
-
-
-def _shared_ok(segs: np.ndarray, tables: np.ndarray, valid: np.ndarray, pages: np.ndarray,
-               twice: np.ndarray, num_pages: int) -> bool:
-    """Pages held more than once (``twice``, sorted): fine where several tables share them
-    (the prefix cache's, every step of a chat server), as long as no table holds one twice
-    and no segment writes one."""
-    table_of = np.nonzero(valid)[0]  # each entry's table, in ``pages``' order
-    if not _distinct(table_of * num_pages + pages):
-        return False
-    shared = twice[np.concatenate(([True], twice[1:] != twice[:-1]))]
-    return not _writes_shared(segs, tables, shared)
-
-
-def _distinct(a: np.ndarray) -> bool:
-    """No value twice in the 1-D ``a`` (one sort; cheaper than np.unique)."""
-    s = np.sort(a)
-    return not (s[1:] == s[:-1]).any()
-
-
-def _vector_ok(batch: PackedBatch, num_pages: int, vocab_size: int,
-               max_pages: int | None) -> bool:
-    """True when the batch passes every check of validate_packed_batch, in whole-array
-    operations (a decode step of many requests). It only accepts: False (a problem) leaves
-    the verdict and the message to the full checks."""
-    if not _well_typed(batch):
-        return False
-    tokens, positions, tables, finals = (batch.token_ids, batch.positions, batch.page_tables,
-                                         batch.final_rows)
-    segs, lengths = batch.segments.astype(np.int64), batch.table_lengths.astype(np.int64)
-    n_rows = tokens.shape[0]
-    if n_rows == 0 or positions.shape[0] != n_rows or segs.shape[1] != 4:
-        return False
-    if len(batch.request_ids) != segs.shape[0] or lengths.shape[0] != tables.shape[0]:
-        return False
-    if not _segments_ok(segs, tables, lengths, n_rows, max_pages):
-        return False
-    # Row packed_start + r sits at absolute_start + r (segments tile the rows, checked).
-    if (positions != np.repeat(segs[:, 2] - segs[:, 0], segs[:, 1]) + np.arange(n_rows)).any():
-        return False
-    # Every page in the pool and none twice anywhere: then no table holds a page twice, and
-    # no page is shared, so none that a segment writes is.
-    valid = np.arange(tables.shape[1])[None, :] < lengths[:, None]
-    pages = tables[valid].astype(np.int64)
-    if pages.size:
-        if pages.min() < 0 or pages.max() >= num_pages:
-            return False
-        s = np.sort(pages)
-        twice = s[1:][s[1:] == s[:-1]]  # pages held more than once: sorted
-        if twice.size and not _shared_ok(segs, tables, valid, pages, twice, num_pages):
-            return False
-    if finals.size and not (finals[0] >= 0 and finals[-1] < n_rows
-                            and (finals[1:] > finals[:-1]).all()):
-        return False
-    return bool(tokens.min() >= 0 and tokens.max() < vocab_size)
 
 
 def _check_segments(batch: PackedBatch, segs: np.ndarray, tables: np.ndarray,
@@ -260,56 +155,3 @@ def _check_segments(batch: PackedBatch, segs: np.ndarray, tables: np.ndarray,
         _fail(f"segments cover {expected_start} rows, the batch has {n_rows}")
     if len(set(segs[:, 3].tolist())) != n_segs:
         _fail("two segments share one page table")
-
-
-def _small_ok(batch: PackedBatch, num_pages: int, vocab_size: int,
-              max_pages: int | None) -> bool:
-    """True when a small batch passes every check below, in plain Python. It only accepts:
-    False (anything unusual, or a batch too big for this pass) sends the batch through the
-    full checks, which name the first problem."""
-    if not _well_typed(batch):
-        return False
-    # Sizes first: a big batch is sent on before any array is turned into lists.
-    if not 0 < batch.token_ids.shape[0] <= _SMALL_ROWS or batch.segments.shape[0] > _SMALL_SEGS:
-        return False
-    tokens, positions = batch.token_ids.tolist(), batch.positions.tolist()
-    n_rows, segs = len(tokens), batch.segments.tolist()
-    if len(positions) != n_rows:
-        return False
-    if batch.segments.shape[1] != 4 or len(batch.request_ids) != len(segs):
-        return False
-    tables, lengths = batch.page_tables.tolist(), batch.table_lengths.tolist()
-    width = batch.page_tables.shape[1]
-    if len(lengths) != len(tables) or any(not 0 <= n <= width for n in lengths):
-        return False
-    expected, used, written = 0, set(), []
-    for start, length, abs_start, t in segs:
-        if start != expected or length <= 0 or not 0 <= abs_start <= _INT32_MAX - length:
-            return False
-        if not 0 <= t < len(tables) or t in used:
-            return False
-        used.add(t)
-        n_table = lengths[t]
-        if (max_pages is not None and n_table > max_pages) or abs_start + length > n_table * PAGE_SIZE:
-            return False
-        if positions[start : start + length] != list(range(abs_start, abs_start + length)):
-            return False
-        written.append((t, abs_start >> PAGE_SHIFT, (abs_start + length - 1) >> PAGE_SHIFT))
-        expected = start + length
-    if expected != n_rows:
-        return False
-    holders: dict[int, int] = {}  # page -> tables holding it
-    for row, n in zip(tables, lengths):
-        pages = row[:n]
-        if len(set(pages)) != n or any(not 0 <= p < num_pages for p in pages):
-            return False
-        for p in pages:
-            holders[p] = holders.get(p, 0) + 1
-    if any(holders[p] > 1 for t, lo, hi in written for p in tables[t][lo : hi + 1]):
-        return False
-    prev = -1
-    for f in batch.final_rows.tolist():
-        if not prev < f < n_rows:
-            return False
-        prev = f
-    return all(0 <= x < vocab_size for x in tokens)
