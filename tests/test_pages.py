@@ -28,6 +28,28 @@ def test_free_queue_order_and_middle_removal():
         q.append(1)
 
 
+def test_a_hits_pages_leave_the_queue_together():
+    """remove_all / take_all (a prefix hit's run of pages) do what remove / take do a page
+    at a time; a page not in the queue stops remove_all with the queue still consistent."""
+    q = FreePageQueue(8)
+    q.remove_all([3, 0, 7, 4])
+    assert list(q) == [1, 2, 5, 6] and len(q) == 4
+    with pytest.raises(ValueError):
+        q.remove_all([5, 3])  # 5 goes, 3 is not in the queue
+    assert list(q) == [1, 2, 6] and len(q) == 3
+    a, b = PageAllocator(6), PageAllocator(6)
+    for alloc in (a, b):
+        alloc.free(alloc.allocate(6)[::-1])  # every page free again, in a shuffled order
+        alloc.take(2)
+    want = [2, 5, 0]
+    a.take_all(want)
+    for page in want:
+        b.take(page)
+    assert [a.refcount(p) for p in range(6)] == [b.refcount(p) for p in range(6)]
+    assert a.count_free(range(6)) == b.count_free(range(6)) == 3
+    assert list(a._free) == list(b._free) and a.num_free == b.num_free == 3
+
+
 def test_allocate_free_refcounts():
     a = PageAllocator(4)
     pages = a.allocate(3)

@@ -234,7 +234,8 @@ class PrefixCache:
         """``page`` gained an owner again (a hit)."""
         self._unowned.pop(page, None)
 
-    def acquired_all(self, pages: list[int]) -> None:
+    def acquired_all(self, pages: Sequence[int]) -> None:
+        """Each of ``pages`` gained an owner again (a hit's run of them)."""
         pop = self._unowned.pop
         for page in pages:
             pop(page, None)
