@@ -8,6 +8,7 @@
 #         (MIX=chat: the chat mix alone, ~4.5 min; CLIENTS=256,512 with it: ~2 min, the
 #         levels #16's targets name, for a lease with little time left)
 #     OUT=/some/dir PART=c MODEL=/path/smollm2.gguf bash bench/chat_evidence.sh   # ~4.5 min
+#     OUT=/some/dir PART=ab MODEL=... TREE=/baseline/tree bash bench/chat_evidence.sh  # ~4 min
 #
 # a: a mixed graph capture's host time by part (bench/capture_parts.py), the graphs'
 #    memory bound under the chat mix (bench/graph_memory_check.py, random weights), then
@@ -19,7 +20,11 @@
 #    warm-up as long as the conversations), its misses-only bench at the defaults (1,024
 #    unique prompts, 3 rounds), then one turn's timeline. WARMUP_PASSES: the chat
 #    warm-up's sets (prefix_cache_bench.py --warmup-passes; 1 unless set).
-PART=${PART:?set PART to a, b or c}
+# ab: the chat bench (c's first part, one round a process) against the tree in TREE (e.g.
+#    `git archive REV crucible cuda bench pyproject.toml | tar -x -C DIR`), fresh processes
+#    alternating (bench/env_ab.py), ROUNDS rounds (6 unless set): TTFT p50 and p99 on and
+#    off, their ratio, total tok/s, and the mixed captures inside the timed turns.
+PART=${PART:?set PART to a, b, c or ab}
 . "$(dirname "$0")/device_run.sh"
 case "$PART" in
 a)
@@ -52,6 +57,21 @@ c)
     tail -8 "$OUT/prefix-miss.log"
     CRUCIBLE_MIXED_GRAPH_ROWS=1024 python3 bench/chat_timeline.py --model "$MODEL" \
         --device cuda --turns 8 --json "$OUT/chat-timeline.json" 2>&1 | head -30 ;;
+ab)
+    MODEL=${MODEL:?set MODEL to the default model GGUF}
+    TREE=${TREE:?set TREE to the baseline tree}
+    m=summary.chat
+    CRUCIBLE_MIXED_GRAPH_ROWS=1024 python3 bench/env_ab.py \
+        --a "PYTHONPATH=$TREE${BASE:+:$BASE}" --a-cwd "$TREE" --b "PYTHONPATH=$PYTHONPATH" \
+        --rounds "${ROUNDS:-6}" --metric ratios.ttft_p50_off_over_on.median \
+        --metric $m.on.ttft_p50_ms.median --metric $m.off.ttft_p50_ms.median \
+        --metric $m.on.ttft_p99_ms.median --metric $m.off.ttft_p99_ms.median \
+        --metric $m.on.total_tok_per_s.median \
+        --metric runs.chat.config=on.figures.graphs.mixed_captures --drop-runs \
+        --json "$OUT/chat-ab.json" -- python3 bench/prefix_cache_bench.py --model "$MODEL" \
+        --device cuda --workload chat --rounds 1 --token-budget 1024 \
+        --warmup-passes "${WARMUP_PASSES:-1}" --json '{json}' > "$OUT/chat-ab.log" 2>&1
+    tail -9 "$OUT/chat-ab.log" ;;
 *)
-    echo "PART must be a, b or c" >&2; exit 2 ;;
+    echo "PART must be a, b, c or ab" >&2; exit 2 ;;
 esac
