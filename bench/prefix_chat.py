@@ -55,6 +55,16 @@ def conversations(args: argparse.Namespace, ids: list[int], seed: int, turns: in
     return system, msgs
 
 
+def first_uses(llm: LLM) -> int:
+    """Graph captures so far, and steps run eagerly for want of a graph: a GPU backend's
+    first uses (0 on the CPU). Plain counters, read from the event loop while the engine's
+    thread steps (a stale read only moves a count to the next request)."""
+    be = llm.engine.runner.backend
+    caches = [getattr(be, k, None) for k in ("graphs", "prefill_graphs", "mixed_graphs")]
+    return sum(getattr(g, "num_captures", 0) + getattr(g, "num_eager", 0)
+               for g in caches if g is not None)
+
+
 async def chat_run(llm: LLM, system: list[int], msgs: list[list[list[int]]],
                    params: SamplingParams) -> tuple[float, list[dict[str, Any]]]:
     """Every user's closed loop at once; (wall seconds, one record per request)."""
@@ -69,17 +79,19 @@ async def chat_run(llm: LLM, system: list[int], msgs: list[list[list[int]]],
             first = None
             cached = 0
             reason = None
+            uses = first_uses(llm)
             t0 = time.perf_counter()
             async for d in eng.generate(prompt, params):
                 if first is None and d.new_token_ids:
                     first = time.perf_counter() - t0
+                    uses = first_uses(llm) - uses  # while it waited for its first token
                 reply.extend(d.new_token_ids)
                 cached = max(cached, d.num_cached_tokens)
                 reason = d.finish_reason
             records.append({"user": u, "turn": t, "prompt_tokens": len(prompt),
                             "ttft_s": first, "latency_s": time.perf_counter() - t0,
                             "cached_tokens": cached, "finish_reason": reason,
-                            "reply": reply})
+                            "reply": reply, "first_uses": uses if first is not None else 0})
             history = prompt + reply
 
     try:
@@ -97,6 +109,7 @@ def chat_figures(wall: float, recs: list[dict[str, Any]], c0: dict[str, int],
     n_prompt = sum(r["prompt_tokens"] for r in recs)
     n_out = sum(len(r["reply"]) for r in recs)
     ttft = [r["ttft_s"] * 1e3 for r in recs if r["ttft_s"] is not None]
+    clean = [r["ttft_s"] * 1e3 for r in recs if r["ttft_s"] is not None and not r["first_uses"]]
     turns = sorted({r["turn"] for r in recs})
     hit = c1["cache_hit_tokens"] - c0["cache_hit_tokens"]
     return {
@@ -105,6 +118,9 @@ def chat_figures(wall: float, recs: list[dict[str, Any]], c0: dict[str, int],
         "output_tok_per_s": round(n_out / wall, 1),
         "ttft_p50_ms": round(pct(ttft, 0.5), 3), "ttft_p99_ms": round(pct(ttft, 0.99), 3),
         "ttft_mean_ms": round(statistics.fmean(ttft), 3),
+        # Requests that waited out a graph's first use, and the p50 of those that did not.
+        "ttft_with_first_use": len(ttft) - len(clean),
+        "ttft_p50_ms_no_first_use": round(pct(clean, 0.5), 3) if clean else None,
         "ttft_p50_ms_by_turn": [round(pct([r["ttft_s"] * 1e3 for r in recs
                                            if r["turn"] == t and r["ttft_s"] is not None],
                                           0.5), 3) for t in turns],
