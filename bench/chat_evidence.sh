@@ -23,8 +23,7 @@
 # ab: the chat bench (c's first part, one round a process) against the tree in TREE (e.g.
 #    `git archive REV crucible cuda bench pyproject.toml | tar -x -C DIR`), fresh processes
 #    alternating (bench/env_ab.py), ROUNDS rounds (6 unless set): TTFT p50 and p99 on and
-#    off, their ratio, total tok/s, the mixed captures inside the timed turns, the cached
-#    requests that waited out a graph's first use and the TTFT p50 of the others.
+#    off, their ratio, total tok/s, and the mixed captures inside the timed turns.
 PART=${PART:?set PART to a, b, c or ab}
 . "$(dirname "$0")/device_run.sh"
 case "$PART" in
@@ -68,9 +67,7 @@ ab)
         --metric $m.on.ttft_p50_ms.median --metric $m.off.ttft_p50_ms.median \
         --metric $m.on.ttft_p99_ms.median --metric $m.off.ttft_p99_ms.median \
         --metric $m.on.total_tok_per_s.median \
-        --metric runs.chat.config=on.figures.graphs.mixed_captures \
-        --metric runs.chat.config=on.figures.ttft_with_first_use \
-        --metric runs.chat.config=on.figures.ttft_p50_ms_no_first_use --drop-runs \
+        --metric runs.chat.config=on.figures.graphs.mixed_captures --drop-runs \
         --json "$OUT/chat-ab.json" -- python3 bench/prefix_cache_bench.py --model "$MODEL" \
         --device cuda --workload chat --rounds 1 --token-budget 1024 \
         --warmup-passes "${WARMUP_PASSES:-1}" --json '{json}' > "$OUT/chat-ab.log" 2>&1
