@@ -19,7 +19,10 @@
 # c: the prefix cache's chat bench at serve's budget and graph rows (3 rounds, the
 #    warm-up as long as the conversations), its misses-only bench at the defaults (1,024
 #    unique prompts, 3 rounds), then one turn's timeline. WARMUP_PASSES: the chat
-#    warm-up's sets (prefix_cache_bench.py --warmup-passes; 1 unless set).
+#    warm-up's sets (prefix_cache_bench.py --warmup-passes; 1 unless set). Its JSON counts
+#    the requests that waited out a graph's first use and gives the TTFT p50 of the others
+#    (ttft_with_first_use, ttft_p50_ms_no_first_use: trees since 32913b2; PART=ab leaves
+#    them out, since a baseline without them would fail every run).
 # ab: the chat bench (c's first part, one round a process) against the tree in TREE (e.g.
 #    `git archive REV crucible cuda bench pyproject.toml | tar -x -C DIR`), fresh processes
 #    alternating (bench/env_ab.py), ROUNDS rounds (6 unless set): TTFT p50 and p99 on and
