@@ -2,7 +2,7 @@
 conversations the prefix cache holds, with instant kernels (bench/host_step.py's
 ``InstantRunner``), so only the engine's Python counts.
 
-    python3 bench/admission_host.py [--rounds 5] [--cohorts 12] [--json PATH] [--against REV]
+    python3 bench/admission_host.py [--rounds 5] [--cohorts 12] [--json PATH]
 
 Why: on a GPU a chat cohort's turn arrives while a short decode step runs, and the device
 then waits for the host to plan the cohort's step: matching ~100 cached pages a request,
@@ -15,20 +15,22 @@ behind a 500-token system prompt, four cohorts of 16 taking 8 turns of 60 new to
 generated ones (~1,550 tokens of history each), then 48 conversations decoding long. Timed
 (process CPU time): ``--cohorts`` steps, each admitting the next turn of 16 conversations
 (all but their last ~100 tokens cached), and as many plain decode steps beside them.
-``--against REV``: each round runs this tree and REV (a temporary git worktree) in fresh
-processes, alternating which goes first; figures per side and the paired ratios.
+
+Against another revision, fresh processes alternating (bench/env_ab.py; this script and
+its helpers with either tree's ``crucible`` on the path):
+
+    git archive REV crucible | tar -x -C /tmp/base   # plus its compiled crucible/backend/_cpu*
+    python3 bench/env_ab.py --a PYTHONPATH=/tmp/base --b PYTHONPATH=$PWD --rounds 8 \
+        --metric figures.admission_step_ms.median --metric figures.decode_step_ms.median \
+        --json bench/admission-host-cpu.json -- python3 $PWD/bench/admission_host.py \
+        --rounds 1 --json {json}
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -92,52 +94,16 @@ def one_round(cohorts: int, seed: int) -> dict[str, float]:
             "decode_step_ms": float(np.median(decode)) * 1e3}
 
 
-def fresh(tree: Path, cohorts: int, seed: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "r.json"
-        subprocess.run([sys.executable, __file__, "--rounds", "1", "--cohorts", str(cohorts),
-                        "--seed", str(seed), "--json", str(out)], check=True,
-                       capture_output=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=str(tree)))
-        return {k: v["median"] for k, v in json.loads(out.read_text())["figures"].items()}
-
-
-def against(rev: str, rounds: int, cohorts: int) -> dict:
-    repo = Path(__file__).resolve().parent.parent
-    base = Path(tempfile.mkdtemp(prefix="admission-base-"))
-    subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", "--detach", str(base),
-                    rev], check=True)
-    sides: dict[str, dict[str, list[float]]] = {"base": {}, "this": {}}
-    try:
-        for r in range(rounds):
-            order = [("base", base), ("this", repo)]
-            for side, tree in order if r % 2 == 0 else order[::-1]:
-                for k, v in fresh(tree, cohorts, r).items():
-                    sides[side].setdefault(k, []).append(v)
-            print(f"round {r}: " + ", ".join(f"{s} {k} {v[-1]:.3f}" for s in sides
-                                             for k, v in sides[s].items()), file=sys.stderr)
-    finally:
-        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(base)])
-    return {"against": rev,
-            "figures": {s: {k: stat(v) for k, v in d.items()} for s, d in sides.items()},
-            "base_over_this": {k: stat([a / b for a, b in zip(sides["base"][k], v)])
-                               for k, v in sides["this"].items()}}
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--cohorts", type=int, default=12)
     p.add_argument("--json", default="bench/admission-host-cpu.json")
-    p.add_argument("--against", default=None, metavar="REV")
-    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # fresh()'s
+    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     head = {"command": "python3 bench/admission_host.py " + " ".join(
         argv if argv is not None else sys.argv[1:]), "rounds": args.rounds,
         "cohorts": args.cohorts}
-    if args.against:
-        write_json(args.json, {**head, **against(args.against, args.rounds, args.cohorts)})
-        return 0
     res: dict[str, list[float]] = {}
     for r in range(args.rounds):
         for k, v in one_round(args.cohorts, args.seed + r).items():

@@ -30,7 +30,7 @@ import statistics
 import time
 from typing import Any
 
-from throughput_measure import dist, pct
+from throughput_measure import dist, graph_counters, pct
 
 from crucible import LLM, SamplingParams
 
@@ -59,10 +59,7 @@ def first_uses(llm: LLM) -> int:
     """Graph captures so far, and steps run eagerly for want of a graph: a GPU backend's
     first uses (0 on the CPU). Plain counters, read from the event loop while the engine's
     thread steps (a stale read only moves a count to the next request)."""
-    be = llm.engine.runner.backend
-    caches = [getattr(be, k, None) for k in ("graphs", "prefill_graphs", "mixed_graphs")]
-    return sum(getattr(g, "num_captures", 0) + getattr(g, "num_eager", 0)
-               for g in caches if g is not None)
+    return sum(v for k, v in graph_counters(llm).items() if k.endswith(("_captures", "_eager")))
 
 
 async def chat_run(llm: LLM, system: list[int], msgs: list[list[list[int]]],

@@ -252,6 +252,11 @@ class DecodeGraphs:
                 break
         return self.num_captures - before
 
+    def key(self, rows: int, capacity: int) -> tuple[int, int]:
+        """(bucket, capacity class) of the pair a decode step of ``rows`` replays."""
+        bucket = next(x for x in BUCKETS if x >= rows)
+        return bucket, self.capacity_class(capacity, bucket)
+
     def run(self, batch: PackedBatch, capacity: int, forward: Callable[[Any], Any],
             feed: np.ndarray | None = None) -> Any | None:
         """The step's logits (replayed), or None when no graph could be captured for want
@@ -259,8 +264,7 @@ class DecodeGraphs:
         import cupy as cp
 
         b = batch.num_rows
-        bucket = next(x for x in BUCKETS if x >= b)
-        capacity = self.capacity_class(capacity, bucket)
+        bucket, capacity = self.key(b, capacity)
         try:
             pair = self._pair(bucket, capacity, forward)
         except cp.cuda.memory.OutOfMemoryError:

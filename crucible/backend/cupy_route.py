@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend.cupy_graphs import BUCKETS, is_decode_step
+from crucible.backend.cupy_graphs import is_decode_step
 from crucible.backend.cupy_meta import device_meta
 from crucible.backend.cupy_mixed_graphs import is_mixed_graph_step
 from crucible.backend.cupy_prefill_graphs import is_singleton_prefill
@@ -79,11 +79,8 @@ def first_use(be: Any, batch: PackedBatch, fed: bool) -> bool:
     """Whether ``_route`` would capture a graph for the step, or run it eagerly for want of
     one a graph kind would take it with (backend/protocol.py), asked in its order."""
     g, pg = be.graphs, be.prefill_graphs
-    if g is not None and is_decode_step(batch):
-        bucket = next((x for x in BUCKETS if x >= batch.num_rows), None)
-        if bucket is not None:  # a pair is captured on first use (cupy_graphs.py)
-            return (bucket, g.capacity_class(score_capacity(batch.max_end), bucket)) \
-                not in g.graphs
+    if g is not None and is_decode_step(batch):  # a pair is captured on first use
+        return g.key(batch.num_rows, score_capacity(batch.max_end)) not in g.graphs
     single = not fed and pg is not None and is_singleton_prefill(batch)
     if single and not pg.is_new(pg.key(batch, score_capacity(batch.max_end))):
         return False  # replayed

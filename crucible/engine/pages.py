@@ -140,17 +140,13 @@ class PageAllocator:
                 self.cache.forget(page)  # it holds something else from now on
         return pages
 
-    def take(self, page: int) -> None:
-        """Own a cached page (a prefix hit): out of the free queue if nobody owned it."""
-        if self._refcount[page] == 0:
-            self._free.remove(page)
-            if self.cache is not None:
-                self.cache.acquired(page)
-        self._refcount[page] += 1
-
     def count_free(self, pages: Sequence[int]) -> int:
         """How many of ``pages`` nobody owns (cached pages waiting in the free queue)."""
         return list(map(self._refcount.__getitem__, pages)).count(0)
+
+    def take(self, page: int) -> None:
+        """Own a cached page (a prefix hit): out of the free queue if nobody owned it."""
+        self.take_all((page,))
 
     def take_all(self, pages: Sequence[int]) -> None:
         """``take`` each of ``pages`` (a prefix hit's run of them), in whole-list steps."""
@@ -158,7 +154,7 @@ class PageAllocator:
         unowned = [p for p in pages if not rc[p]]
         self._free.remove_all(unowned)
         if self.cache is not None:
-            self.cache.acquired_all(unowned)
+            self.cache.acquired(unowned)
         for page in pages:
             rc[page] += 1
 

@@ -230,12 +230,8 @@ class PrefixCache:
         if page in self._keys:
             self._unowned[page] = None
 
-    def acquired(self, page: int) -> None:
-        """``page`` gained an owner again (a hit)."""
-        self._unowned.pop(page, None)
-
-    def acquired_all(self, pages: Sequence[int]) -> None:
-        """Each of ``pages`` gained an owner again (a hit's run of them)."""
+    def acquired(self, pages: Sequence[int]) -> None:
+        """``pages`` gained an owner again (a hit's run of them)."""
         pop = self._unowned.pop
         for page in pages:
             pop(page, None)
