@@ -73,7 +73,7 @@ def _shared_ok(segs: np.ndarray, tables: np.ndarray, valid: np.ndarray, pages: n
     (the prefix cache's, every step of a chat server), as long as no table holds one twice
     and no segment writes one."""
     table_of = np.nonzero(valid)[0]  # each entry's table, in ``pages``' order
-    if not _distinct(table_of * num_pages + pages):
+    if not _distinct(table_of * num_pages + pages.astype(np.int64)):
         return False
     shared = twice[np.concatenate(([True], twice[1:] != twice[:-1]))]
     return not writes_shared(segs, tables, shared)
@@ -108,7 +108,7 @@ def vector_ok(batch: PackedBatch, num_pages: int, vocab_size: int,
     # Every page in the pool and none twice anywhere: then no table holds a page twice, and
     # no page is shared, so none that a segment writes is.
     valid = np.arange(tables.shape[1])[None, :] < lengths[:, None]
-    pages = tables[valid].astype(np.int64)
+    pages = tables[valid]
     if pages.size:
         if pages.min() < 0 or pages.max() >= num_pages:
             return False
