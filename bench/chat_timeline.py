@@ -7,7 +7,10 @@ Runs the chat workload (``--users`` closed loops, the shared system prompt) once
 warm-up, with ``LLMEngine.step``, ``_launch`` and ``add_request`` wrapped to log host
 times, then prints the last turn: its TTFT spread, how long its arrivals took to reach
 the engine, and every step from the first arrival to the last first token (the step's
-host span, rows, prefill rows, requests waiting and running when it was planned).
+host span, rows, prefill rows, requests waiting and running when it was planned), with
+the calls inside it that took 50 us or more (``SPANS``: scheduling, batch building and
+validation, planning ahead, launching, the pacer's wait, collecting, the prefix cache's
+lookups and publishing) and every garbage-collector pass.
 A diagnostic: nothing here is a target figure. ``--json`` keeps the log.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import sys
 import time
@@ -25,7 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prefix_cache_bench as pb  # noqa: E402
 from prefix_chat import add_chat_args  # noqa: E402
 
+import crucible.engine.engine as engine_mod  # noqa: E402
 from crucible.engine.engine import LLMEngine  # noqa: E402
+from crucible.engine.pacing import Pacer  # noqa: E402
+from crucible.engine.prefix_cache import PrefixCache  # noqa: E402
+from crucible.engine.runner import ModelRunner  # noqa: E402
+from crucible.engine.scheduler import Scheduler  # noqa: E402
 from crucible.engine.sampling import SamplingParams  # noqa: E402
 
 LOG: list[dict[str, Any]] = []
@@ -63,11 +72,51 @@ def instrument() -> Callable[[], None]:
         return out
 
     LLMEngine.step, LLMEngine._launch, LLMEngine.add_request = w_step, w_launch, w_add
+    undos = [span(owner, name) for owner, name in SPANS]
+    gc.callbacks.append(gc_log)
 
     def undo() -> None:
         LLMEngine.step, LLMEngine._launch, LLMEngine.add_request = step, launch, add
+        for u in undos:
+            u()
+        gc.callbacks.remove(gc_log)
 
     return undo
+
+
+# What a step's host time is made of: each call logged as a span inside the step's.
+SPANS: list[tuple[Any, str]] = [(Scheduler, "schedule"), (engine_mod, "build_packed_batch"),
+                                (engine_mod, "validate_packed_batch"), (engine_mod, "plan_next"),
+                                (ModelRunner, "first_use"), (ModelRunner, "launch_sample"),
+                                (Pacer, "wait"), (LLMEngine, "_collect"),
+                                (PrefixCache, "match"), (PrefixCache, "publish")]
+
+
+def span(owner: Any, name: str) -> Callable[[], None]:
+    """Log every call of ``owner.name`` as a span; returns the undo."""
+    orig = getattr(owner, name)
+
+    def wrapped(*a: Any, **k: Any) -> Any:
+        t = now()
+        try:
+            return orig(*a, **k)
+        finally:
+            LOG.append({"ev": "span", "name": name, "t0": t, "t1": now()})
+
+    setattr(owner, name, wrapped)
+    return lambda: setattr(owner, name, orig)
+
+
+_GC_START = [0.0]
+
+
+def gc_log(phase: str, info: dict[str, int]) -> None:
+    """The garbage collector's passes, as spans (a full one stops the engine's thread)."""
+    if phase == "start":
+        _GC_START[0] = now()
+    else:
+        LOG.append({"ev": "span", "name": f"gc{info['generation']}", "t0": _GC_START[0],
+                    "t1": now()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,10 +151,13 @@ def main(argv: list[str] | None = None) -> int:
           f"max {ttft[-1]:.1f}; its {a.users} arrivals over {adds[-1]['t0'] - start:.1f} ms, "
           f"add_request {sum(e['t1'] - e['t0'] for e in adds) / len(adds) * 1e3:.0f} us each")
     end = start + ttft[-1] + 5
-    for e in LOG:
+    for e in sorted(LOG, key=lambda e: e["t0"]):  # a step, then what ran inside it
         if e["ev"] == "add" or not (start - 5 <= e["t1"] and e["t0"] <= end):
             continue
-        if e["ev"] == "launch":
+        if e["ev"] == "span":
+            if e["t1"] - e["t0"] >= 0.05 or e["name"].startswith("gc"):
+                print(f"    {e['name']:22s} {e['t0'] - start:8.2f} +{e['t1'] - e['t0']:.2f} ms")
+        elif e["ev"] == "launch":
             print(f"  launch {e['t0'] - start:8.2f} +{e['t1'] - e['t0']:.2f} ms  rows "
                   f"{e['rows']:5d}  prefill {e['prefill_rows']:5d}  slices {e['slices']}")
         else:
