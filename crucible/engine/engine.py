@@ -156,6 +156,12 @@ class LLMEngine(StepUpdates):
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def device_busy(self) -> bool:
+        """Whether a step queued ahead (a pipelining runner's) is still running on the
+        device: host time spent now does not hold the device up."""
+        cur = self._inflight
+        return cur is not None and cur.pending is not None and not cur.pending.done()
+
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
         """Run one step and return what it produced. With a runner that can pipeline
