@@ -9,6 +9,10 @@
 #         levels #16's targets name, for a lease with little time left)
 #     OUT=/some/dir PART=c MODEL=/path/smollm2.gguf bash bench/chat_evidence.sh   # ~4.5 min
 #     OUT=/some/dir PART=ab MODEL=... TREE=/baseline/tree bash bench/chat_evidence.sh  # ~4 min
+#     OUT=/some/dir PART=bc MODEL=... bash bench/chat_evidence.sh   # ~7 min: b at the chat
+#         mix's 256 and 512 clients, then c (an H200 lease's one run after the model came)
+#     OUT=/some/dir PART=inproc MODEL=... TREE=/baseline/tree bash bench/chat_evidence.sh
+#         # ~4 min
 #
 # a: a mixed graph capture's host time by part (bench/capture_parts.py), the graphs'
 #    memory bound under the chat mix (bench/graph_memory_check.py, random weights), then
@@ -27,7 +31,15 @@
 #    `git archive REV crucible cuda bench pyproject.toml | tar -x -C DIR`), fresh processes
 #    alternating (bench/env_ab.py), ROUNDS rounds (6 unless set): TTFT p50 and p99 on and
 #    off, their ratio, total tok/s, and the mixed captures inside the timed turns.
-PART=${PART:?set PART to a, b, c or ab}
+# inproc: the chat mix at 256 streaming clients against the server with its engine in
+#    process (AsyncLLMEngine, whose worker waits for the loop's answers), this tree against
+#    TREE, fresh servers alternating, ROUNDS rounds (2 unless set): output tok/s, TTFT p50,
+#    gap p50, errors.
+PART=${PART:?set PART to a, b, c, ab, bc or inproc}
+if [ "$PART" = bc ]; then  # b's chat levels, then c, in one run
+    MIX=chat CLIENTS=256,512 PART=b bash "$0" && PART=c exec bash "$0"
+    exit 1
+fi
 . "$(dirname "$0")/device_run.sh"
 case "$PART" in
 a)
@@ -75,6 +87,19 @@ ab)
         --device cuda --workload chat --rounds 1 --token-budget 1024 \
         --warmup-passes "${WARMUP_PASSES:-1}" --json '{json}' > "$OUT/chat-ab.log" 2>&1
     tail -9 "$OUT/chat-ab.log" ;;
+inproc)
+    MODEL=${MODEL:?set MODEL to the default model GGUF}
+    TREE=${TREE:?set TREE to the baseline tree}
+    l=levels.0
+    python3 bench/env_ab.py --a "PYTHONPATH=$TREE${BASE:+:$BASE}" --a-cwd "$TREE" \
+        --b "PYTHONPATH=$PYTHONPATH" --rounds "${ROUNDS:-2}" --metric $l.tok_per_s \
+        --metric $l.ttft_p50_ms --metric $l.gap_p50_ms --metric $l.errors \
+        --metric $l.engine.ms_per_step --drop-runs --json "$OUT/inproc-ab.json" -- \
+        python3 bench/serve_clients.py --model "$MODEL" --device cuda --mix chat \
+        --clients 256 --seconds 12 --ramp-seconds 2 --settle-seconds 3 --warmup-seconds 5 \
+        --warmup-clients 256 --engine-in-process --no-engine-batch1 --plot none \
+        --json '{json}' > "$OUT/inproc-ab.log" 2>&1
+    tail -6 "$OUT/inproc-ab.log" ;;
 *)
-    echo "PART must be a, b, c or ab" >&2; exit 2 ;;
+    echo "PART must be a, b, c, ab, bc or inproc" >&2; exit 2 ;;
 esac
