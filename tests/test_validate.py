@@ -233,7 +233,17 @@ def _held_twice(batch) -> bool:
     return any(len(ts) > 1 for ts in owners.values())
 
 
-def test_vector_pass_accepts_good_batches_and_read_only_sharing():
+# The page checks count (np.bincount) or sort depending on the pages' range against their
+# number: every test of the whole-array pass runs with each way forced.
+@pytest.fixture(params=["count", "sort"])
+def page_checks(request, monkeypatch):
+    import crucible.engine.validate_fast as vf
+
+    monkeypatch.setattr(vf, "_COUNT_SPAN", 10**9 if request.param == "count" else 0)
+    return request.param
+
+
+def test_vector_pass_accepts_good_batches_and_read_only_sharing(page_checks):
     """Pages several tables hold (the prefix cache's, every step of a chat server) pass the
     whole-array checks as long as no segment writes one and no table holds one twice."""
     assert _vector(_many(), 80) and _vector(good(), NUM_PAGES, 3)
@@ -252,12 +262,12 @@ def test_vector_pass_accepts_good_batches_and_read_only_sharing():
 
 
 @pytest.mark.parametrize("name,make,match", CASES, ids=[c[0] for c in CASES])
-def test_vector_pass_refuses_every_malformed_case(name, make, match):
+def test_vector_pass_refuses_every_malformed_case(name, make, match, page_checks):
     assert not _vector(make(), NUM_PAGES)
 
 
 @pytest.mark.parametrize("make", [good, _many], ids=["few segments", "many segments"])
-def test_vector_pass_agrees_with_the_full_checks(make):
+def test_vector_pass_agrees_with_the_full_checks(make, page_checks):
     """3,000 random single-entry corruptions: the whole-array pass accepts exactly what the
     full checks accept, pages held by two tables included (some of them are)."""
     rng = np.random.default_rng(11)
