@@ -8,7 +8,7 @@ engine's batch-1 rate for comparison (issue #16 item 3).
         --json bench/serve-clients-h200.json
 
 The server runs in its own process (``python -m crucible.cli_serve``) on a free loopback
-port, so the clients never share its GIL. Its engine runs in a process of its own too,
+port (serve_procs.py), so the clients never share its GIL. Its engine runs in a process of its own too,
 unless ``--engine-in-process`` is given. ``--both-modes`` starts one server of each kind and
 measures every level on both, alternating which goes first. ``--rounds N`` measures every
 level N times and reports the medians.
@@ -44,7 +44,6 @@ import multiprocessing
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -61,11 +60,10 @@ import serve_report  # noqa: E402
 from serve_clients_plot import try_draw  # noqa: E402
 from serve_load import measure, ready  # noqa: E402
 from serve_metrics import scrape  # noqa: E402
+from serve_procs import server_command, start_servers, stop_servers  # noqa: E402
 from serve_mixes import (MIX_NAMES, Served, describe, level_key, sample_text,  # noqa: E402
                          warmup_key)
 
-REPO = Path(__file__).resolve().parent.parent
-READY_TIMEOUT_S = 900  # a first CUDA start compiles kernels
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -116,44 +114,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--mix: unknown {', '.join(bad)} (choose from {', '.join(MIX_NAMES)})")
     args.levels = [int(c) for c in args.clients.split(",")]
     return args
-
-
-def server_command(args: argparse.Namespace, mode: str, port: int | str) -> list[str]:
-    cmd = [sys.executable, "-m", "crucible.cli_serve", "--port", str(port), "--model",
-           args.model, "--device", args.device, "--weights", args.weights,
-           "--max-queue", str(args.max_queue), "--log-level", args.server_log_level]
-    for flag in ("num_pages", "gpu_memory_fraction", "token_budget", "chunk_cap",
-                 "max_running"):
-        if getattr(args, flag) is not None:
-            cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
-    if mode == "in-process":
-        return cmd + ["--engine-in-process"]
-    given = args.api_servers is not None
-    return cmd + (["--api-servers", str(args.api_servers)] if given else [])
-
-
-def start_server(args: argparse.Namespace, mode: str) -> tuple[str, subprocess.Popen]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}", subprocess.Popen(server_command(args, mode, port),
-                                                        cwd=REPO)
-
-
-async def wait_ready(url: str, proc: subprocess.Popen) -> None:
-    end = time.monotonic() + READY_TIMEOUT_S
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < end:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with code {proc.returncode}")
-            try:
-                async with s.get(url + "/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError("the server did not become ready")
 
 
 async def served_model(url: str) -> tuple[Served, dict[str, Any]]:
@@ -237,21 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     modes = (["process", "in-process"] if args.both_modes else
              ["in-process" if args.engine_in_process else "process"])
     t_begin = time.monotonic()
-    servers = {m: start_server(args, m) for m in modes}
+    servers = start_servers(args, modes)
     try:
-        for url, proc in servers.values():
-            asyncio.run(wait_ready(url, proc))
         served, server_info = asyncio.run(served_model(next(iter(servers.values()))[0]))
         server_info["ready_s"] = round(time.monotonic() - t_begin, 1)
         runs, warmups = run_levels(args, modes, servers, served)
     finally:  # the servers must be gone (device memory free) before the batch-1 engine
-        for _, proc in servers.values():
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_servers(servers)
     keys = dict.fromkeys((x["mix"], x["engine_mode"], x["clients"]) for x in runs)
     levels = [serve_report.median_level([x for x in runs if (x["mix"], x["engine_mode"],
                                                               x["clients"]) == key])

@@ -17,6 +17,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
 import serve_batch1  # noqa: E402
+import serve_procs  # noqa: E402
 import serve_report  # noqa: E402
 from serve_metrics import engine_figures, parse_metrics  # noqa: E402
 from serve_mixes import Served, bodies, fit_words, level_key  # noqa: E402
@@ -215,3 +216,45 @@ def test_without_matplotlib_each_panel_is_a_stdlib_png(
     for name in ("sweep-tok_per_s.png", "sweep-gap_p50_ms.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 500
+
+
+class _Proc:
+    """A server process that has exited (its port was taken) or is running."""
+
+    def __init__(self, exited: bool) -> None:
+        self.returncode = 1 if exited else None
+        self.stopped = False
+
+    def poll(self):
+        return self.returncode
+
+    def terminate(self) -> None:
+        self.stopped = True
+
+    def wait(self, timeout=None) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("failures", [1, 2, 3])
+def test_a_server_that_exits_before_it_is_ready_starts_again(monkeypatch, failures):
+    """start_servers starts a server that died before answering (its port taken meanwhile)
+    again on another port, at most twice; a third death is raised, every server stopped."""
+    launched: list[_Proc] = []
+
+    def launch(args, mode, port):
+        launched.append(_Proc(exited=len(launched) < failures))
+        return f"http://127.0.0.1:{port}", launched[-1]
+
+    async def wait_ready(url, proc):
+        if proc.returncode is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode}")
+
+    monkeypatch.setattr(serve_procs, "_launch", launch)
+    monkeypatch.setattr(serve_procs, "wait_ready", wait_ready)
+    if failures == 3:
+        with pytest.raises(RuntimeError, match="exited"):
+            serve_procs.start_servers(None, ["process"])
+        assert len(launched) == 3 and launched[-1].stopped
+        return
+    servers = serve_procs.start_servers(None, ["process"])
+    assert len(launched) == failures + 1 and servers["process"][1] is launched[-1]
