@@ -134,8 +134,8 @@ def vector_ok(batch: PackedBatch, num_pages: int, vocab_size: int,
     # Row packed_start + r sits at absolute_start + r (segments tile the rows, checked).
     if (positions != np.repeat(segs[:, 2] - segs[:, 0], segs[:, 1]) + np.arange(n_rows)).any():
         return False
-    # Every page in the pool and none twice anywhere: then no table holds a page twice, and
-    # no page is shared, so none that a segment writes is.
+    # Every page in the pool; a page several tables hold (read-only sharing) only where no
+    # table holds it twice and no segment writes it (_pages_ok).
     valid = np.arange(tables.shape[1])[None, :] < lengths[:, None]
     pages = tables[valid]
     if pages.size:
