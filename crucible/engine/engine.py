@@ -88,9 +88,6 @@ class LLMEngine(StepUpdates):
         self.num_deferred = 0
         # Late planning (engine/pacing.py): set by a serving loop that takes arrivals.
         self.pacer: Pacer | None = None
-        # Called in every step once the next step is launched (or none could be), before
-        # this one's results are awaited: AsyncLLMEngine hands out the deltas it held back.
-        self.on_next_queued: Callable[[], None] | None = None
         # --profile: (stage, fn) -> fn(), timed; host sampling runs through it.
         self.stage_timer: Callable[[str, Callable[[], Any]], Any] | None = None
 
@@ -188,8 +185,6 @@ class LLMEngine(StepUpdates):
                 pacer.wait(cur.pending, not sched.waiting
                            and len(sched.running) < sched.config.max_running)
             self._queue_next(cur)
-            if self.on_next_queued is not None:
-                self.on_next_queued()
             deltas, live = self._collect(cur)
             if pacer is not None and cur.pending is not None:
                 pacer.ended()
