@@ -11,26 +11,18 @@ every follow-up request is taken in before
 the next launch, and with the wait taken out (the negative control) none is. The GIL's
 switch interval is raised for the test, so neither outcome depends on when the interpreter
 would force a switch.
-
-The worker waits only for the tasks of the requests that ended (``_hand_over``): their
-clients' answers are what the next plan can take in, and a loop streaming many other
-requests' deltas would otherwise keep the worker (and the device) waiting behind them. With
-the device busy and streams whose consumers take 20 ms a delta, the worker goes on once
-the ended requests' consumers have run and before any stream's has; handed over all at
-once (the negative control), it goes on only after every consumer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 import time
 
 import pytest
 
 from crucible.engine.async_engine import AsyncLLMEngine
-from crucible.engine.engine import LLMEngine, RequestDelta
+from crucible.engine.engine import LLMEngine
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import SchedulerConfig
 from engine_fakes import fake_tokenizer
@@ -160,68 +152,3 @@ def test_without_the_wait_follow_ups_are_late(no_forced_switch, monkeypatch):
     # All are late but for a loop that woke in the microseconds the worker spent in the
     # wake-up's system call (it then answers first): allow one such.
     assert len(late_answers(log, answers)) >= len(answers) - 1
-
-
-BUSY_S = 0.02  # a stream's consumer: Python work a delta, the GIL held
-
-
-def hand_over_order(ended: int, streams: int) -> list[str]:
-    """One step's deltas (``ended`` requests ending, ``streams`` going on) handed over by
-    ``_hand_over`` to consumers on an event loop in another thread, the device busy
-    throughout; the consumers that had run when the worker was let go."""
-    aeng = AsyncLLMEngine(LLMEngine(FeedRunner(64, vocab_size=VOCAB), fake_tokenizer(EOS),
-                                    SchedulerConfig(token_budget=64)))
-    aeng.engine.device_busy = lambda: True
-    loop, ran = asyncio.new_event_loop(), []
-    deltas = [RequestDelta(f"s{i}", (7,), "", None, None, False, None, 0)
-              for i in range(streams)]
-    deltas += [RequestDelta(f"e{i}", (7,), "", None, None, True, "length", 0)
-               for i in range(ended)]
-    deltas.sort(key=lambda d: d.request_id[1:])  # interleaved, as a step's rows come
-
-    async def consume(rid: str, queue: asyncio.Queue) -> None:
-        await queue.get()
-        if rid.startswith("s"):
-            t = time.perf_counter()
-            while time.perf_counter() - t < BUSY_S:
-                pass
-        ran.append(rid)
-
-    async def start() -> None:
-        for d in deltas:
-            queue: asyncio.Queue = asyncio.Queue()
-            aeng._streams[d.request_id] = (loop, queue)
-            loop.create_task(consume(d.request_id, queue))
-        await asyncio.sleep(0)  # every consumer is waiting on its queue
-
-    loop.run_until_complete(start())
-    thread = threading.Thread(target=loop.run_forever)
-    thread.start()
-    try:
-        aeng._hand_over(deltas)
-        seen = list(ran)  # a stream's consumer takes BUSY_S: none finishes meanwhile
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
-    return seen
-
-
-def test_ended_requests_go_first():
-    seen = hand_over_order(ended=3, streams=4)
-    assert sorted(seen) == ["e0", "e1", "e2"]
-
-
-def test_without_ended_requests_the_worker_waits_for_all():
-    assert sorted(hand_over_order(ended=0, streams=2)) == ["s0", "s1"]
-
-
-def test_handed_over_at_once_the_streams_hold_the_worker_up(monkeypatch):
-    def all_at_once(self, deltas):  # the hand-over before ended requests went first
-        acks = self._push_all([(d.request_id, d, d.finished) for d in deltas])
-        if acks and self.engine.device_busy():
-            self._await_replies(acks)
-
-    monkeypatch.setattr(AsyncLLMEngine, "_hand_over", all_at_once)
-    seen = hand_over_order(ended=3, streams=4)
-    assert sorted(seen) == ["e0", "e1", "e2", "s0", "s1", "s2", "s3"]
