@@ -15,6 +15,10 @@ behind a 500-token system prompt, four cohorts of 16 taking 8 turns of 60 new to
 generated ones (~1,550 tokens of history each), then 48 conversations decoding long. Timed
 (process CPU time): ``--cohorts`` steps, each admitting the next turn of 16 conversations
 (all but their last ~100 tokens cached), and as many plain decode steps beside them.
+Before each admitting step, the cohort's 16 ``add_request`` calls are timed as the async
+engine's worker makes them (``intake_ms``: ids its ``add`` built and checked, taken with
+``checked=True``), every other cohort checked a second time as before that flag
+(``intake_checked_again_ms``; a tree without the flag gives only this one).
 
 Against another revision, fresh processes alternating (bench/env_ab.py; this script and
 its helpers with either tree's ``crucible`` on the path):
@@ -29,6 +33,7 @@ its helpers with either tree's ``crucible`` on the path):
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import time
 from types import SimpleNamespace
@@ -38,12 +43,15 @@ from common import stat, write_json
 from host_step import TEXT, InstantRunner
 
 from crucible.engine.engine import LLMEngine
+from crucible.engine.request import TokenIds
 from crucible.engine.prefix_cache import PrefixCache
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import SchedulerConfig
 from crucible.model.tiny_tokenizer import TINY_VOCAB_SIZE, tiny_tokenizer
 
 PAGES, USERS, COHORT = 16384, 64, 16
+# Trees before add_request's ``checked`` (an A/B baseline) check every intake again.
+CHECKED = "checked" in inspect.signature(LLMEngine.add_request).parameters
 
 
 def one_round(cohorts: int, seed: int) -> dict[str, float]:
@@ -77,21 +85,35 @@ def one_round(cohorts: int, seed: int) -> dict[str, float]:
         eng.add_request(convs[u], long)
     for _ in range(4):
         eng.step()
-    admit, decode = [], []
+    admit, decode, intake = [], [], {True: [], False: []}
     for k in range(cohorts):
         t = time.process_time()
         eng.step()
         decode.append(time.process_time() - t)
-        for u in range(COHORT):  # the same conversations, a token longer each time
-            eng.add_request(convs[u] + [1] * (k + 1), reply)
+        # The same conversations, a token longer each time, taken in as the async engine's
+        # worker takes them: TokenIds that add() built and checked on the loop. Every other
+        # cohort is checked again (as before ``checked``) for the intake's A/B.
+        ids = [TokenIds(convs[u] + [1] * (k + 1)) for u in range(COHORT)]
+        again = k % 2 == 1 or not CHECKED
+        t = time.process_time()
+        for one in ids:
+            if again:
+                eng.add_request(one, reply)
+            else:
+                eng.add_request(one, reply, checked=True)
+        intake[again].append(time.process_time() - t)
         t = time.process_time()
         eng.step()  # plans (admits) the cohort's step
         admit.append(time.process_time() - t)
         while any(len(r.token_ids) < r.num_prompt_tokens + 64 for r in eng.requests.values()
                   if r.params.max_tokens == 64):
             eng.step()
-    return {"admission_step_ms": float(np.median(admit)) * 1e3,
-            "decode_step_ms": float(np.median(decode)) * 1e3}
+    out = {"admission_step_ms": float(np.median(admit)) * 1e3,
+           "decode_step_ms": float(np.median(decode)) * 1e3,
+           "intake_checked_again_ms": float(np.median(intake[True])) * 1e3}
+    if CHECKED:
+        out["intake_ms"] = float(np.median(intake[False])) * 1e3
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

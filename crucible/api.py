@@ -133,7 +133,7 @@ class LLM:
                 try:
                     # One delta per request, at its end; text decoded once (_collect).
                     rid = self.engine.add_request(items[next_item][1], plist[next_item],
-                                                  final_only=True)
+                                                  final_only=True, checked=True)
                 except QueueFullError:
                     if not self.engine.has_unfinished():
                         raise

@@ -1,6 +1,8 @@
 """LLMEngine.add_request's intake of prompt ids: a conversation-long prompt is checked with
 two C scans (min, max), and only a failing one is walked, so the error still names the
-first bad id in prompt order; ids of any integer kind become Python ints."""
+first bad id in prompt order; ids of any integer kind become Python ints. A caller that
+checked the request already (the async engine's ``add``, ``LLM.generate``) passes
+``checked=True`` and the scan is not run twice."""
 
 from __future__ import annotations
 
@@ -76,3 +78,43 @@ def test_our_own_lists_of_ints_are_taken_as_they_are(engine) -> None:  # noqa: A
     rid = engine.add_request([np.int64(4), 5], SamplingParams(max_tokens=1))
     assert all(type(t) is int for t in engine.requests[rid].token_ids)
     engine.abort(rid)
+
+
+def test_a_checked_request_is_not_checked_again(engine, monkeypatch) -> None:  # noqa: ANN001
+    """``checked=True``: the caller ran check_request (the async engine's ``add``,
+    ``LLM.generate``), so add_request does not scan the ids a second time."""
+    calls = []
+    real = type(engine).check_request
+    monkeypatch.setattr(type(engine), "check_request",
+                        lambda self, ids, p: (calls.append(len(ids)), real(self, ids, p))[1])
+    rid = engine.add_request(list(range(3, 40)), SamplingParams(max_tokens=1), checked=True)
+    assert calls == []
+    engine.abort(rid)
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        engine.add_request([1, engine.vocab_size], SamplingParams(max_tokens=1))
+    assert calls == [2]  # unchecked by default
+
+
+def test_the_async_engine_and_generate_check_each_request_once(monkeypatch) -> None:
+    import asyncio
+
+    llm = LLM(tiny_random_model(seed=0), settings=Settings(device="cpu", num_pages=256))
+    calls = []
+    real = type(llm.engine).check_request
+    monkeypatch.setattr(type(llm.engine), "check_request",
+                        lambda self, ids, p: (calls.append(len(ids)), real(self, ids, p))[1])
+    outs = llm.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=2, temperature=0.0))
+    assert [len(o.token_ids) for o in outs] == [2, 2] and calls == [3, 2]
+
+    async def run() -> list[int]:
+        ae = llm.async_engine()
+        got = [t async for d in ae.generate([5, 6, 7, 8], SamplingParams(max_tokens=3))
+               for t in d.new_token_ids]
+        with pytest.raises(RequestError, match="outside the vocabulary"):
+            ae.generate([1, llm.engine.vocab_size], SamplingParams(max_tokens=1))
+        await ae.shutdown()
+        return got
+
+    calls.clear()
+    assert len(asyncio.run(run())) == 3
+    assert calls == [4, 2]  # once on arrival each; the worker did not check again

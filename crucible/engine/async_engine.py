@@ -179,7 +179,8 @@ class AsyncLLMEngine:
                 if rid in aborts:
                     continue  # aborted before it ever reached the engine
                 try:
-                    self.engine.add_request(prompt, params, request_id=rid, cache_salt=salt)
+                    self.engine.add_request(prompt, params, request_id=rid, cache_salt=salt,
+                                            checked=True)  # add() checked it
                 except Exception as e:  # a duplicate id, a race on the queue bound...
                     failed.append((rid, e))
         for rid, e in failed:
