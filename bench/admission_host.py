@@ -18,7 +18,10 @@ generated ones (~1,550 tokens of history each), then 48 conversations decoding l
 Before each admitting step, the cohort's 16 ``add_request`` calls are timed as the async
 engine's worker makes them (``intake_ms``: ids its ``add`` built and checked, taken with
 ``checked=True``), every other cohort checked a second time as before that flag
-(``intake_checked_again_ms``; a tree without the flag gives only this one).
+(``intake_checked_again_ms``; a tree without the flag gives only this one). The same
+cohorts time the event loop's side of the arrivals, ``AsyncLLMEngine.add``'s check and
+conversion of each prompt: ``checked_ids`` (``arrival_ms``) and, every other cohort, the
+check and ``map(int, ...)`` it replaced (``arrival_before_ms``).
 
 Against another revision, fresh processes alternating (bench/env_ab.py; this script and
 its helpers with either tree's ``crucible`` on the path):
@@ -33,7 +36,6 @@ its helpers with either tree's ``crucible`` on the path):
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 import time
 from types import SimpleNamespace
@@ -50,8 +52,9 @@ from crucible.engine.scheduler import SchedulerConfig
 from crucible.model.tiny_tokenizer import TINY_VOCAB_SIZE, tiny_tokenizer
 
 PAGES, USERS, COHORT = 16384, 64, 16
-# Trees before add_request's ``checked`` (an A/B baseline) check every intake again.
-CHECKED = "checked" in inspect.signature(LLMEngine.add_request).parameters
+# Trees before ``checked_ids`` and add_request's ``checked`` (an A/B baseline) measure only
+# the way before them.
+CHECKED = hasattr(LLMEngine, "checked_ids")
 
 
 def one_round(cohorts: int, seed: int) -> dict[str, float]:
@@ -85,7 +88,7 @@ def one_round(cohorts: int, seed: int) -> dict[str, float]:
         eng.add_request(convs[u], long)
     for _ in range(4):
         eng.step()
-    admit, decode, intake = [], [], {True: [], False: []}
+    admit, decode, intake, arrival = [], [], {True: [], False: []}, {True: [], False: []}
     for k in range(cohorts):
         t = time.process_time()
         eng.step()
@@ -93,8 +96,16 @@ def one_round(cohorts: int, seed: int) -> dict[str, float]:
         # The same conversations, a token longer each time, taken in as the async engine's
         # worker takes them: TokenIds that add() built and checked on the loop. Every other
         # cohort is checked again (as before ``checked``) for the intake's A/B.
-        ids = [TokenIds(convs[u] + [1] * (k + 1)) for u in range(COHORT)]
+        raw = [convs[u] + [1] * (k + 1) for u in range(COHORT)]
         again = k % 2 == 1 or not CHECKED
+        t = time.process_time()  # the loop's side: add() checks and converts each prompt
+        if again:
+            for one in raw:
+                eng.check_request(one, reply)
+            ids = [TokenIds(map(int, one)) for one in raw]
+        else:
+            ids = [eng.checked_ids(one, reply) for one in raw]
+        arrival[again].append(time.process_time() - t)
         t = time.process_time()
         for one in ids:
             if again:
@@ -110,9 +121,11 @@ def one_round(cohorts: int, seed: int) -> dict[str, float]:
             eng.step()
     out = {"admission_step_ms": float(np.median(admit)) * 1e3,
            "decode_step_ms": float(np.median(decode)) * 1e3,
-           "intake_checked_again_ms": float(np.median(intake[True])) * 1e3}
+           "intake_checked_again_ms": float(np.median(intake[True])) * 1e3,
+           "arrival_before_ms": float(np.median(arrival[True])) * 1e3}
     if CHECKED:
         out["intake_ms"] = float(np.median(intake[False])) * 1e3
+        out["arrival_ms"] = float(np.median(arrival[False])) * 1e3
     return out
 
 

@@ -6,10 +6,13 @@ checked the request already (the async engine's ``add``, ``LLM.generate``) passe
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from crucible.api import LLM
+from crucible.engine.request import TokenIds
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.settings import Settings
 from crucible.errors import RequestError
@@ -118,3 +121,31 @@ def test_the_async_engine_and_generate_check_each_request_once(monkeypatch) -> N
     calls.clear()
     assert len(asyncio.run(run())) == 3
     assert calls == [4, 2]  # once on arrival each; the worker did not check again
+
+
+def _old_intake(engine, ids, params):  # noqa: ANN001, ANN202
+    """What the async engine's ``add`` did before ``checked_ids``: check the raw ids, then
+    convert them one by one."""
+    engine.check_request(ids, params)
+    return list(map(int, ids))
+
+
+@pytest.mark.parametrize("ids", [
+    list(range(3, 260)), np.arange(3, 260, dtype=np.int32), np.arange(3, 9, dtype=np.uint16),
+    [5, 999, -1, 7], np.array([5, -1, 999]), [271, 272], [0, 271], [True, 2], [3.7, 1],
+    [-0.5, 3], [2.0, 270.9], ["5", "6"], [2**70, 1], [2**63, 1], [1, "x"], [np.int64(4), 5],
+    [[1, 2], [3, 4]], [], [None],
+])
+def test_checked_ids_accepts_and_refuses_what_the_old_intake_did(engine, ids) -> None:  # noqa: ANN001
+    """The integer-array path and the general one give the same ids, or the same error
+    naming the same id, as checking the raw ids and converting each (the async engine's
+    intake before): floats, strings, bools and ints past int64 take the general path."""
+    params = SamplingParams(max_tokens=1)
+    try:
+        want = _old_intake(engine, ids, params)
+    except Exception as e:  # noqa: BLE001 - the same kind and message expected
+        with pytest.raises(type(e), match=re.escape(str(e))):
+            engine.checked_ids(ids, params)
+        return
+    got = engine.checked_ids(ids, params)
+    assert type(got) is TokenIds and got == want and all(type(t) is int for t in got)

@@ -20,7 +20,6 @@ import threading
 from typing import AsyncIterator, Sequence
 
 from crucible.engine.engine import LLMEngine, RequestDelta
-from crucible.engine.request import TokenIds
 from crucible.engine.sampling import SamplingParams
 from crucible.errors import QueueFullError, RequestError
 
@@ -46,7 +45,9 @@ class AsyncLLMEngine:
         """Register a request; raises at once if it is invalid or the queue is full.
         ``cache_salt``: it shares prefix-cache pages only with requests of the same salt."""
         params = params or SamplingParams()
-        self.engine.check_request(prompt_token_ids, params)  # reads immutable config only
+        # Checked and converted in one go (reads immutable config only); the worker takes
+        # the ids as they are, unchecked (add_request's ``checked``).
+        ids = self.engine.checked_ids(prompt_token_ids, params)
         rid = request_id if request_id is not None else f"async-{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
         with self._lock:
@@ -57,7 +58,6 @@ class AsyncLLMEngine:
                 raise QueueFullError(f"waiting queue is full ({self.engine.config.max_queue} "
                                      f"requests); retry later")
             self._streams[rid] = (asyncio.get_running_loop(), queue)
-            ids = TokenIds(map(int, prompt_token_ids))  # taken as it is by add_request
             self._adds.append((rid, ids, params, cache_salt))
         self._ensure_worker()
         self._wake.set()

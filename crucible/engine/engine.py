@@ -21,6 +21,7 @@ import numpy as np
 
 from crucible.step.rows import RowSampling
 from crucible.step.batch import PackedBatch, build_packed_batch
+from crucible.engine.intake import as_token_ids, first_out_of_vocab, integer_array
 from crucible.engine.pacing import Pacer
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import DecodeRows, Launched
@@ -37,18 +38,6 @@ from crucible.errors import RequestError
 from crucible.engine.runner import ModelRunner
 
 __all__ = ["LLMEngine", "Logprobs", "RequestDelta"]  # the delta is imported from here
-
-
-def _first_out_of_vocab(ids: Sequence[int], vocab_size: int) -> Any:
-    """The first id outside [0, vocab_size), or None. A chat turn's prompt holds the whole
-    conversation (~1,000 ids): min and max scan it in C, and only a prompt that fails them
-    is walked in Python (checking each id was ~60 us of a cached turn's ~150 us intake)."""
-    try:
-        if 0 <= min(ids) and max(ids) < vocab_size:
-            return None
-    except TypeError:  # ids of mixed kinds: the walk below says which one is wrong
-        pass
-    return next((t for t in ids if not 0 <= int(t) < vocab_size), None)
 
 
 def _requests(nxt: NextStep) -> Iterable[Request]:
@@ -100,7 +89,7 @@ class LLMEngine(StepUpdates):
         if n > self.max_context:
             raise RequestError(f"the prompt has {n} tokens, more than the model's context of "
                                f"{self.max_context} tokens")
-        bad = _first_out_of_vocab(prompt_token_ids, self.vocab_size)
+        bad = first_out_of_vocab(prompt_token_ids, self.vocab_size)
         if bad is not None:
             raise RequestError(f"prompt token id {bad} is outside the vocabulary "
                                f"[0, {self.vocab_size})")
@@ -109,6 +98,13 @@ class LLMEngine(StepUpdates):
         if need > self.allocator.num_pages:
             raise RequestError(f"the request needs {need} pages, the pool has only "
                                f"{self.allocator.num_pages}; lower max_tokens or the prompt")
+
+    def checked_ids(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> TokenIds:
+        """``check_request``, then the ids as ``add_request(..., checked=True)`` takes them
+        (engine/intake.py: one conversion serves both where the ids are integers)."""
+        arr = integer_array(prompt_token_ids)
+        self.check_request(prompt_token_ids if arr is None else arr, params)
+        return as_token_ids(prompt_token_ids, arr)
 
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, *, final_only: bool = False,
