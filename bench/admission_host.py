@@ -45,8 +45,8 @@ from common import stat, write_json
 from host_step import TEXT, InstantRunner
 
 from crucible.engine.engine import LLMEngine
-from crucible.engine.request import TokenIds
 from crucible.engine.prefix_cache import PrefixCache
+from crucible.engine.request import TokenIds
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.scheduler import SchedulerConfig
 from crucible.model.tiny_tokenizer import TINY_VOCAB_SIZE, tiny_tokenizer

@@ -118,9 +118,10 @@ class LLMEngine(StepUpdates):
         probes, warm-up) neither reads nor fills the cache; prompt logprobs need every
         prompt row computed, so a request asking for them does not read it either.
         ``checked``: the caller has run ``check_request`` on these ids and params (the async
-        engine and the engine process's fronts on arrival, ``LLM.generate`` before it adds
-        any), so it is not run twice: for a chat turn's ~1,500 ids it was half of this call
-        (27 of 52 us on the CPU, on the engine's thread while a cohort's step waits)."""
+        engine's ``add`` on arrival, ``LLM.generate`` before it adds any), so it is not run
+        twice: for a chat turn's ~1,500 ids it was half of this call (27 of 52 us on the
+        CPU, on the engine's thread while a cohort's step waits). The engine process checks
+        again what its fronts send: another process's check is a second line there."""
         if cache_salt is not None and (not isinstance(cache_salt, str) or len(cache_salt) > 256):
             raise RequestError("cache_salt must be a string of at most 256 characters")
         params = params or SamplingParams()

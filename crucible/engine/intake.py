@@ -5,9 +5,10 @@ A chat turn's prompt holds the whole conversation (~1,500 ids), and an async cli
 next turn is taken in while its cohort's step waits: checking the ids with ``min`` and
 ``max`` and converting them with ``map(int, ...)`` cost ~74 us a request on the event
 loop. Where numpy sees integers only (``integer_array``), one conversion to an int64 array
-gives both scans in C and ``tolist`` gives the ints (~40 us). Anything else (floats,
-strings, bools, ints past int64) takes the general path, so what is accepted, refused and
-named in an error does not depend on which path ran.
+gives both scans in C and ``tolist`` gives the ints (~40 us). Anything numpy does not hold
+as integers (floats, strings, ints past 64 bits, lists of bools only) takes the general
+path, so what is accepted, refused and named in an error does not depend on which path
+ran.
 """
 
 from __future__ import annotations
