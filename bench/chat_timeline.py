@@ -10,7 +10,10 @@ the engine, and every step from the first arrival to the last first token (the s
 host span, rows, prefill rows, requests waiting and running when it was planned), with
 the calls inside it that took 50 us or more (``SPANS``: scheduling, batch building and
 validation, planning ahead, launching, the pacer's wait, collecting, the prefix cache's
-lookups and publishing) and every garbage-collector pass.
+lookups and publishing, the async engine's hand-over of deltas and its wait for the loop's
+answers) and every garbage-collector pass; runs of arrivals on the event loop
+(``AsyncLLMEngine.add``, "arrive") and of the worker taking them in (``add_request``,
+"add") as one line each.
 A diagnostic: nothing here is a target figure. ``--json`` keeps the log.
 """
 
@@ -30,6 +33,7 @@ import prefix_cache_bench as pb  # noqa: E402
 from prefix_chat import add_chat_args  # noqa: E402
 
 import crucible.engine.engine as engine_mod  # noqa: E402
+from crucible.engine.async_engine import AsyncLLMEngine  # noqa: E402
 from crucible.engine.engine import LLMEngine  # noqa: E402
 from crucible.engine.pacing import Pacer  # noqa: E402
 from crucible.engine.prefix_cache import PrefixCache  # noqa: E402
@@ -71,12 +75,21 @@ def instrument() -> Callable[[], None]:
         LOG.append({"ev": "add", "t0": t, "t1": now()})
         return out
 
+    def w_arrive(self: AsyncLLMEngine, *a: Any, **k: Any) -> Any:
+        t = now()
+        out = arrive(self, *a, **k)
+        LOG.append({"ev": "arrive", "t0": t, "t1": now()})
+        return out
+
+    arrive = AsyncLLMEngine.add
     LLMEngine.step, LLMEngine._launch, LLMEngine.add_request = w_step, w_launch, w_add
+    AsyncLLMEngine.add = w_arrive
     undos = [span(owner, name) for owner, name in SPANS]
     gc.callbacks.append(gc_log)
 
     def undo() -> None:
         LLMEngine.step, LLMEngine._launch, LLMEngine.add_request = step, launch, add
+        AsyncLLMEngine.add = arrive
         for u in undos:
             u()
         gc.callbacks.remove(gc_log)
@@ -89,7 +102,9 @@ SPANS: list[tuple[Any, str]] = [(Scheduler, "schedule"), (engine_mod, "build_pac
                                 (engine_mod, "validate_packed_batch"), (engine_mod, "plan_next"),
                                 (ModelRunner, "first_use"), (ModelRunner, "launch_sample"),
                                 (Pacer, "wait"), (LLMEngine, "_collect"),
-                                (PrefixCache, "match"), (PrefixCache, "publish")]
+                                (PrefixCache, "match"), (PrefixCache, "publish"),
+                                (AsyncLLMEngine, "_push_all"),
+                                (AsyncLLMEngine, "_await_replies")]
 
 
 def span(owner: Any, name: str) -> Callable[[], None]:
@@ -151,16 +166,24 @@ def main(argv: list[str] | None = None) -> int:
           f"max {ttft[-1]:.1f}; its {a.users} arrivals over {adds[-1]['t0'] - start:.1f} ms, "
           f"add_request {sum(e['t1'] - e['t0'] for e in adds) / len(adds) * 1e3:.0f} us each")
     end = start + ttft[-1] + 5
-    for e in sorted(LOG, key=lambda e: e["t0"]):  # a step, then what ran inside it
-        if e["ev"] == "add" or not (start - 5 <= e["t1"] and e["t0"] <= end):
+    run: list[dict[str, Any]] = []  # consecutive arrivals on the loop, or intakes, as one line
+    for e in sorted(LOG, key=lambda e: e["t0"]) + [{"ev": "end", "t0": end, "t1": end}]:
+        if not (start - 5 <= e["t1"] and e["t0"] <= end):
             continue
-        if e["ev"] == "span":
+        if run and e["ev"] != run[0]["ev"]:
+            what = "arrive (loop)" if run[0]["ev"] == "arrive" else "add (worker)"
+            print(f"  {what:15s} {run[0]['t0'] - start:8.2f} .. {run[-1]['t1'] - start:8.2f} "
+                  f"ms  {len(run)}")
+            run = []
+        if e["ev"] in ("arrive", "add"):
+            run.append(e)
+        elif e["ev"] == "span":
             if e["t1"] - e["t0"] >= 0.05 or e["name"].startswith("gc"):
                 print(f"    {e['name']:22s} {e['t0'] - start:8.2f} +{e['t1'] - e['t0']:.2f} ms")
         elif e["ev"] == "launch":
             print(f"  launch {e['t0'] - start:8.2f} +{e['t1'] - e['t0']:.2f} ms  rows "
                   f"{e['rows']:5d}  prefill {e['prefill_rows']:5d}  slices {e['slices']}")
-        else:
+        elif e["ev"] == "step":
             print(f"step   {e['t0'] - start:8.2f} .. {e['t1'] - start:8.2f} ms  waiting "
                   f"{e['waiting']:3d} running {e['running']:3d} deltas {e['deltas']}")
     if a.json:

@@ -60,6 +60,11 @@ def test_the_chat_timeline_logs_a_turn(tmp_path: Path, capsys: pytest.CaptureFix
     assert len(got["ttft_ms_last_turn"]) == 4 and min(got["ttft_ms_last_turn"]) > 0
     kinds = [e["ev"] for e in got["log"]]
     assert kinds.count("add") == 4 * 2  # the timed part only: each user's two turns
+    assert kinds.count("arrive") == 4 * 2  # the same requests, on the event loop first
+    arrivals = [e["t0"] for e in got["log"] if e["ev"] == "arrive"]
+    intakes = [e["t0"] for e in got["log"] if e["ev"] == "add"]
+    assert all(a <= t for a, t in zip(sorted(arrivals), sorted(intakes)))
+    assert any(e.get("name") == "_push_all" for e in got["log"])
     launches = [e for e in got["log"] if e["ev"] == "launch"]
     # Every prompt row is computed once: the cache serves the rest (the shared system
     # prompt and each first turn, for the second turns).
@@ -71,13 +76,18 @@ def test_the_chat_timeline_logs_a_turn(tmp_path: Path, capsys: pytest.CaptureFix
 def test_the_timeline_leaves_the_engine_as_it_was() -> None:
     import chat_timeline
 
+    from crucible.engine.async_engine import AsyncLLMEngine
     from crucible.engine.engine import LLMEngine
 
-    before = (LLMEngine.step, LLMEngine._launch, LLMEngine.add_request)
+    def methods() -> tuple:
+        return (LLMEngine.step, LLMEngine._launch, LLMEngine.add_request, AsyncLLMEngine.add,
+                AsyncLLMEngine._push_all, AsyncLLMEngine._await_replies)
+
+    before = methods()
     undo = chat_timeline.instrument()
-    assert LLMEngine.step is not before[0]
+    assert all(now is not then for now, then in zip(methods(), before))
     undo()
-    assert (LLMEngine.step, LLMEngine._launch, LLMEngine.add_request) == before
+    assert methods() == before
 
 
 def test_the_attention_phases_sum_each_files_lines(tmp_path: Path,
