@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from crucible.engine import core_wire as wire
@@ -51,7 +52,9 @@ def test_add_and_abort_frames_round_trip():
     frame = wire.encode_add(42, "req-1", [1, 2, 270], params, final_only=True,
                             cache_salt="t", use_prefix_cache=False)
     handle, ids, meta = wire.decode_add(frame)
-    assert (handle, ids, meta["rid"], meta["params"]) == (42, [1, 2, 270], "req-1", params)
+    assert (handle, ids.tolist(), meta["rid"], meta["params"]) == (42, [1, 2, 270], "req-1",
+                                                                     params)
+    assert ids.dtype == np.int32
     assert (meta["final_only"], meta["cache_salt"], meta["use_prefix_cache"]) == (True, "t", False)
     assert wire.decode_abort(wire.encode_abort([3, 2 ** 31])) == [3, 2 ** 31]
 

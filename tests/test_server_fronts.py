@@ -95,6 +95,33 @@ def test_core_links_keep_their_fronts_apart() -> None:
     assert not loop.is_alive()
 
 
+def test_the_core_checks_what_a_front_sends() -> None:
+    """The fronts check each request before sending it; the engine process checks again (on
+    the wire's array), so ids no front should have sent are refused, named, and the engine
+    goes on serving with every page back."""
+    engine, _ = build_engine(*TINY)
+    engine.detokenize = False
+    f0, c0 = Pipe()
+    core = EngineCore(engine, [c0])
+    loop = threading.Thread(target=core.run, daemon=True)
+    loop.start()
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    vocab = engine.vocab_size
+    f0.send_bytes(wire.encode_add(1, "bad", [5, vocab, -1], params))
+    refused = _frames(f0, lambda fr: any(f[0] == wire.REFUSED for f in fr))
+    body = wire.decode_json([f for f in refused if f[0] == wire.REFUSED][0])
+    assert body["handle"] == 1 and body["kind"] == "request"
+    assert f"prompt token id {vocab} is outside the vocabulary" in body["message"]
+    f0.send_bytes(wire.encode_add(2, "good", [5, 6, 7], params))
+    done = _frames(f0, lambda fr: any(w.finish_reason for w in _deltas(fr)))
+    assert len([t for w in _deltas(done) if w.handle == 2 for t in w.token_ids]) == 3
+    wait_for(lambda: engine.allocator.num_free == engine.allocator.num_pages
+             and not engine.has_unfinished())
+    f0.send_bytes(bytes([wire.SHUTDOWN]))
+    loop.join(10)
+    assert not loop.is_alive()
+
+
 def _post(url: str, body: dict) -> dict:
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json",

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from crucible.engine import core_wire as wire
 from crucible.engine.engine import LLMEngine, RequestDelta
+from crucible.engine.request import TokenIds
 from crucible.errors import QueueFullError, RequestError
 
 
@@ -188,9 +189,13 @@ class EngineCore:
         self.adds_seen[link] += 1
         rid = meta["rid"] if len(self.conns) == 1 else f"{meta['rid']}@{link}"
         try:
-            self.engine.add_request(ids, meta["params"], rid, final_only=meta["final_only"],
+            # The front checked these ids too; here the check is a second line, on the
+            # wire's array (C scans, not a walk of the list).
+            self.engine.check_request(ids, meta["params"])
+            self.engine.add_request(TokenIds(ids.tolist()), meta["params"], rid,
+                                    final_only=meta["final_only"],
                                     cache_salt=meta["cache_salt"],
-                                    use_prefix_cache=meta["use_prefix_cache"])
+                                    use_prefix_cache=meta["use_prefix_cache"], checked=True)
         except Exception as exc:  # refused here: the bound raced, or a check the front lacks
             kind = ("queue_full" if isinstance(exc, QueueFullError) else
                     "request" if isinstance(exc, RequestError) else "error")

@@ -25,7 +25,6 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from crucible.backend.protocol import GRAPH_STATS
 from crucible.engine.engine import Logprobs, RequestDelta
-from crucible.engine.request import TokenIds
 from crucible.engine.sampling import SamplingParams
 from crucible.model.tokenizer import Tokenizer
 
@@ -88,14 +87,14 @@ def encode_add(handle: int, request_id: str, prompt: Sequence[int], params: Samp
     return _ADD.pack(ADD, handle, ids.size, len(meta)) + meta + ids.tobytes()
 
 
-def decode_add(data: bytes) -> tuple[int, list[int], dict[str, Any]]:
-    """(handle, prompt ids, meta) where meta["params"] is a SamplingParams again."""
+def decode_add(data: bytes) -> tuple[int, np.ndarray, dict[str, Any]]:
+    """(handle, prompt ids as an int32 array, meta) where meta["params"] is a SamplingParams
+    again. The engine checks the array (two C scans) before it takes the ids as a list."""
     _, handle, n, m = _ADD.unpack_from(data)
     start = _ADD.size
     meta = json.loads(data[start : start + m])
     meta["params"] = SamplingParams(**meta["params"])
-    ids = TokenIds(np.frombuffer(data, _I32, n, start + m).tolist())
-    return handle, ids, meta
+    return handle, np.frombuffer(data, _I32, n, start + m), meta
 
 
 def encode_abort(handles: Sequence[int]) -> bytes:
