@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from crucible.backend.protocol import GRAPH_STATS
-from crucible.engine.engine import RequestDelta
+from crucible.engine.engine import LLMEngine, RequestDelta
 from crucible.engine.factory import EngineInfo, load
 from crucible.engine.sampling import SamplingParams
 from crucible.engine.settings import Settings
@@ -46,6 +46,10 @@ class _Live:
 
 class FakeEngine:
     """What EngineCore calls on an LLMEngine, and nothing more."""
+
+    # EngineCore checks each add itself (a second line behind the front's): the real check,
+    # on this engine's limits, as the front's EngineLimits has it.
+    check_request = LLMEngine.check_request
 
     def __init__(self, tokenizer: Any, settings: Settings, step_rate: float,
                  tokens_per_step: int, max_context: int) -> None:
