@@ -49,7 +49,7 @@ class FakeEngine:
 
     # EngineCore checks each add itself (a second line behind the front's): the real check,
     # on this engine's limits, as the front's EngineLimits has it.
-    check_request = LLMEngine.check_request
+    check_request, checked_ids = LLMEngine.check_request, LLMEngine.checked_ids
 
     def __init__(self, tokenizer: Any, settings: Settings, step_rate: float,
                  tokens_per_step: int, max_context: int) -> None:

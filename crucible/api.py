@@ -102,16 +102,13 @@ class LLM:
             self._async = AsyncLLMEngine(self.engine)
         return self._async
 
-    def _prompts(self, prompts: Prompt | Sequence[Prompt]) -> list[tuple[str | None, list[int]]]:
+    def _prompts(self, prompts: Prompt | Sequence[Prompt]
+                 ) -> list[tuple[str | None, Sequence[int]]]:
+        """(text or None, ids) a prompt; ids as given (``generate`` checks and converts)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # a single prompt (text or token ids)
-        out = []
-        for p in prompts:
-            if isinstance(p, str):
-                out.append((p, self.tokenizer.encode(p)))
-            else:
-                out.append((None, [int(t) for t in p]))
-        return out
+        return [(p, self.tokenizer.encode(p)) if isinstance(p, str) else (None, p)
+                for p in prompts]
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None
@@ -122,8 +119,8 @@ class LLM:
         if len(plist) != len(items):
             raise ConfigError(f"{len(plist)} SamplingParams for {len(items)} prompts")
         plist = [p or SamplingParams() for p in plist]
-        for (_, ids), p in zip(items, plist):  # reject bad requests before running any
-            self.engine.check_request(ids, p)
+        # Reject bad requests before running any; the ids as the engine keeps them.
+        items = [(text, self.engine.checked_ids(ids, p)) for (text, ids), p in zip(items, plist)]
         deltas: dict[str, list[RequestDelta]] = {}
         rids: list[str] = []
         next_item = 0

@@ -19,7 +19,6 @@ from typing import Any, Sequence
 
 from crucible.engine import core_wire as wire
 from crucible.engine.engine import LLMEngine, RequestDelta
-from crucible.engine.request import TokenIds
 from crucible.errors import QueueFullError, RequestError
 
 
@@ -191,9 +190,8 @@ class EngineCore:
         try:
             # The front checked these ids too; here the check is a second line, on the
             # wire's array (C scans, not a walk of the list).
-            self.engine.check_request(ids, meta["params"])
-            self.engine.add_request(TokenIds(ids.tolist()), meta["params"], rid,
-                                    final_only=meta["final_only"],
+            self.engine.add_request(self.engine.checked_ids(ids, meta["params"]),
+                                    meta["params"], rid, final_only=meta["final_only"],
                                     cache_salt=meta["cache_salt"],
                                     use_prefix_cache=meta["use_prefix_cache"], checked=True)
         except Exception as exc:  # refused here: the bound raced, or a check the front lacks

@@ -21,7 +21,7 @@ import numpy as np
 
 from crucible.step.rows import RowSampling
 from crucible.step.batch import PackedBatch, build_packed_batch
-from crucible.engine.intake import as_token_ids, first_out_of_vocab, integer_array
+from crucible.engine.intake import first_out_of_vocab, integer_array
 from crucible.engine.pacing import Pacer
 from crucible.engine.pages import PageAllocator, pages_for
 from crucible.engine.pipeline import DecodeRows, Launched
@@ -104,7 +104,7 @@ class LLMEngine(StepUpdates):
         (engine/intake.py: one conversion serves both where the ids are integers)."""
         arr = integer_array(prompt_token_ids)
         self.check_request(prompt_token_ids if arr is None else arr, params)
-        return as_token_ids(prompt_token_ids, arr)
+        return TokenIds(arr.tolist() if arr is not None else map(int, prompt_token_ids))
 
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, *, final_only: bool = False,

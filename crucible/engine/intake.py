@@ -17,8 +17,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from crucible.engine.request import TokenIds
-
 
 def integer_array(ids: Sequence[Any]) -> np.ndarray | None:
     """``ids`` as a one-dimensional integer array when every id is an integer numpy can
@@ -47,8 +45,3 @@ def first_out_of_vocab(ids: Sequence[Any], vocab_size: int) -> Any:
     except TypeError:  # ids of mixed kinds: the walk below says which one is wrong
         pass
     return next((t for t in ids if not 0 <= int(t) < vocab_size), None)
-
-
-def as_token_ids(ids: Sequence[Any], arr: np.ndarray | None) -> TokenIds:
-    """The ids as Python ints (``arr``: ``integer_array(ids)``, when it was one)."""
-    return TokenIds(arr.tolist() if arr is not None else map(int, ids))
