@@ -32,6 +32,7 @@ from typing import Sequence
 
 import xxhash
 
+from crucible.engine.prefix_spans import SPAN_PAGES, SpanIndex
 from crucible.step.batch import PAGE_SIZE
 
 
@@ -92,6 +93,7 @@ class PrefixCache:
         self._ids: dict[int, bytes] = {}  # page -> its 16 ids, packed (page_ids)
         self._content: dict[bytes, int] = {}  # its parent's key + its ids -> page (match)
         self._root_pages: set[int] = set()  # pages that start a chain
+        self._spans = SpanIndex()  # runs of four indexed pages (match's long strides)
         self._unowned: OrderedDict[int, None] = OrderedDict()  # indexed, no owner, LRU first
         self._roots_cache: dict[str | None, bytes] = {}
 
@@ -132,13 +134,14 @@ class PrefixCache:
         ids (the bytes the key hashes), so a hit is confirmed by the ids themselves and a
         matched page's key is the one stored with it: only pages past the hits are hashed.
         (A chat turn maps ~100 pages; hashing and checking each was ~60% of a cached
-        admission's host time.)"""
+        admission's host time.) Where four pages at a time were indexed together, one
+        lookup takes all four (engine/prefix_spans.py)."""
         limit = self._limit(tokens)
         pages: list[int] = []
         raw = _pack(tokens[: limit * PAGE_SIZE]) if limit > 0 else b""
         get, keys, step = self._content.get, self._keys, 4 * PAGE_SIZE
-        parent = self.root(salt)
-        for at in range(0, len(raw), step):
+        parent, start = self._spans.walk(self.root(salt), raw, keys, pages)
+        for at in range(start, len(raw), step):
             page = get(parent + raw[at : at + step])
             if page is None:
                 break
@@ -203,6 +206,18 @@ class PrefixCache:
         if index == 0:
             self._root_pages.add(page)
         self.stats.admissions += 1
+        if index % SPAN_PAGES == SPAN_PAGES - 1:
+            self._add_span(chain[index + 1 - SPAN_PAGES : index + 1])
+
+    def _add_span(self, keys: list[bytes]) -> None:
+        """Index the span whose pages have ``keys``, if all four are indexed and form one
+        chain (the span's bytes are then their stored parent and ids)."""
+        pages = [self._pages.get(k) for k in keys]
+        if None in pages or any(self._parents[b] != self._keys[a]  # type: ignore[index]
+                                for a, b in zip(pages, pages[1:])):
+            return
+        self._spans.add(self._parents[pages[0]],  # type: ignore[index]
+                        [self._ids[p] for p in pages], pages)  # type: ignore[index,misc]
 
     def _shed(self, n: int) -> bool:
         """Forget the ``n`` least recently released unowned pages; False if too few."""
@@ -223,6 +238,7 @@ class PrefixCache:
         del self._pages[key], self._parents[page], self._ids[page]
         self._unowned.pop(page, None)
         self._root_pages.discard(page)
+        self._spans.drop(page)
         self.stats.evictions += 1
 
     def released(self, page: int) -> None:
@@ -253,6 +269,7 @@ class PrefixCache:
             assert self._content[self._parents[page] + self._ids[page]] == page
         assert set(self._unowned) <= set(self._keys)
         assert self._root_pages <= set(self._keys)
+        self._spans.check(self._parents, self._keys, self._ids)
 
 
 def cache_counters(cache: PrefixCache | None) -> dict[str, int]:
