@@ -207,17 +207,22 @@ class PrefixCache:
             self._root_pages.add(page)
         self.stats.admissions += 1
         if index % SPAN_PAGES == SPAN_PAGES - 1:
-            self._add_span(chain[index + 1 - SPAN_PAGES : index + 1])
+            self._add_span(page)
 
-    def _add_span(self, keys: list[bytes]) -> None:
-        """Index the span whose pages have ``keys``, if all four are indexed and form one
-        chain (the span's bytes are then their stored parent and ids)."""
-        pages = [self._pages.get(k) for k in keys]
-        if None in pages or any(self._parents[b] != self._keys[a]  # type: ignore[index]
-                                for a, b in zip(pages, pages[1:])):
-            return
-        self._spans.add(self._parents[pages[0]],  # type: ignore[index]
-                        [self._ids[p] for p in pages], pages)  # type: ignore[index,misc]
+    def _add_span(self, page: int) -> None:
+        """Index the span that ``page`` (just indexed) ends, if its three parents are
+        indexed too. Followed by the parents' keys, the four pages form one chain by
+        construction, and the span's bytes are their stored parent and ids."""
+        pages, get, parents = [page], self._pages.get, self._parents
+        for _ in range(SPAN_PAGES - 1):
+            parent = get(parents[page])
+            if parent is None:
+                return
+            pages.append(parent)
+            page = parent
+        pages.reverse()
+        ids = self._ids
+        self._spans.add(parents[pages[0]], [ids[p] for p in pages], pages)
 
     def _shed(self, n: int) -> bool:
         """Forget the ``n`` least recently released unowned pages; False if too few."""

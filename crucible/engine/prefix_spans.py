@@ -62,12 +62,13 @@ class SpanIndex:
         span_of = self._span_of
         for key in _keys(held):
             for other in _PAGES.unpack(self._spans.pop(key)):
-                if other != page:
-                    rest = b"".join(k for k in _keys(span_of[other]) if k != key)
-                    if rest:
-                        span_of[other] = rest
-                    else:
-                        del span_of[other]
+                if other == page:
+                    continue
+                theirs = span_of[other]
+                if len(theirs) == _KEY:  # this span was its only one (most pages)
+                    del span_of[other]
+                else:
+                    span_of[other] = b"".join(k for k in _keys(theirs) if k != key)
 
     def walk(self, parent: bytes, raw: bytes, keys: dict[int, bytes],
              pages: list[int]) -> tuple[bytes, int]:
