@@ -13,6 +13,9 @@
 #         mix's 256 and 512 clients, then c (an H200 lease's one run after the model came)
 #     OUT=/some/dir PART=inproc MODEL=... TREE=/baseline/tree bash bench/chat_evidence.sh
 #         # ~4 min
+#     OUT=/some/dir PART=short MODEL=... bash bench/chat_evidence.sh   # ~3.5 min: #16's
+#         256-client chat level and #17's chat bench (c's first part, PART=chat alone), for
+#         a lease with little device time left
 #
 # a: a mixed graph capture's host time by part (bench/capture_parts.py), the graphs'
 #    memory bound under the chat mix (bench/graph_memory_check.py, random weights), then
@@ -35,9 +38,13 @@
 #    process (AsyncLLMEngine, whose worker waits for the loop's answers), this tree against
 #    TREE, fresh servers alternating, ROUNDS rounds (2 unless set): output tok/s, TTFT p50,
 #    gap p50, errors.
-PART=${PART:?set PART to a, b, c, ab, bc or inproc}
+PART=${PART:?set PART to a, b, c, chat, ab, bc, short or inproc}
 if [ "$PART" = bc ]; then  # b's chat levels, then c, in one run
     MIX=chat CLIENTS=256,512 PART=b bash "$0" && PART=c exec bash "$0"
+    exit 1
+fi
+if [ "$PART" = short ]; then  # the two target figures alone: 256 chat clients, the chat bench
+    MIX=chat CLIENTS=256 PART=b bash "$0" && PART=chat exec bash "$0"
     exit 1
 fi
 . "$(dirname "$0")/device_run.sh"
@@ -57,13 +64,14 @@ b)
         --warmup-seconds 5 --warmup-clients 512 --rounds 2 --plot none \
         --json "$OUT/serve-sweep.json" > "$OUT/serve-sweep.log" 2>&1
     tail -30 "$OUT/serve-sweep.log" ;;
-c)
+c|chat)
     MODEL=${MODEL:?set MODEL to the default model GGUF}
     CRUCIBLE_MIXED_GRAPH_ROWS=1024 python3 bench/prefix_cache_bench.py --model "$MODEL" \
         --device cuda --workload chat --rounds 3 --token-budget 1024 \
         --warmup-passes "${WARMUP_PASSES:-1}" \
         --json "$OUT/prefix-chat.json" > "$OUT/prefix-chat.log" 2>&1
     tail -12 "$OUT/prefix-chat.log"
+    [ "$PART" = chat ] && exit 0
     # #17's other benchmark: unique prompts only, the cache on within 2% of off. 1,024
     # requests (~10 s a config) where the default 256 ran ~3 s and moved +-10% between runs.
     python3 bench/prefix_cache_bench.py --model "$MODEL" --device cuda --workload miss \
@@ -101,5 +109,5 @@ inproc)
         --json '{json}' > "$OUT/inproc-ab.log" 2>&1
     tail -6 "$OUT/inproc-ab.log" ;;
 *)
-    echo "PART must be a, b, c, ab, bc or inproc" >&2; exit 2 ;;
+    echo "PART must be a, b, c, chat, ab, bc, short or inproc" >&2; exit 2 ;;
 esac
