@@ -32,7 +32,7 @@ from typing import Sequence
 
 import xxhash
 
-from crucible.engine.prefix_spans import SPAN_PAGES, SpanIndex
+from crucible.engine.prefix_spans import PAGE_BYTES, SPAN_PAGES, SpanIndex
 from crucible.step.batch import PAGE_SIZE
 
 
@@ -139,7 +139,7 @@ class PrefixCache:
         limit = self._limit(tokens)
         pages: list[int] = []
         raw = _pack(tokens[: limit * PAGE_SIZE]) if limit > 0 else b""
-        get, keys, step = self._content.get, self._keys, 4 * PAGE_SIZE
+        get, keys, step = self._content.get, self._keys, PAGE_BYTES
         parent, start = self._spans.walk(self.root(salt), raw, keys, pages)
         for at in range(start, len(raw), step):
             page = get(parent + raw[at : at + step])
@@ -165,7 +165,7 @@ class PrefixCache:
         limit = self._limit(tokens)
         first = len(chain)
         if first < limit:  # the pages' ids packed in one call (a call a page cost 3x)
-            step = 4 * PAGE_SIZE
+            step = PAGE_BYTES
             raw = raw[first * step :] if raw is not None else \
                 _pack(tokens[first * PAGE_SIZE : limit * PAGE_SIZE])
             parent = chain[-1] if chain else self.root(salt)
@@ -270,7 +270,7 @@ class PrefixCache:
         assert len(self._pages) == len(self._keys) == len(self._parents) == len(self._ids) \
             == len(self._content)
         for page, key in self._keys.items():
-            assert self._pages[key] == page and len(self._ids[page]) == 4 * PAGE_SIZE
+            assert self._pages[key] == page and len(self._ids[page]) == PAGE_BYTES
             assert self._content[self._parents[page] + self._ids[page]] == page
         assert set(self._unowned) <= set(self._keys)
         assert self._root_pages <= set(self._keys)

@@ -25,9 +25,12 @@ from __future__ import annotations
 import struct
 from typing import Sequence
 
+from crucible.step.batch import PAGE_SIZE
+
+PAGE_BYTES = 4 * PAGE_SIZE  # a page's ids as the cache packs them: int32 each
 SPAN_PAGES = 4
 _PAGES = struct.Struct(f"<{SPAN_PAGES}i")
-_KEY = 16 + 64 * SPAN_PAGES  # a 128-bit parent key + four pages of 16 int32 ids
+_KEY = 16 + PAGE_BYTES * SPAN_PAGES  # a 128-bit parent key + four pages' packed ids
 
 
 class SpanIndex:
@@ -75,7 +78,7 @@ class SpanIndex:
         """Follow spans from ``parent`` (the root's key) over ``raw`` (the request's ids,
         packed), appending their pages to ``pages``; returns the last page's key (or
         ``parent``) and the bytes of ``raw`` consumed."""
-        get, unpack, step, at = self._spans.get, _PAGES.unpack, 64 * SPAN_PAGES, 0
+        get, unpack, step, at = self._spans.get, _PAGES.unpack, PAGE_BYTES * SPAN_PAGES, 0
         while at + step <= len(raw):
             hit = get(parent + raw[at : at + step])
             if hit is None:
