@@ -21,13 +21,12 @@ from crucible.errors import ConfigError
 from crucible.model.tiny import tiny_config
 
 NUMERIC = [v for v, (_, parse) in ENV.items() if parse.__name__ in
-           ("_threads", "_graph_rows") or parse.__name__.startswith("_at_least")]
+           ("_threads", "_graph_rows", "_positive")]
 
 
 def test_numeric_variables_are_known() -> None:
     assert {"CRUCIBLE_CPU_THREADS", "CRUCIBLE_MIXED_GRAPH_ROWS",
-            "CRUCIBLE_PREFIX_CACHE_MAX_TOKENS", "CRUCIBLE_PREFIX_CACHE_ENTRIES",
-            "CRUCIBLE_ATTENTION_BUDGET"} <= set(NUMERIC)
+            "CRUCIBLE_PREFIX_CACHE_MAX_TOKENS", "CRUCIBLE_PREFIX_CACHE_ENTRIES"} <= set(NUMERIC)
 
 
 @pytest.mark.parametrize("var", NUMERIC)

@@ -110,8 +110,6 @@ def plan_next(cur: Any, scheduler: Scheduler, max_context: int, vocab_size: int,
         if min_fed_rows is None or n_dec + min(max(budget, 0), more) < min_fed_rows:
             return None
     slices: list[ScheduledSlice] = []
-    scheduler.open_step(0 if dec is None or scheduler.config.attention_budget is None
-                        else int(dec.decode.positions.sum()) + n_dec)
     for req, start in rest_reqs:
         if budget <= 0:
             break

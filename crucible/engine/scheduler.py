@@ -10,13 +10,6 @@ One step = one packed forward. Policy (vLLM v1-like: no prefill or decode phase,
      remaining budget, the chunk cap and the pages still free (never preempting);
   3. waiting requests are admitted in FIFO order while budget and ``max_running`` allow and
      pages exist for their whole next slice; the first that does not fit stops admission.
-With an attention budget (``attention_budget``: positions the step's rows attend, summed),
-slices after a step's first are also cut to what is left of it. Rows bound a step's GEMMs,
-but its attention grows with each row's history: a cohort of chat turns whose short new
-messages follow long cached histories packs a dozen such slices into one step, which takes
-twice a fresh prompt's step of as many rows, and every turn in it waits for the whole step.
-Cut, the first part's turns get their first token a part sooner. The first slice is never
-cut, so a step always makes progress.
      A request whose next prompt pages another running request is computing waits for
      them to be published, and those behind it go first (engine/filling.py).
 If nothing could be scheduled while requests run (every running prefill is blocked on
@@ -28,7 +21,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from math import isqrt
 
 from crucible.step.batch import SegmentSpec
 from crucible.engine.filling import Filling
@@ -44,7 +36,6 @@ class SchedulerConfig:
     chunk_cap: int | None = None  # longest slice of one request per step; None: off
     max_queue: int = 64  # waiting requests; beyond it add() refuses at once
     max_running: int = 256  # admitted requests holding pages
-    attention_budget: int | None = None  # positions a step's rows attend in all; None: off
 
     def __post_init__(self) -> None:
         if self.token_budget < 1:
@@ -55,25 +46,6 @@ class SchedulerConfig:
             raise ConfigError(f"max_queue must be >= 1, got {self.max_queue}")
         if self.max_running < 1:
             raise ConfigError(f"max_running must be >= 1, got {self.max_running}")
-        if self.attention_budget is not None and self.attention_budget < 1:
-            raise ConfigError(f"attention_budget must be >= 1 or None, "
-                              f"got {self.attention_budget}")
-
-
-def attended(start: int, n: int) -> int:
-    """Positions rows start .. start + n - 1 of one request attend in all (causal)."""
-    return n * start + n * (n + 1) // 2
-
-
-def rows_within(start: int, left: int) -> int:
-    """The most rows from ``start`` whose attention fits ``left`` positions."""
-    if left <= 0:
-        return 0
-    b = 2 * start + 1
-    n = (isqrt(b * b + 8 * left) - b) // 2
-    while attended(start, n + 1) <= left:  # isqrt's floor can leave n one short
-        n += 1
-    return n
 
 
 @quick_init  # built for every running request at every step
@@ -113,16 +85,6 @@ class Scheduler:
         self.num_preemptions = 0
         # the prompt pages running requests are computing (None without a prefix cache)
         self.filling = None if allocator.cache is None else Filling(allocator.cache)
-        # The step being planned (open_step): attention positions left, and whether it has
-        # a prefill slice yet (the first is never cut, so every step makes progress).
-        self._attn_left: int | None = None
-        self._sliced = False
-
-    def open_step(self, decode_attended: int) -> None:
-        """Begin planning a step whose decode rows attend ``decode_attended`` positions."""
-        b = self.config.attention_budget
-        self._attn_left = None if b is None else b - decode_attended
-        self._sliced = False
 
     def check_room(self) -> None:
         """Refuse at once (QueueFullError, HTTP 429) when the waiting queue is full."""
@@ -174,20 +136,9 @@ class Scheduler:
         prompt_rows = tuple(p - start for p in range(max(start, first), min(start + n, last)))
         return ScheduledSlice(req, start, n, prompt_rows, start + n == req.num_tokens)
 
-    def _cap(self, n: int, budget: int, start: int) -> int:
+    def _cap(self, n: int, budget: int) -> int:
         cap = self.config.chunk_cap
-        n = min(n, budget, cap) if cap is not None else min(n, budget)
-        if self._attn_left is not None and self._sliced:
-            fit = rows_within(start, self._attn_left)
-            if fit < n:  # the step is full: no crumbs of other requests after this part
-                n, self._attn_left = fit, attended(start, fit)
-        return n
-
-    def _took(self, start: int, n: int) -> None:
-        """A prefill slice of ``n`` rows from ``start`` joins the step being planned."""
-        self._sliced = True
-        if self._attn_left is not None:
-            self._attn_left -= attended(start, n)
+        return min(n, budget, cap) if cap is not None else min(n, budget)
 
     def schedule(self) -> StepPlan:
         while True:
@@ -216,8 +167,6 @@ class Scheduler:
             if req.status is RequestStatus.RUNNING:
                 slices.append(self._slice(req, 1))
                 budget -= 1
-        self.open_step(0 if self.config.attention_budget is None
-                       else sum(sl.start + 1 for sl in slices))
         # 2. Running prefills: as much as budget, cap and free pages allow.
         for req in self.running:
             if budget == 0:
@@ -236,11 +185,10 @@ class Scheduler:
         chunk cap and free pages allow (None: no page is free). Grows its page table."""
         alloc = self.allocator
         room = (len(req.page_table) + alloc.num_free) * PAGE_SIZE - start
-        n = min(self._cap(len(req.token_ids) - start, budget, start), room)
+        n = min(self._cap(len(req.token_ids) - start, budget), room)
         if n <= 0:
             return None
         req.page_table.grow(alloc, start + n)
-        self._took(start, n)
         return self._slice(req, n, start)
 
     def admit(self, budget: int, slices: list[ScheduledSlice]) -> int:
@@ -269,9 +217,9 @@ class Scheduler:
                         i += 1
                         continue
             done = len(hits) * PAGE_SIZE
-            n = self._cap(len(req.token_ids) - done, budget, done)
+            n = self._cap(len(req.token_ids) - done, budget)
             unowned = alloc.count_free(hits)  # they leave the free queue
-            if n <= 0 or not alloc.can_allocate(pages_for(done + n) - len(hits) + unowned):
+            if not alloc.can_allocate(pages_for(done + n) - len(hits) + unowned):
                 break
             del self.waiting[i]
             if cached:
@@ -287,7 +235,6 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             req.page_table.grow(alloc, done + n)
-            self._took(done, n)
             slices.append(self._slice(req, n))
             budget -= n
         return budget

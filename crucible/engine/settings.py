@@ -105,17 +105,11 @@ def given_cache_size(name: str, raw: str) -> int:
     return value
 
 
-def _at_least(low: int) -> Callable[[str, str], int]:
-    def parse(name: str, raw: str) -> int:
-        value = raw.strip()
-        if not _whole(value) or int(value) < low:
-            raise ConfigError(f"{name} must be a whole number >= {low}, got {raw!r}")
-        return int(value)
-    parse.__name__ = f"_at_least_{low}"
-    return parse
-
-
-_positive = _at_least(1)
+def _positive(name: str, raw: str) -> int:
+    value = raw.strip()
+    if not _whole(value) or int(value) < 1:
+        raise ConfigError(f"{name} must be a whole number >= 1, got {raw!r}")
+    return int(value)
 
 
 def _path(name: str, raw: str) -> Path | None:
@@ -152,7 +146,6 @@ ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CRUCIBLE_PREFIX_CACHE_ENTRIES": ("prefix_cache_entries", _positive),
     "CRUCIBLE_CORE_PROFILE": ("core_profile", _path),
     "CRUCIBLE_LATE_PLANNING": ("late_planning", _switch),
-    "CRUCIBLE_ATTENTION_BUDGET": ("attention_budget", _at_least(0)),
 }
 
 
@@ -192,7 +185,6 @@ class Settings:
     prefix_cache_entries: int = 4096  # most retained chains
     core_profile: Path | None = None  # the engine process's cProfile stats (a diagnostic)
     late_planning: bool = False  # serving loops plan step t+1 near t's end (engine/pacing.py)
-    attention_budget: int = 0  # positions a step's rows attend in all (scheduler.py); 0: off
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -209,7 +201,6 @@ class Settings:
                           ("kv_cache_memory", 1), ("max_running", 1)):
             self._check_int(name, low, optional=True)
         for name, low in (("token_budget", 1), ("max_queue", 1), ("seed", 0),
-                          ("attention_budget", 0),
                           ("prefix_cache_max_tokens", 1), ("prefix_cache_entries", 1)):
             self._check_int(name, low)
         self._check_int("prefix_cache_size", 0, optional=True)
@@ -290,8 +281,7 @@ class Settings:
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(token_budget=self.token_budget, chunk_cap=self.chunk_cap,
-                               max_queue=self.max_queue, max_running=self.running_limit(),
-                               attention_budget=self.attention_budget or None)
+                               max_queue=self.max_queue, max_running=self.running_limit())
 
     def running_limit(self) -> int:
         """``max_running``, or half the token budget up to RUNNING_CAP: every running
