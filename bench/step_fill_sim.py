@@ -6,8 +6,8 @@ padding (rows rounded up to cupy_mixed_graphs.TOKEN_BUCKETS).
         [--json PATH]
 
 Each client sends its next request the moment its last one ends (no HTTP latency); a
-request's prompt and output lengths follow the chat mix of bench/serve_mixes.py and bench/throughput_workload.py (log-normal,
-median 300 and 150, sigma 1.0 and 0.8, clipped to 20-2000 and 16-512). Per step: decodes
+request's prompt and output lengths are the chat mix's (bench/throughput_workload.py
+``lengths``: log-normal, median 300 and 150, clipped to 20-2000 and 16-512). Per step: decodes
 first (one row each), then prefill in arrival order up to the token budget, as
 engine/scheduler.py plans. The first 10% of steps (the start) are left out. Figures: mean
 rows a step, the share of steps at the full budget, and the padding share of the graphs'
@@ -19,19 +19,22 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import random
 import sys
 
 import numpy as np
+from throughput_workload import MIXES, lengths
 
 from crucible.backend.cupy_mixed_graphs import TOKEN_BUCKETS
 
+CONTEXT = 8192  # the default model's
+
 
 def simulate(clients: int, budget: int, steps: int, seed: int = 0) -> dict[str, float]:
-    rng = np.random.default_rng(seed)
+    rng = random.Random(seed)
 
     def request() -> list[int]:
-        prompt = int(np.clip(rng.lognormal(np.log(300), 1.0), 20, 2000))
-        return [prompt, int(np.clip(rng.lognormal(np.log(150), 0.8), 16, 512))]
+        return list(lengths("chat", 1, MIXES["chat"], CONTEXT, rng)[0][0])
 
     running = [request() for _ in range(clients)]  # [prompt rows left, tokens left]
     rows_of: list[int] = []
