@@ -15,6 +15,9 @@ import numpy as np
 class Dev(np.ndarray):
     """A host array posing as a device one."""
 
+    def __new__(cls, shape: tuple, dtype: type = np.float32, memptr: object = None) -> "Dev":
+        return np.empty(shape, dtype).view(cls)  # cp.ndarray(shape, dtype, memptr=...)
+
     @property
     def data(self) -> SimpleNamespace:  # type: ignore[override]
         return SimpleNamespace(ptr=self.__array_interface__["data"][0])
@@ -46,6 +49,9 @@ class _Module:
     def get_function(self, name: str) -> _Kernel:
         return _Kernel()
 
+    def compile(self) -> None:  # the start-up prebuild asks every module to build now
+        pass
+
 
 class _Stream:
     ptr = 0
@@ -58,6 +64,12 @@ class _Stream:
 
     def synchronize(self):
         pass
+
+    def wait_event(self, event: object) -> None:
+        pass
+
+    def is_capturing(self) -> bool:
+        return False
 
 
 def launches() -> int:
@@ -79,11 +91,15 @@ def install() -> types.ModuleType:
     attrs = {16: 132, 38: 50 * 2**20, 97: 227 * 1024}
     rt = SimpleNamespace(getDevice=lambda: 0, deviceGetAttribute=lambda a, d: attrs.get(a, 0),
                          memGetInfo=lambda: (140 * 2**30, 141 * 2**30),
-                         getDeviceProperties=lambda d: {"name": b"fake"})
+                         getDeviceProperties=lambda d: {"name": b"fake"},
+                         memsetAsync=lambda *a: None, setDevice=lambda d: None)
     fake.cuda = SimpleNamespace(
         runtime=rt, get_current_stream=lambda: _Stream(), Stream=lambda **k: _Stream(),
-        Device=lambda *a: SimpleNamespace(synchronize=lambda: None),
+        Device=lambda *a: SimpleNamespace(synchronize=lambda: None, compute_capability="90",
+                                          id=0, use=lambda: None),
         Event=lambda **k: SimpleNamespace(record=lambda *a: None, synchronize=lambda: None))
+    fake.get_default_memory_pool = lambda: SimpleNamespace(
+        malloc=lambda n: None, free_all_blocks=lambda: None, used_bytes=lambda: 0)
     fake.RawModule = lambda **k: _Module()
     fake.RawKernel = lambda *a, **k: _Kernel()
     sys.modules["cupy"] = fake

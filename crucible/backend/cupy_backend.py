@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from crucible.backend import cupy_fork, cupy_mma, cupy_rope_in, cupy_route, cupy_stack, stages
+from crucible.backend import cupy_fork, cupy_mma, cupy_prebuild, cupy_rope_in, cupy_route
+from crucible.backend import cupy_stack, stages
 from crucible.backend.cupy_graph_memory import logits_out
 from crucible.backend.cupy_memory import MemoryGuard, step_headroom
 from crucible.backend.cupy_meta import CupyMeta, device_meta
@@ -57,6 +58,7 @@ class CupyBackend:
 
     def load_weights(self, geometry: Geometry, weights: BackendWeights) -> None:
         require_cuda_geometry(geometry)
+        cupy_prebuild.start(self.options).wait()  # every module built before its first use
         cp = cupy()
         cfg = self.cfg = geometry
         self.mode = weights.mode

@@ -27,7 +27,6 @@ NaN logits are outside the contract (the host sampler does not define them eithe
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -37,7 +36,7 @@ from crucible.step.rows import RowSampling, SampleOutput, greedy_only, greedy_ro
 from crucible.kernels.sampling_greedy import GreedyLauncher
 from crucible.backend.cupy_pinned import PinnedRing, device_buffer
 from crucible.kernels.loader import sm_count
-from crucible.kernels.source import compile_module
+from crucible.kernels.source import KernelModule, cached_module
 
 THREADS = 512  # THREADS in sampling.cu
 MAX_VOCAB = 1 << 24  # ids are u32 in the sort; far above any real vocabulary
@@ -49,9 +48,8 @@ def _cupy() -> Any:
     return cupy
 
 
-@functools.cache
-def _module() -> Any:
-    return compile_module("sampling.cu")
+def module() -> KernelModule:
+    return cached_module("sampling.cu")
 
 
 class CupySampler:
@@ -181,7 +179,7 @@ class CupySampler:
         slots = min(r, self.max_slots or sm_count())
         keys, keys2, ids1, ids2 = self._scratch_for(slots, vocab)
         self._paths = paths[:r]
-        _module().get_function("sample_rows")(
+        module().get_function("sample_rows")(
             (slots,), (THREADS,),
             (logits, np.int32(vocab), meta, np.int32(r), keys, keys2, ids1, ids2, tokens, lp,
              paths))
@@ -254,6 +252,6 @@ def device_draws(seeds: Sequence[int], counters: Sequence[int]) -> tuple[np.ndar
     n = int(s.size)
     bits, uni = cp.empty(n, cp.uint64), cp.empty(n, cp.float64)
     if n:
-        _module().get_function("rng_draws")((-(-n // 256),), (256,),
+        module().get_function("rng_draws")((-(-n // 256),), (256,),
                                             (s, c, bits, uni, np.int32(n)))
     return cp.asnumpy(bits), cp.asnumpy(uni)

@@ -48,8 +48,10 @@ def resolve_device(device: str) -> str:
 def make_backend(device: str, options: BackendOptions | None = None) -> Backend:
     options = options or BackendOptions()
     if resolve_device(device) == "cuda":
+        from crucible.backend import cupy_prebuild
         from crucible.backend.cupy_backend import CupyBackend
 
+        cupy_prebuild.start(options)  # NVRTC on a pool while the model loads
         return CupyBackend(options)
     from crucible.backend.numpy_backend import NumpyBackend
 

@@ -38,7 +38,7 @@ from crucible.kernels.attention import decode_args, validate_arguments
 from crucible.kernels.device_weight import DeviceWeight, ctype
 from crucible.kernels.launch import launch
 from crucible.kernels.loader import decode_kernel, ensure_dynamic_smem, smem_optin_limit
-from crucible.kernels.source import cached_module
+from crucible.kernels.source import KernelModule, cached_module
 from crucible.kernels.variants import decode_smem_bytes, decode_static_bytes
 
 MAX_ROWS = 1  # the stack re-reads every weight once per row: it pays at batch 1 only
@@ -56,9 +56,13 @@ MLP_PAIR = {"fma": False, "mma": True}
 O_SPLIT = {"fma": 1, "mma": 2}
 
 
+def module() -> KernelModule:
+    return cached_module("decode_stack.cu", _NAMES)
+
+
 @functools.cache
 def _kernel(name: str) -> Any:
-    return cached_module("decode_stack.cu", _NAMES).get_function(name)
+    return module().get_function(name)
 
 
 def _wbytes(wd: DeviceWeight) -> int:

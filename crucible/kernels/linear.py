@@ -14,14 +14,18 @@ from crucible.kernels import linear_chunks as cc
 from crucible.kernels import linear_rows as cf
 from crucible.kernels import linear_wide as lw
 from crucible.kernels.device_weight import DeviceWeight, check_linear, ctype, gemm_args
-from crucible.kernels.source import cached_module
+from crucible.kernels.source import KernelModule, cached_module
 
 _TILED_NAMES = tuple(f"linear_tiled<{ctype(d)}>" for d in ("float32", "int8"))
 
 
+def module() -> KernelModule:
+    return cached_module("linear.cu", _TILED_NAMES)
+
+
 @functools.cache
 def kernel(name: str) -> Any:
-    return cached_module("linear.cu", _TILED_NAMES).get_function(name)
+    return module().get_function(name)
 
 
 HEAD_TILED_FROM = 36  # rows; from here a wide weight (the LM head) runs on the tiled kernel

@@ -19,7 +19,7 @@ import numpy as np
 from crucible.kernels import linear_wgmma as lw
 from crucible.kernels.device_weight import DeviceWeight, check_linear, check_out, check_x, need
 from crucible.kernels.launch import launch
-from crucible.kernels.source import cached_module
+from crucible.kernels.source import KernelModule, cached_module
 
 # (MT, NT, WM, WN): a warp's 16 MT x 8 NT tile, WM x WN warps a CTA.
 FORMS: tuple[tuple[int, int, int, int], ...] = (
@@ -98,16 +98,21 @@ _ROW1_NAMES = tuple(f"linear_mma_row1<{pb}, {_b(nm)}>"
                     for (pb,) in ROW1_FORMS for nm in (False, True))
 
 
+def modules() -> tuple[KernelModule, ...]:
+    """The tile kernel's, the rows kernel's and the one-row kernel's modules."""
+    return (cached_module("linear_mma.cu", _NAMES), cached_module("linear_mma_rows.cu", _ROW_NAMES),
+            cached_module("linear_mma_row1.cu", _ROW1_NAMES))
+
+
 @functools.cache
 def kernel(form: tuple[int, ...], one_acc: bool = False, norm: bool = False,
            swiglu: bool = False, pf: bool = False, bw: bool = False) -> Any:
+    tiles, rows, row1 = modules()
     if len(form) == 1:
-        return cached_module("linear_mma_row1.cu", _ROW1_NAMES).get_function(
-            f"linear_mma_row1<{form[0]}, {_b(norm)}>")
+        return row1.get_function(f"linear_mma_row1<{form[0]}, {_b(norm)}>")
     if len(form) == 2:
-        return cached_module("linear_mma_rows.cu", _ROW_NAMES).get_function(
-            _row_name(form[0], one_acc, norm, swiglu))
-    return cached_module("linear_mma.cu", _NAMES).get_function(_name(form, one_acc, pf, bw))
+        return rows.get_function(_row_name(form[0], one_acc, norm, swiglu))
+    return tiles.get_function(_name(form, one_acc, pf, bw))
 
 
 def row_smem(k: int, nt: int, norm_rows: int = 0) -> int:

@@ -19,7 +19,7 @@ from crucible.kernels.device_weight import (EPI_STORE, EPI_SWIGLU, KC, DeviceWei
                                             check_x, ctype, cupy, need)
 from crucible.kernels.launch import launch
 from crucible.kernels.loader import ensure_dynamic_smem, sm_count
-from crucible.kernels.source import cached_module
+from crucible.kernels.source import KernelModule, cached_module
 
 # Column-block CTAs per SM before a CTA takes several blocks (N large: the LM head); the
 # one-row LM head is fastest at 2.
@@ -46,14 +46,18 @@ def _rows_name(wdtype: str, mt: int, pro: int, epi: int) -> str:
 
 
 # The mma-order QKV of the decode stack (int8, one row, norm + RoPE): linear_rows.cu's MMA.
-_MMA_QKV = "linear_rows<signed char, 1, 1, 2, true>"
+MMA_QKV = "linear_rows<signed char, 1, 1, 2, true>"
 _ROWS_NAMES = tuple(_rows_name(d, mt, pro, epi) for d in ("float32", "int8")
-                    for mt in (1, 4, 8) for pro, epi in _ROWS_FORMS) + (_MMA_QKV,)
+                    for mt in (1, 4, 8) for pro, epi in _ROWS_FORMS) + (MMA_QKV,)
+
+
+def module() -> KernelModule:
+    return cached_module("linear_rows.cu", _ROWS_NAMES)
 
 
 @functools.cache
 def fused_kernel(name: str) -> Any:
-    return cached_module("linear_rows.cu", _ROWS_NAMES).get_function(name)
+    return module().get_function(name)
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,7 @@ def linear_rows(x: Any, wd: DeviceWeight, out: Any, *, residual: Any = None,
     # Column blocks per CTA: one, unless that would make far more CTAs than the GPU runs at
     # once (the LM head); then each CTA stages and normalises x once for several blocks.
     groups = max(1, -(-blocks * row_groups // (ctas_per_sm * sm_count())))
-    fn = fused_kernel(_MMA_QKV if mma else
+    fn = fused_kernel(MMA_QKV if mma else
                       _rows_name(wd.dtype_name, mt, 0 if norm is None else 1, epi))
     smem = 4 * (mt * k + chunks * mt * f.nc * 32 + k)
     if mma:  # each warp's tiles of the codes as bf16, staged (linear_rows.cu)

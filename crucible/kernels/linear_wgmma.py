@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -62,13 +62,24 @@ def smem_bytes(form: tuple[int, int]) -> int:
     return stages * _stage_bytes(bn)
 
 
+SOURCES = ("linear_wgmma.cu", "linear_wgmma_rows.cu")  # one sm_90a program each
+
+
+def builds() -> list[Callable[[], Any]]:
+    """A call per source that builds (or loads from the kernel cache) its cubin now, for the
+    start-up prebuild (backend/cupy_prebuild.py)."""
+    from crucible.kernels.source import cached_arch_module
+
+    return [functools.partial(cached_arch_module, name, ARCH) for name in SOURCES]
+
+
 def _tile_kernel(name: str, form: tuple[int, int]) -> Any:
     """linear_wgmma.cu's ``name``_<BN>_<S>, with its dynamic shared memory opted into."""
     from crucible.kernels.loader import ensure_dynamic_smem
     from crucible.kernels.source import cached_arch_module
 
     bn, stages = form
-    fn = cached_arch_module("linear_wgmma.cu", ARCH).get_function(f"{name}_{bn}_{stages}")
+    fn = cached_arch_module(SOURCES[0], ARCH).get_function(f"{name}_{bn}_{stages}")
     ensure_dynamic_smem(fn, smem_bytes(form))
     return fn
 
@@ -196,7 +207,7 @@ def rows_kernel(form: tuple[int, int]) -> Any:
     from crucible.kernels.source import cached_arch_module
 
     bn, warpgroups = form
-    return cached_arch_module("linear_wgmma_rows.cu", ARCH).get_function(
+    return cached_arch_module(SOURCES[1], ARCH).get_function(
         f"linear_wgmma_rows_{bn}_{warpgroups}")
 
 

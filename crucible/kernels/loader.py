@@ -1,8 +1,9 @@
 """Compile ``cuda/attention.cu`` once per process and hand out its kernels.
 
-One ``cupy.RawModule`` holds every attention kernel: the reference and each
+One module (``source.KernelModule``) holds every attention kernel: the reference and each
 ``attn_exact<Q, KT>`` / ``attn_online<Q, KT>`` template instantiation, named through NVRTC
-name expressions. The module is built lazily on first use (``functools.cache``), so CPU-only
+name expressions and built as a few programs of at most ``source.SPLIT_NAMES`` each. Each
+is built on first use or by the start-up prebuild (backend/cupy_prebuild.py), so CPU-only
 machines import this file without CuPy. Resource figures come from the driver's function
 attributes, which is what the check command prints.
 """
@@ -13,7 +14,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from crucible.kernels.source import compile_module
+from crucible.kernels.source import KernelModule, cached_module
 from crucible.kernels.variants import (
     DECODE_GROUPS,
     PREFETCH_VARIANT,
@@ -48,22 +49,20 @@ def _cupy() -> Any:
     return cupy
 
 
-@functools.cache
-def attention_module() -> Any:
-    """The compiled module; compiled once per process, with every variant instantiated."""
+def attention_module() -> KernelModule:
+    """Every variant's kernel, instantiated; each part compiled once per process."""
     _cupy()  # a clear error without CuPy
     names = tuple(kernel_name(v) for v in all_variants())
-    return compile_module(SOURCE, names + (kernel_name(PREFETCH_VARIANT, prefetch=True),))
+    return cached_module(SOURCE, names + (kernel_name(PREFETCH_VARIANT, prefetch=True),))
 
 
-@functools.cache
-def _decode_module() -> Any:
+def decode_module() -> KernelModule:
     _cupy()
     names = [f"attn_decode<{g}, 0>" for g in DECODE_GROUPS]
     names += [f"attn_decode<1, {ow}>" for ow in DECODE_O_WEIGHT_BYTES]
     names.append("attn_decode<1, 1, true>")  # the mma order's O partials (int8 W_o)
     names += [f"attn_decode<{g}, 0, false, true>" for g in ROPE_IN_GROUPS]
-    return compile_module("attention_decode.cu", tuple(names))
+    return cached_module("attention_decode.cu", tuple(names))
 
 
 DECODE_O_WEIGHT_BYTES = (1, 4)  # attn_decode<1, OW>: O partials for int8 (1) or f32 (4) W_o
@@ -82,7 +81,7 @@ def decode_kernel(heads: int = 1, o_weight_bytes: int = 0, mma: bool = False,
         if heads not in ROPE_IN_GROUPS or o_weight_bytes or mma:
             raise ValueError(f"attn_decode's RoPE-in form is built for {ROPE_IN_GROUPS} heads "
                              f"per CTA without O partials, not {heads}/{o_weight_bytes}")
-        return _decode_module().get_function(f"attn_decode<{heads}, 0, false, true>")
+        return decode_module().get_function(f"attn_decode<{heads}, 0, false, true>")
     if heads not in DECODE_GROUPS:
         raise ValueError(f"attn_decode is built for {DECODE_GROUPS} heads per CTA, not {heads}")
     if o_weight_bytes and (heads != 1 or o_weight_bytes not in DECODE_O_WEIGHT_BYTES):
@@ -92,8 +91,8 @@ def decode_kernel(heads: int = 1, o_weight_bytes: int = 0, mma: bool = False,
         if o_weight_bytes != 1:
             raise ValueError("attn_decode's mma-order O partials take int8 W_o (1-byte "
                              f"weights), not {o_weight_bytes}-byte")
-        return _decode_module().get_function("attn_decode<1, 1, true>")
-    return _decode_module().get_function(f"attn_decode<{heads}, {o_weight_bytes}>")
+        return decode_module().get_function("attn_decode<1, 1, true>")
+    return decode_module().get_function(f"attn_decode<{heads}, {o_weight_bytes}>")
 
 
 @functools.cache

@@ -10,14 +10,18 @@ import functools
 from typing import Any
 
 from crucible.kernels.launch import launch
-from crucible.kernels.source import cached_module
+from crucible.kernels.source import KernelModule, cached_module
 
 OPS = ("embed_rows", "embed_fed", "rmsnorm_rows", "rope_store", "swiglu_rows", "gather_rows")
 
 
+def module() -> KernelModule:
+    return cached_module("model_ops.cu", OPS)
+
+
 @functools.cache
 def kernel(name: str) -> Any:
-    return cached_module("model_ops.cu", OPS).get_function(name)
+    return module().get_function(name)
 
 
 def rows_launch(name: str, rows: int, args: tuple, threads: int = 256, *,

@@ -14,14 +14,13 @@ of the step's largest row count before capturing: a capture must not reallocate 
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
 import numpy as np
 
 from crucible.step.row_buffer import pack_rows
 from crucible.step.rows import RowSampling, greedy_only
-from crucible.kernels.source import compile_module
+from crucible.kernels.source import KernelModule, cached_module
 
 THREADS = 256  # GREEDY_THREADS in sampling_greedy.cu
 SLICE = 2048  # elements per CTA: 256 threads x 2 float4s, one pass; V = 49152 -> 24 CTAs
@@ -34,9 +33,8 @@ def _cupy() -> Any:
     return cupy
 
 
-@functools.cache
-def _module() -> Any:
-    return compile_module("sampling_greedy.cu")
+def module() -> KernelModule:
+    return cached_module("sampling_greedy.cu")
 
 
 def slices_for(vocab: int, slice_len: int = SLICE) -> int:
@@ -79,7 +77,7 @@ class GreedyLauncher:
         vocab = int(logits.shape[1])
         s = slices_for(vocab, self.slice_len)
         part, counters = self._scratch(r, s)
-        _module().get_function("greedy_rows")(
+        module().get_function("greedy_rows")(
             (s, r), (THREADS,),
             (logits, np.int32(vocab), np.uint64(0) if meta_dev is None else meta_dev,
              np.int32(r), np.int32(s),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -39,7 +40,7 @@ def compile_module(name: str, names: tuple[str, ...] = ()) -> Any:
     set of options: C++17 and the source directory on the include path. No fast-math: the
     kernels spell out their rounding with intrinsics, and fast-math would change division
     and denormals. ``names``: the template instantiations to compile (extern "C" kernels
-    need none). Callers cache the module (functools.cache): NVRTC runs once per process."""
+    need none). ``cached_module`` keeps what it builds: NVRTC runs once per process."""
     import cupy
 
     extra = {"name_expressions": names} if names else {}
@@ -47,11 +48,63 @@ def compile_module(name: str, names: tuple[str, ...] = ()) -> Any:
                           options=("-std=c++17", f"-I{cuda_source_dir()}"), **extra)
 
 
+# Instantiations one NVRTC program holds at most. NVRTC builds a program on one thread, so a
+# module of 29 templates (attention.cu) is one 5-10 s build that no thread pool can shorten;
+# as parts of at most 8 it is several builds that run side by side (backend/cupy_prebuild.py).
+SPLIT_NAMES = 8
+
+
+def split_names(names: tuple[str, ...], most: int = SPLIT_NAMES) -> tuple[tuple[str, ...], ...]:
+    """``names`` in consecutive parts of at most ``most`` (one empty part for none)."""
+    if not names:
+        return ((),)
+    count = -(-len(names) // most)
+    size, extra = divmod(len(names), count)  # as even as they can be: 29 -> 8, 7, 7, 7
+    ends = [(i + 1) * size + min(i + 1, extra) for i in range(count)]
+    return tuple(names[e - size - (i < extra):e] for i, e in enumerate(ends))
+
+
 @functools.cache
-def cached_module(name: str, names: tuple[str, ...] = ()) -> Any:
-    """``compile_module``, once per process for each source and set of instantiations (the
-    kernel wrappers' compile cache)."""
+def _part(name: str, names: tuple[str, ...]) -> Any:
     return compile_module(name, names)
+
+
+@dataclass(frozen=True)
+class KernelModule:
+    """A source's kernels as one or more NVRTC programs (``parts``), each compiled once per
+    process on first use. A template's code does not depend on which other templates share
+    its program: each instantiation is its own function, built from the same text with the
+    same options (the prebuild's GPU test compares the bits)."""
+
+    name: str
+    parts: tuple[tuple[str, ...], ...]
+
+    def get_function(self, kernel: str) -> Any:
+        for part in self.parts:
+            if kernel in part or not part:
+                return _part(self.name, part).get_function(kernel)
+        raise KeyError(f"{self.name} is not built with {kernel!r}")
+
+    def builds(self, kernels: tuple[str, ...] | None = None) -> list[Callable[[], Any]]:
+        """One call per part (or per part holding one of ``kernels``) that compiles it now,
+        for a thread pool: NVRTC releases the GIL. CuPy's RawModule compiles lazily, so
+        ``compile`` is asked for."""
+        return [functools.partial(_build, self.name, part) for part in self.parts
+                if kernels is None or set(kernels) & set(part)]
+
+
+def _build(name: str, names: tuple[str, ...]) -> Any:
+    module = _part(name, names)
+    module.compile()
+    return module
+
+
+@functools.cache
+def cached_module(name: str, names: tuple[str, ...] = ()) -> KernelModule:
+    """``name``'s kernels (template instantiations ``names``; extern "C" kernels need none)
+    as a KernelModule: split into parts of at most SPLIT_NAMES, each compiled by
+    ``compile_module`` once per process, on first use or by the prebuild."""
+    return KernelModule(name, split_names(names))
 
 
 # What CuPy's RawModule gives every module besides ours (cupy.cuda.compiler appends
