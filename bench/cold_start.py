@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=1))
     print(f"replies identical in every run: {same}")
     if args.json:
-        write_json(args.json, {"command": "python3 bench/cold_start.py " + " ".join(argv or sys.argv[1:]),
+        command = "python3 bench/cold_start.py " + " ".join(argv or sys.argv[1:])
+        write_json(args.json, {"command": command,
                                "trees": {t: str(v) for t, v in trees.items()},
                                "summary": summary, "identical": same, "runs": runs})
     return 0 if same else 1
