@@ -115,6 +115,21 @@ def test_builds_run_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
     assert time.perf_counter() - t0 < 1.0  # one after another: 1.2 s
 
 
+def test_a_process_that_stops_early_does_not_wait_for_the_builds() -> None:
+    """A bad model path right after the backend was made: the error, then exit, not a wait
+    for NVRTC (the pool's threads are daemons)."""
+    code = ("import sys, time, types; from crucible.backend import cupy_prebuild as p; "
+            "cupy = types.ModuleType('cupy'); sys.modules['cupy'] = cupy; "
+            "cupy.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace("
+            "setDevice=lambda d: None)); p.Prebuild([lambda: time.sleep(60)] * 2, 0); "
+            "time.sleep(0.2); raise SystemExit('no such model')")
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=50, cwd=ROOT)
+    assert out.returncode == 1 and "no such model" in out.stderr
+    assert time.perf_counter() - t0 < 20  # an executor's threads would hold it for 60 s
+
+
 # Run in a fresh process: the kernel getters' caches would otherwise hold another test's
 # stand-ins, and a cached kernel compiles nothing.
 _RECORD = r"""

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import functools
 import os
+import queue
 import sys
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from typing import Any, Callable
 
@@ -74,9 +76,15 @@ class Prebuild:
         self.threads = _threads(len(builds))
         self.started = time.perf_counter()
         self.done_s: float | None = None
-        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="crucible-nvrtc")
-        self.futures: list[Future] = [pool.submit(_on_device, device, b) for b in builds]
-        pool.shutdown(wait=False)  # the threads end with their jobs
+        self.futures: list[Future] = [Future() for _ in builds]
+        todo = queue.SimpleQueue()
+        for item in zip(self.futures, builds):
+            todo.put(item)
+        # Daemon threads, not an executor's: a process that stops early (a bad model path
+        # right after the backend was made) exits at once instead of waiting out the builds.
+        for i in range(self.threads):
+            threading.Thread(target=_work, args=(todo, device), daemon=True,
+                             name=f"crucible-nvrtc-{i}").start()
 
     def wait(self, say: Callable[[str], None] | None = None) -> float:
         """Block until every build has ended; seconds waited. A wait longer than
@@ -100,13 +108,28 @@ class Prebuild:
         return [e for f in self.futures if f.done() and (e := f.exception()) is not None]
 
 
-def _on_device(device: int, build: Callable[[], Any]) -> Any:
-    """``build`` on a pool thread: the device's primary context made current first, since
-    loading a module is a driver call and a new thread has no current context."""
-    import cupy
+def _work(todo: queue.SimpleQueue, device: int) -> None:
+    """A pool thread: the device's primary context made current first (loading a module is
+    a driver call, and a new thread has no current context), then builds until none is left."""
+    try:
+        import cupy
 
-    cupy.cuda.runtime.setDevice(device)
-    return build()
+        cupy.cuda.runtime.setDevice(device)
+        failed: BaseException | None = None
+    except BaseException as e:  # noqa: BLE001 - handed to every future this thread takes
+        failed = e
+    while True:
+        try:
+            future, build = todo.get_nowait()
+        except queue.Empty:
+            return
+        if failed is not None:
+            future.set_exception(failed)
+            continue
+        try:
+            future.set_result(build())
+        except BaseException as e:  # noqa: BLE001 - kept for errors(); the getter raises it
+            future.set_exception(e)
 
 
 def start(options: BackendOptions) -> Prebuild:
