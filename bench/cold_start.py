@@ -10,6 +10,9 @@ every NVRTC build happens in the run, as on a fresh install; the prepared model 
 (``CRUCIBLE_CACHE``), so only the kernel builds differ. A warm run follows each cold one
 with the same caches. Trees alternate A B B A by round (A = ``--base``, B = this tree).
 
+``--serve``: each run is ``llm-engine serve`` instead, timed to its first ``/health`` 200 and
+then one greedy completion, whose text must agree across runs.
+
 Reported per tree: seconds to ``LLM`` ready and to the end, cold and warm, medians and
 min-max; the replies' ids and logprobs (as float32 bits) must agree across every run of
 both trees, or the script exits non-zero: splitting a module into several NVRTC programs
@@ -23,7 +26,10 @@ import json
 import os
 import subprocess
 import sys
+import socket
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 from common import stat, write_json
@@ -56,12 +62,58 @@ def run(tree: Path, model: str, device: str, cache_env: dict[str, str]) -> dict:
     return out
 
 
+def run_serve(tree: Path, model: str, device: str, cache_env: dict[str, str]) -> dict:
+    """``llm-engine serve`` in a fresh process: seconds until ``/health`` answers 200, then
+    one greedy completion (its text stands in for the ids: the server's own check)."""
+    env = dict(os.environ, **cache_env, PYTHONPATH=os.pathsep.join(
+        [str(tree)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "crucible", "serve", "--model", model,
+                             "--device", device, "--port", str(port)], env=env, cwd=tree,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"{tree}: the server exited {proc.returncode}: "
+                                 f"{proc.stderr.read()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:  # refused while it starts, 503 while the engine loads
+                pass
+            if time.perf_counter() - t0 > 500:
+                raise SystemExit(f"{tree}: no /health in 500 s")
+            time.sleep(0.1)
+        ready = time.perf_counter() - t0
+        body = json.dumps({"model": model, "prompt": "The capital of France is",
+                           "max_tokens": 16, "temperature": 0}).encode()
+        req = urllib.request.Request(url + "/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            text = json.load(r)["choices"][0]["text"]
+        return {"ready_s": ready, "total_s": time.perf_counter() - t0, "ids": text, "bits": [],
+                "stderr": []}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--base", required=True, help="the baseline tree (A)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
+    p.add_argument("--serve", action="store_true",
+                   help="time `llm-engine serve` to its first /health 200 instead of LLM")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     trees = {"A": Path(args.base).resolve(), "B": HERE.parent}
@@ -77,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             home, cupy_cache = tempfile.mkdtemp(), tempfile.mkdtemp()
             cache_env = {"HOME": home, "CUPY_CACHE_DIR": cupy_cache, "CRUCIBLE_CACHE": prepared}
             for kind in ("cold", "warm"):
-                got = run(trees[t], args.model, args.device, cache_env)
+                got = (run_serve if args.serve else run)(trees[t], args.model, args.device,
+                                                         cache_env)
                 key = (got["ids"], got["bits"])
                 reference = reference or key
                 got["same_as_first"] = key == reference
