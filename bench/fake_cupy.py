@@ -86,6 +86,7 @@ def install() -> types.ModuleType:
     fake.zeros = lambda shape, dtype=np.float32: np.zeros(shape, dtype).view(Dev)
     fake.full = lambda shape, v, dtype=np.float32: np.full(shape, v, dtype).view(Dev)
     fake.asarray = _asarray
+    fake.ascontiguousarray = lambda a: np.ascontiguousarray(a).view(Dev)
     fake.ndarray = Dev
     fake.asnumpy = lambda a: np.asarray(a)
     attrs = {16: 132, 38: 50 * 2**20, 97: 227 * 1024}

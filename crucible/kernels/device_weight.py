@@ -62,33 +62,36 @@ def upload_weight(w: np.ndarray, scale: np.ndarray | None = None,
     the codes as bf16 [N, K] (each exact), for linear_mma.cu's BW forms: twice the codes'
     bytes, which the tensor-core tile GEMM loads instead of converting codes. ``wgmma``
     (int8, a shape linear_wgmma.cu takes: N % 8 == 0, K % 64 == 0): the same bf16 codes in
-    the order linear_wgmma.cu reads them (``codes_wgmma``), twice the codes' bytes again."""
+    the order linear_wgmma.cu reads them (``codes_wgmma``), twice the codes' bytes again.
+    The weight goes up once, as given; its other layouts are made on the device (the same
+    exact conversions and copies: on the host they were ~1 s of every start, H100 profile
+    bench/warm-start-profile-h100.txt)."""
     cp = cupy()
     dt = np.int8 if scale is not None else np.float32
-    w = np.ascontiguousarray(w, dtype=dt)
+    dw = cp.asarray(np.ascontiguousarray(w, dtype=dt))
     int8 = scale is not None
-    wb = cp.asarray(codes_bf16(w)) if bf16 and int8 else None
-    n, k = w.shape
-    wg = (cp.asarray(codes_wgmma(w)) if wgmma and int8 and n % 8 == 0 and k % 64 == 0
-          else None)
-    return DeviceWeight(cp.asarray(np.ascontiguousarray(w.T)), cp.asarray(w),
+    wb = codes_bf16(dw) if bf16 and int8 else None
+    n, k = dw.shape
+    wg = codes_wgmma(dw, cp) if wgmma and int8 and n % 8 == 0 and k % 64 == 0 else None
+    return DeviceWeight(cp.ascontiguousarray(dw.T), dw,
                         None if scale is None else cp.asarray(scale.astype(np.float32)), wb, wg)
 
 
-def codes_bf16(codes: np.ndarray) -> np.ndarray:
+def codes_bf16(codes: Any) -> Any:
     """int8 codes as bf16 bit patterns (uint16): an int8 code's bf16 is its f32's top half,
-    exactly."""
+    exactly. A numpy or a CuPy array, answered in kind."""
     return (codes.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def codes_wgmma(codes: np.ndarray) -> np.ndarray:
+def codes_wgmma(codes: Any, xp: Any = np) -> Any:
     """int8 codes [N, K] (N % 8 == 0, K % 64 == 0) as bf16 bits in the shared-memory image
     cuda/linear_wgmma.cu copies 16 bytes at a time, [N/8][K/64][step j][core kc][column
     r][slot p]: element code[8 nc + r][64 c + 16 (p // 2) + 4 j + p % 2 + 2 kc], the k
-    that linear_mma.cu's order puts in slot 8 kc + p of step j (flat, uint16)."""
+    that linear_mma.cu's order puts in slot 8 kc + p of step j (flat, uint16). ``xp``:
+    numpy, or cupy for codes on the device."""
     n, k = codes.shape
     b = codes_bf16(codes).reshape(n // 8, 8, k // 64, 4, 4, 2, 2)  # [nc][r][c][t][j][kc][p%2]
-    return np.ascontiguousarray(b.transpose(0, 2, 4, 5, 1, 3, 6)).reshape(-1)
+    return xp.ascontiguousarray(b.transpose(0, 2, 4, 5, 1, 3, 6)).reshape(-1)
 
 
 def check_x(x: Any, k: int) -> None:

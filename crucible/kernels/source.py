@@ -29,10 +29,19 @@ def module_source(name: str) -> str:
     directory appended as a comment. CuPy's on-disk kernel cache keys a module by its own
     text, not by what it includes, so without this a changed ``.cuh`` under an unchanged
     ``.cu`` (an upgrade, a checkout of another commit) would load the stale binary."""
+    headers = sorted(cuda_source_dir().glob("*.cuh"))
+    stamp = tuple((f, st.st_size, st.st_mtime_ns) for f in headers for st in (f.stat(),))
+    return read_cuda_source(name) + f"\n// headers: {_headers_digest(stamp)}\n"
+
+
+@functools.lru_cache(maxsize=8)
+def _headers_digest(stamp: tuple[tuple[Path, int, int], ...]) -> str:
+    """The headers' digest, read and hashed once per set of (path, size, time): the start-up
+    prebuild asks for it for every program of every module."""
     h = hashlib.sha256()
-    for f in sorted(cuda_source_dir().glob("*.cuh")):
+    for f, _, _ in stamp:
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return read_cuda_source(name) + f"\n// headers: {h.hexdigest()}\n"
+    return h.hexdigest()
 
 
 def compile_module(name: str, names: tuple[str, ...] = ()) -> Any:
