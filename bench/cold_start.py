@@ -36,10 +36,18 @@ from common import stat, write_json
 
 HERE = Path(__file__).resolve().parent
 CHILD = r"""
-import json, struct, sys, time
+import dataclasses, json, struct, sys, time
 t0 = time.perf_counter()
 from crucible import LLM, SamplingParams
-llm = LLM(sys.argv[1], device=sys.argv[2])
+model = sys.argv[1]
+if model == "random":  # the default model's shapes, random weights, prepared before t0
+    sys.path.insert(0, sys.argv[3])
+    from common import SMOLLM2
+    from crucible.model.tiny import tiny_random_model
+    m = tiny_random_model(seed=1, weights="int8", **SMOLLM2)
+    model = dataclasses.replace(m, prepared=m.backend_tensors())
+    t0 = time.perf_counter()
+llm = LLM(model, device=sys.argv[2])
 ready = time.perf_counter() - t0
 prompts = ["The capital of France is", "Write a haiku about the sea.", [1, 2, 3, 4, 5]]
 outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, logprobs=2))
@@ -53,7 +61,8 @@ print(json.dumps({"ready_s": ready, "total_s": time.perf_counter() - t0,
 def run(tree: Path, model: str, device: str, cache_env: dict[str, str]) -> dict:
     env = dict(os.environ, **cache_env, PYTHONPATH=os.pathsep.join(
         [str(tree)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    done = subprocess.run([sys.executable, "-c", CHILD, model, device], env=env, cwd=tree,
+    done = subprocess.run([sys.executable, "-c", CHILD, model, device, str(HERE)], env=env,
+                          cwd=tree,
                           capture_output=True, text=True, timeout=590)
     if done.returncode != 0:
         raise SystemExit(f"{tree}: exit {done.returncode}\n{done.stderr[-3000:]}")
@@ -108,7 +117,10 @@ def run_serve(tree: Path, model: str, device: str, cache_env: dict[str, str]) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True,
+                   help="a GGUF path, or 'random': the default model's shapes with random "
+                        "weights (no upload of the model to a GPU host; LLM timed from "
+                        "the prepared weights)")
     p.add_argument("--base", required=True, help="the baseline tree (A)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
@@ -119,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"A": Path(args.base).resolve(), "B": HERE.parent}
     prepared = tempfile.mkdtemp(prefix="crucible-prepared-")
     # The prepared model first (on the CPU), so no timed run pays for writing it.
-    subprocess.run([sys.executable, "-c", "import sys; from crucible import LLM; "
-                    "LLM(sys.argv[1], device='cpu')", args.model], check=True, cwd=HERE.parent,
-                   env=dict(os.environ, CRUCIBLE_CACHE=prepared), timeout=300)
+    if args.model != "random":
+        subprocess.run([sys.executable, "-c", "import sys; from crucible import LLM; "
+                        "LLM(sys.argv[1], device='cpu')", args.model], check=True,
+                       cwd=HERE.parent, env=dict(os.environ, CRUCIBLE_CACHE=prepared),
+                       timeout=300)
     runs: dict[str, dict[str, list]] = {t: {"cold": [], "warm": []} for t in trees}
     reference = None
     for r in range(args.rounds):
