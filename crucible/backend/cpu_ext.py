@@ -6,16 +6,16 @@ backend then falls back to its BLAS tile path and says so once. The two paths gi
 different CPU bits (each is batch-invariant on its own; docs/numerics.md).
 
 ``CRUCIBLE_CPU_THREADS`` sets how many threads the kernels use (default: the cores this
-process may run on). Threads split output columns or rows, never a reduction, so the
+process may run on, a container's CPU quota included: cores.py). Threads split output columns or rows, never a reduction, so the
 setting changes speed only, never a bit.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from types import ModuleType
 
+from crucible.backend.cores import available_cores
 from crucible.errors import ConfigError
 
 MAX_THREADS = 256  # the pool's limit (pool.c: 255 workers + the caller)
@@ -54,10 +54,8 @@ def announce_fallback() -> None:
 
 
 def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """The cores this process may use: its affinity, capped by a container's CPU quota."""
+    return available_cores()
 
 
 def check_threads(threads: int | None) -> int:

@@ -21,7 +21,6 @@ program per form, in the fma order) stay lazy: their forms depend on the step sh
 from __future__ import annotations
 
 import functools
-import os
 import queue
 import sys
 import threading
@@ -30,6 +29,7 @@ from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from typing import Any, Callable
 
+from crucible.backend.cores import available_cores
 from crucible.backend.options import BackendOptions
 
 SLOW_WAIT_S = 1.0  # a wait longer than this says so on stderr, as the model's preparation does
@@ -62,11 +62,9 @@ def _compute_capability() -> str:
 
 
 def _threads(n_jobs: int) -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(n_jobs, cores))
+    """One thread a build, up to the cores this process may use (a container's CPU quota
+    included): each NVRTC build holds its own memory while it runs."""
+    return max(1, min(n_jobs, available_cores()))
 
 
 class Prebuild:
