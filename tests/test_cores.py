@@ -24,7 +24,11 @@ def tree(tmp_path: Path, files: dict[str, str], proc: str = "") -> tuple[Path, P
     ({"cpu.max": "1000 100000"}, "", 1),  # a sliver is still one
     ({"cpu.max": "max 100000"}, "", None),
     ({"kubepods/pod1/cpu.max": "200000 100000", "cpu.max": "max 100000"},
-     "0::/kubepods/pod1\n", 2),  # the process's own cgroup first
+     "0::/kubepods/pod1\n", 2),  # the process's own cgroup
+    ({"kubepods/pod1/app/cpu.max": "max 100000", "kubepods/pod1/cpu.max": "300000 100000",
+      "kubepods/cpu.max": "800000 100000"}, "0::/kubepods/pod1/app\n", 3),  # a parent's
+    ({"cpu.max": "max 100000", "cpu/cpu.cfs_quota_us": "200000",
+      "cpu/cpu.cfs_period_us": "100000"}, "", None),  # v2 present: v1 files are not read
     ({"cpu/cpu.cfs_quota_us": "300000", "cpu/cpu.cfs_period_us": "100000"}, "", 3),  # v1
     ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, "", None),
     ({"cpu.max": "lots"}, "", None),  # malformed: no quota, not an error

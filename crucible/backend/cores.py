@@ -32,28 +32,30 @@ def _read(path: Path) -> str | None:
 
 
 def _v2_dirs(root: Path, proc_cgroup: Path) -> list[Path]:
-    """The process's own cgroup v2 directory (from ``0::/path``), then the root: in a
-    container the namespace's root is usually the container's own cgroup."""
-    dirs = []
+    """The process's own cgroup v2 directory (from ``0::/path``) and each parent up to the
+    root: a quota anywhere above a process limits it. In a container the namespace's root
+    is usually the container's own cgroup."""
+    own = root
     for line in (_read(proc_cgroup) or "").splitlines():
         if line.startswith("0::"):
-            dirs.append(root / line[3:].lstrip("/"))
-    return dirs + [root]
+            own = root / line[3:].strip().lstrip("/")
+    dirs = [own]
+    while dirs[-1] != root and root in dirs[-1].parents:
+        dirs.append(dirs[-1].parent)
+    return dirs if dirs[-1] == root else dirs + [root]
 
 
 def quota_cores(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int | None:
-    """The CPU quota as whole cores (rounded up, at least 1), or None when there is none
-    or it cannot be read. Malformed files count as no quota."""
-    for d in _v2_dirs(root, proc_cgroup):
-        text = _read(d / "cpu.max")
-        if text is None:
-            continue
-        parts = text.split()
-        if len(parts) != 2 or parts[0] == "max":
-            return None
-        return _cores(parts[0], parts[1])
-    return _cores(_read(root / "cpu" / "cpu.cfs_quota_us"),
-                  _read(root / "cpu" / "cpu.cfs_period_us"))
+    """The tightest CPU quota as whole cores (rounded up, at least 1), or None when there
+    is none or it cannot be read. Malformed files count as no quota."""
+    texts = [_read(d / "cpu.max") for d in _v2_dirs(root, proc_cgroup)]
+    v2 = [t.split() for t in texts if t is not None]
+    found = [_cores(*p) for p in v2 if len(p) == 2]
+    if not v2:  # no cgroup v2 controller files: the v1 cpu controller's
+        found.append(_cores(_read(root / "cpu" / "cpu.cfs_quota_us"),
+                            _read(root / "cpu" / "cpu.cfs_period_us")))
+    quotas = [q for q in found if q is not None]
+    return min(quotas) if quotas else None
 
 
 def _cores(quota: str | None, period: str | None) -> int | None:
