@@ -27,6 +27,7 @@ NaN logits are outside the contract (the host sampler does not define them eithe
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -50,6 +51,11 @@ def _cupy() -> Any:
 
 def module() -> KernelModule:
     return cached_module("sampling.cu")
+
+
+@functools.cache
+def _kernel(name: str) -> Any:
+    return module().get_function(name)
 
 
 class CupySampler:
@@ -179,7 +185,7 @@ class CupySampler:
         slots = min(r, self.max_slots or sm_count())
         keys, keys2, ids1, ids2 = self._scratch_for(slots, vocab)
         self._paths = paths[:r]
-        module().get_function("sample_rows")(
+        _kernel("sample_rows")(
             (slots,), (THREADS,),
             (logits, np.int32(vocab), meta, np.int32(r), keys, keys2, ids1, ids2, tokens, lp,
              paths))
@@ -252,6 +258,6 @@ def device_draws(seeds: Sequence[int], counters: Sequence[int]) -> tuple[np.ndar
     n = int(s.size)
     bits, uni = cp.empty(n, cp.uint64), cp.empty(n, cp.float64)
     if n:
-        module().get_function("rng_draws")((-(-n // 256),), (256,),
+        _kernel("rng_draws")((-(-n // 256),), (256,),
                                             (s, c, bits, uni, np.int32(n)))
     return cp.asnumpy(bits), cp.asnumpy(uni)

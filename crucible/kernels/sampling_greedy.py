@@ -14,6 +14,7 @@ of the step's largest row count before capturing: a capture must not reallocate 
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,6 +36,11 @@ def _cupy() -> Any:
 
 def module() -> KernelModule:
     return cached_module("sampling_greedy.cu")
+
+
+@functools.cache
+def _kernel() -> Any:
+    return module().get_function("greedy_rows")
 
 
 def slices_for(vocab: int, slice_len: int = SLICE) -> int:
@@ -77,7 +83,7 @@ class GreedyLauncher:
         vocab = int(logits.shape[1])
         s = slices_for(vocab, self.slice_len)
         part, counters = self._scratch(r, s)
-        module().get_function("greedy_rows")(
+        _kernel()(
             (s, r), (THREADS,),
             (logits, np.int32(vocab), np.uint64(0) if meta_dev is None else meta_dev,
              np.int32(r), np.int32(s),
