@@ -58,9 +58,14 @@ print(json.dumps({"ready_s": ready, "total_s": time.perf_counter() - t0,
 """
 
 
+def tree_env(tree: Path, cache_env: dict[str, str]) -> dict[str, str]:
+    """The environment of a run of ``tree``: its caches, and the tree first on the path."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, **cache_env, PYTHONPATH=os.pathsep.join([str(tree)] + rest))
+
+
 def run(tree: Path, model: str, device: str, cache_env: dict[str, str]) -> dict:
-    env = dict(os.environ, **cache_env, PYTHONPATH=os.pathsep.join(
-        [str(tree)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = tree_env(tree, cache_env)
     done = subprocess.run([sys.executable, "-c", CHILD, model, device, str(HERE)], env=env,
                           cwd=tree,
                           capture_output=True, text=True, timeout=590)
@@ -74,8 +79,7 @@ def run(tree: Path, model: str, device: str, cache_env: dict[str, str]) -> dict:
 def run_serve(tree: Path, model: str, device: str, cache_env: dict[str, str]) -> dict:
     """``llm-engine serve`` in a fresh process: seconds until ``/health`` answers 200, then
     one greedy completion (its text stands in for the ids: the server's own check)."""
-    env = dict(os.environ, **cache_env, PYTHONPATH=os.pathsep.join(
-        [str(tree)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = tree_env(tree, cache_env)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

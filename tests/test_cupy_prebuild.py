@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,13 @@ def test_kernel_module_finds_each_kernel_in_its_part_and_builds_a_part_once(
     assert plain.get_function("rows")[2] == "rows"
 
 
+def pool_threads_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in CuPy with what a pool thread asks of it: setDevice."""
+    fake = type(sys)("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(setDevice=lambda d: None))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+
 def test_wait_reports_a_slow_build_once_and_swallows_build_errors(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cupy_prebuild, "SLOW_WAIT_S", 0.05)
@@ -86,11 +94,7 @@ def test_wait_reports_a_slow_build_once_and_swallows_build_errors(
     def broken() -> None:
         raise RuntimeError("NVRTC could not build x.cu")
 
-    fake = type(sys)("cupy")
-    fake.cuda = type(sys)("cupy.cuda")
-    fake.cuda.runtime = type(sys)("runtime")
-    fake.cuda.runtime.setDevice = lambda d: None
-    monkeypatch.setitem(sys.modules, "cupy", fake)
+    pool_threads_cupy(monkeypatch)
     said: list[str] = []
     pre = cupy_prebuild.Prebuild([slow, broken, slow], device=0)
     threading.Timer(0.2, gate.set).start()
@@ -103,11 +107,7 @@ def test_wait_reports_a_slow_build_once_and_swallows_build_errors(
 
 def test_builds_run_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
     """Jobs that each hold a thread for 0.3 s (as NVRTC does, without the GIL) end together."""
-    fake = type(sys)("cupy")
-    fake.cuda = type(sys)("cupy.cuda")
-    fake.cuda.runtime = type(sys)("runtime")
-    fake.cuda.runtime.setDevice = lambda d: None
-    monkeypatch.setitem(sys.modules, "cupy", fake)
+    pool_threads_cupy(monkeypatch)
     monkeypatch.setattr(cupy_prebuild, "_threads", lambda n: n)
     t0 = time.perf_counter()
     pre = cupy_prebuild.Prebuild([lambda: time.sleep(0.3)] * 4, device=0)
