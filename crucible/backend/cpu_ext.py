@@ -6,8 +6,8 @@ backend then falls back to its BLAS tile path and says so once. The two paths gi
 different CPU bits (each is batch-invariant on its own; docs/numerics.md).
 
 ``CRUCIBLE_CPU_THREADS`` sets how many threads the kernels use (default: the cores this
-process may run on, a container's CPU quota included: cores.py). Threads split output columns or rows, never a reduction, so the
-setting changes speed only, never a bit.
+process may run on, a container's CPU quota included: cores.py). Threads split output
+columns or rows, never a reduction, so the setting changes speed only, never a bit.
 """
 
 from __future__ import annotations
