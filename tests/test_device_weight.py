@@ -60,3 +60,14 @@ def test_wgmma_image_only_for_its_shapes(numpy_device: None) -> None:
     codes = np.ones((12, 64), np.int8)  # N % 8 != 0: linear_wgmma.cu cannot take it
     wd = upload_weight(codes, np.ones(12, np.float32), bf16=True, wgmma=True)
     assert wd.wg is None and wd.wb is not None
+
+
+@pytest.mark.parametrize("bf16, wgmma", [(True, False), (False, True), (False, False)])
+def test_each_layout_only_on_request(numpy_device: None, bf16: bool, wgmma: bool) -> None:
+    codes = np.random.default_rng(3).integers(-128, 128, (64, 128)).astype(np.int8)
+    wd = upload_weight(codes, np.ones(64, np.float32), bf16=bf16, wgmma=wgmma)
+    assert (wd.wb is not None) == bf16 and (wd.wg is not None) == wgmma
+    if bf16:
+        assert np.array_equal(wd.wb, codes_bf16(codes))
+    if wgmma:
+        assert np.array_equal(wd.wg, codes_wgmma(codes))

@@ -69,10 +69,12 @@ def upload_weight(w: np.ndarray, scale: np.ndarray | None = None,
     cp = cupy()
     dt = np.int8 if scale is not None else np.float32
     dw = cp.asarray(np.ascontiguousarray(w, dtype=dt))
-    int8 = scale is not None
-    wb = codes_bf16(dw) if bf16 and int8 else None
     n, k = dw.shape
-    wg = codes_wgmma(dw, cp) if wgmma and int8 and n % 8 == 0 and k % 64 == 0 else None
+    int8 = scale is not None
+    wgmma = wgmma and int8 and n % 8 == 0 and k % 64 == 0
+    bits = codes_bf16(dw) if int8 and (bf16 or wgmma) else None  # made once for both
+    wb = bits if bf16 and int8 else None
+    wg = _wgmma_image(bits, cp) if wgmma else None
     return DeviceWeight(cp.ascontiguousarray(dw.T), dw,
                         None if scale is None else cp.asarray(scale.astype(np.float32)), wb, wg)
 
@@ -89,8 +91,13 @@ def codes_wgmma(codes: Any, xp: Any = np) -> Any:
     r][slot p]: element code[8 nc + r][64 c + 16 (p // 2) + 4 j + p % 2 + 2 kc], the k
     that linear_mma.cu's order puts in slot 8 kc + p of step j (flat, uint16). ``xp``:
     numpy, or cupy for codes on the device."""
-    n, k = codes.shape
-    b = codes_bf16(codes).reshape(n // 8, 8, k // 64, 4, 4, 2, 2)  # [nc][r][c][t][j][kc][p%2]
+    return _wgmma_image(codes_bf16(codes), xp)
+
+
+def _wgmma_image(bits: Any, xp: Any) -> Any:
+    """``codes_wgmma`` from the codes' bf16 bits [N, K] (``codes_bf16``)."""
+    n, k = bits.shape
+    b = bits.reshape(n // 8, 8, k // 64, 4, 4, 2, 2)  # [nc][r][c][t][j][kc][p%2]
     return xp.ascontiguousarray(b.transpose(0, 2, 4, 5, 1, 3, 6)).reshape(-1)
 
 
