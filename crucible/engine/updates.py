@@ -163,11 +163,10 @@ class StepUpdates:
     def _publish(cache: PrefixCache, req: Request) -> None:
         """Index the pages this step completed: their K/V writes are done (the step's
         results are back), and every later reader comes after them in stream order."""
-        ids, pages = req.token_ids, req.page_table.pages
-        for i in range(req.num_published, req.num_computed_tokens // PAGE_SIZE):
-            cache.publish(pages[i], i, ids[i * PAGE_SIZE : (i + 1) * PAGE_SIZE],
+        end = req.num_computed_tokens // PAGE_SIZE
+        cache.publish_run(req.page_table.pages, req.num_published, end, req.token_ids,
                           req.cache_salt, req.chain)
-        req.num_published = req.num_computed_tokens // PAGE_SIZE
+        req.num_published = end
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
