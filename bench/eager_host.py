@@ -41,6 +41,7 @@ import fake_cupy
 from common import SMOLLM2, stat, write_json
 
 VARIANTS = ("full", "no-launch", "no-alloc", "neither")
+DRIVER = ("driver",)  # --driver: the plain launches through the driver (bench/launch_host.py)
 
 
 def patch(variant: str, be: Any) -> Callable[[], None]:
@@ -54,6 +55,12 @@ def patch(variant: str, be: Any) -> Callable[[], None]:
     if variant in ("no-launch", "neither"):
         for m in mods:
             m.launch = lambda *a, **k: None
+    if variant == "driver":  # plain launches through cuLaunchKernelEx, not CuPy's call
+        from launch_host import launch_driver
+
+        for m in mods:
+            m.launch = lambda fn, grid, block, args, shared_mem=0, pdl=False: \
+                launch_driver(fn, grid, block, args, shared_mem)
     if variant in ("no-alloc", "neither"):
         cache: dict[tuple, Any] = {}
         alloc = type(be).new
@@ -82,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--driver", action="store_true",
+                   help="also time the plain launches through cuLaunchKernelEx (cuda only)")
     args = p.parse_args(argv)
+    variants = VARIANTS + (DRIVER if args.driver else ())
     if args.device == "fake":
         fake_cupy.install()
     import cupy as cp
@@ -112,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             runner._forward_meta(be.prepare(batch))
             return (time.perf_counter() - t) * 1e3
 
-        ms: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        ms: dict[str, list[float]] = {v: [] for v in variants}
         for r in range(args.rounds):
-            for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+            for v in variants if r % 2 == 0 else variants[::-1]:
                 undo = patch(v, be)
                 try:
                     for _ in range(3 if r == 0 else 1):
@@ -126,13 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         med = {v: statistics.median(x) for v, x in ms.items()}
         res["launch_ms"] = round(med["full"] - med["no-launch"], 3)
         res["alloc_ms"] = round(med["full"] - med["no-alloc"], 3)
+        if args.driver:
+            res["driver_saves_ms"] = round(med["full"] - med["driver"], 3)
         if args.device == "fake":  # the stand-in counts them
             n0 = fake_cupy.launches()
             forward()
             res["launches"] = fake_cupy.launches() - n0
         results[name] = res
         print(f"{name}: " + ", ".join(f"{v} {med[v]:.2f}" for v in VARIANTS)
-              + f" ms; launches {res['launch_ms']:.2f}, allocations {res['alloc_ms']:.2f} ms",
+              + f" ms; launches {res['launch_ms']:.2f}, allocations {res['alloc_ms']:.2f} ms"
+            + (f", driver {med['driver']:.2f}" if args.driver else ""),
               flush=True)
         if args.profile:
             prof = cProfile.Profile()
