@@ -221,7 +221,8 @@ class Request:
         if self.prompt_logprobs is None:
             return 0
         # Row p predicts prompt token p + 1; rows 0 .. num_prompt - 2 are needed.
-        return self.num_prompt_tokens - 1 if len(self.prompt_logprobs) < self.num_prompt_tokens else 0
+        short = len(self.prompt_logprobs) < self.num_prompt_tokens
+        return self.num_prompt_tokens - 1 if short else 0
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "

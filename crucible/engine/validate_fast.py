@@ -178,7 +178,8 @@ def small_ok(batch: PackedBatch, num_pages: int, vocab_size: int,
             return False
         used.add(t)
         n_table = lengths[t]
-        if (max_pages is not None and n_table > max_pages) or abs_start + length > n_table * PAGE_SIZE:
+        if (max_pages is not None and n_table > max_pages) or \
+                abs_start + length > n_table * PAGE_SIZE:
             return False
         if positions[start : start + length] != list(range(abs_start, abs_start + length)):
             return False
