@@ -13,6 +13,7 @@
 #         mix's 256 and 512 clients, then c (an H200 lease's one run after the model came)
 #     OUT=/some/dir PART=inproc MODEL=... TREE=/baseline/tree bash bench/chat_evidence.sh
 #         # ~4 min
+#     OUT=/some/dir PART=rows MODEL=... bash bench/chat_evidence.sh   # ~3.5 min
 #     OUT=/some/dir PART=short MODEL=... bash bench/chat_evidence.sh   # ~3.5 min: #16's
 #         256-client chat level and #17's chat bench (c's first part, PART=chat alone), for
 #         a lease with little device time left
@@ -34,6 +35,10 @@
 #    `git archive REV crucible cuda bench pyproject.toml | tar -x -C DIR`), fresh processes
 #    alternating (bench/env_ab.py), ROUNDS rounds (6 unless set): TTFT p50 and p99 on and
 #    off, their ratio, total tok/s, and the mixed captures inside the timed turns.
+# rows: LLM's mixed-graph rows, its 512 against serve's 1,024, on the miss workload and the
+#    random 1,000 requests, fresh processes alternating, ROUNDS rounds (3 unless set; ~3.5
+#    min): whether LLM's default should follow serve's (docs/throughput.md, "Eager steps'
+#    host time on a GPU host").
 # inproc: the chat mix at 256 streaming clients against the server with its engine in
 #    process (AsyncLLMEngine, whose worker waits for the loop's answers), this tree against
 #    TREE, fresh servers alternating, ROUNDS rounds (2 unless set): output tok/s, TTFT p50,
@@ -108,6 +113,28 @@ inproc)
         --warmup-clients 256 --engine-in-process --no-engine-batch1 --plot none \
         --json '{json}' > "$OUT/inproc-ab.log" 2>&1
     tail -6 "$OUT/inproc-ab.log" ;;
+rows)
+    MODEL=${MODEL:?set MODEL to the default model GGUF}
+    # LLM's mixed-graph rows, 512 (its default) against 1,024 (serve's), on #17's misses
+    # and #15's random 1,000 requests, fresh processes alternating
+    for w in miss tput; do
+        if [ $w = miss ]; then
+            metrics="--metric ratios.miss_tok_per_s_on_over_off.median
+                --metric summary.miss.on.total_tok_per_s.median
+                --metric summary.miss.off.total_tok_per_s.median"
+            run="python3 bench/prefix_cache_bench.py --model $MODEL --device cuda
+                --workload miss --rounds 1 --miss-requests 1024 --json {json}"
+        else
+            metrics="--metric summary.total_tok_per_s.median
+                --metric summary.captures_in_timed_run.median"
+            run="python3 bench/throughput.py --model $MODEL --device cuda --plot none
+                --probes 0 --json {json}"
+        fi
+        python3 bench/env_ab.py --a CRUCIBLE_MIXED_GRAPH_ROWS=512 \
+            --b CRUCIBLE_MIXED_GRAPH_ROWS=1024 --rounds "${ROUNDS:-3}" $metrics --drop-runs \
+            --json "$OUT/rows-$w-ab.json" -- $run > "$OUT/rows-$w-ab.log" 2>&1
+        tail -4 "$OUT/rows-$w-ab.log"
+    done ;;
 *)
-    echo "PART must be a, b, c, chat, ab, bc, short or inproc" >&2; exit 2 ;;
+    echo "PART must be a, b, c, chat, ab, bc, short, rows or inproc" >&2; exit 2 ;;
 esac
