@@ -196,7 +196,7 @@ class PrefixCache:
         content is indexed. ``chain`` holds the request's keys of pages 0 .. first - 1 at
         least (extended here). A step completes up to ~128 pages of a prefilling request:
         their ids are packed in one call and the loop's lookups bound once (a page a call
-        took 2.0-3.1 us of host on the CI machine, a run takes ~1.7: publishing is most of
+        took 2.0-3.1 us of host on the CI machine, a run takes ~1.7: publishing is half of
         what the cache adds to a step of misses, docs/prefix-cache.md)."""
         end = min(end, self.max_tokens // PAGE_SIZE)  # pages past the longest prefix kept
         if end <= first:
