@@ -205,6 +205,25 @@ def test_bad_chat_requests_are_400(client):
     assert exc.value.body["code"] == "model_not_found"
 
 
+@pytest.mark.parametrize("bias,refused", [({}, None), (None, None),
+                                          ({"5": 1}, "not supported"),
+                                          (False, "must be an object"),
+                                          ([1], "must be an object")])
+def test_logit_bias_empty_or_null_only(client, bias, refused):
+    """logit_bias is an object or null (OpenAI's type); an empty one asks nothing, any
+    entry is refused by name, and another type is named as one."""
+    for create, kw in ((client.completions.create, {"prompt": "hi"}),
+                       (client.chat.completions.create,
+                        {"messages": [{"role": "user", "content": "hi"}]})):
+        args = dict(model=MODEL, max_tokens=2, extra_body={"logit_bias": bias}) | kw
+        if refused is None:
+            assert create(**args).usage.completion_tokens >= 1
+            continue
+        with pytest.raises(openai.BadRequestError) as exc:
+            create(**args)
+        assert exc.value.body["param"] == "logit_bias" and refused in exc.value.body["message"]
+
+
 def test_api_key_is_required_when_configured():
     cfg = ServerConfig(model_name=MODEL, api_key="sekret")
     with ServerThread(lambda: build_engine(*TINY), cfg) as srv:

@@ -59,7 +59,7 @@ def chat_messages(raw: Any) -> list[dict[str, str]]:
 
 
 def _check_unsupported(body: Body) -> None:
-    if body.raw("logit_bias"):
+    if body.dict("logit_bias"):  # an object or null; a non-empty one is refused
         raise bad_request("'logit_bias' is not supported", "logit_bias")
     if body.raw("tools"):
         raise bad_request("'tools' (function calling) is not supported", "tools")

@@ -51,7 +51,7 @@ async def _prompts(state: ServerState, raw: object, add_special: bool = True) ->
 
 
 def _check_unsupported(body: Body) -> None:
-    if body.raw("logit_bias"):
+    if body.dict("logit_bias"):  # an object or null; a non-empty one is refused
         raise bad_request("'logit_bias' is not supported", "logit_bias")
     if body.raw("suffix"):
         raise bad_request("'suffix' is not supported", "suffix")
