@@ -42,25 +42,18 @@ def namespace_key(*parts: str) -> bytes:
     return xxhash.xxh3_128_digest(data)
 
 
-_PAGE_IDS = struct.Struct(f"<{PAGE_SIZE}i")  # a full page's ids, little-endian int32
-
-
 def page_key(parent: bytes, tokens: Sequence[int]) -> bytes:
-    """H(parent || a full page's 16 token ids as little-endian int32). (struct packs them in
-    a third of numpy's time: this runs for every page every request completes.)"""
-    return xxhash.xxh3_128_digest(parent + _PAGE_IDS.pack(*tokens))
+    """H(parent || a full page's 16 token ids as little-endian int32): a page's identity,
+    which ``extend_chain`` and ``publish_run`` compute over ids packed by ``_pack``."""
+    return xxhash.xxh3_128_digest(parent + _pack(tokens))
 
 
 def _pack(tokens: Sequence[int]) -> bytes:
-    """Any number of ids as little-endian int32, in one call."""
+    """Any number of ids as little-endian int32, in one call (struct packs them in a third
+    of numpy's time). The cache keeps a page's ids so: an entry is bytes, which the garbage
+    collector does not track (tuples of ints were ~40 tracked objects per 1,000 tokens
+    published, and the collections they caused showed on every step)."""
     return struct.pack(f"<{len(tokens)}i", *tokens)
-
-
-def page_ids(tokens: Sequence[int]) -> bytes:
-    """A full page's ids as the cache keeps them: packed, so an entry is bytes, which the
-    garbage collector does not track (tuples of ints were ~40 tracked objects per 1,000
-    tokens published, and the collections they caused showed on every step)."""
-    return _PAGE_IDS.pack(*tokens)
 
 
 @dataclass
@@ -90,7 +83,7 @@ class PrefixCache:
         self._pages: dict[bytes, int] = {}  # key -> page
         self._keys: dict[int, bytes] = {}  # page -> its key
         self._parents: dict[int, bytes] = {}  # page -> its parent's key (the root's: h_-1)
-        self._ids: dict[int, bytes] = {}  # page -> its 16 ids, packed (page_ids)
+        self._ids: dict[int, bytes] = {}  # page -> its 16 ids, packed (_pack)
         self._content: dict[bytes, int] = {}  # its parent's key + its ids -> page (match)
         self._root_pages: set[int] = set()  # pages that start a chain
         self._spans = SpanIndex()  # runs of four indexed pages (match's long strides)
@@ -184,20 +177,16 @@ class PrefixCache:
     # -- publishing (after a step) ---------------------------------------------------------
     def publish(self, page: int, index: int, tokens: Sequence[int], salt: str | None,
                 chain: list[bytes]) -> None:
-        """Index ``page``, the request's page number ``index`` holding ``tokens`` (one page's
-        ids); ``publish_run`` for one page."""
+        """``publish_run`` of one page: ``page``, number ``index``, holding ``tokens``."""
         self.publish_run([page], index, index + 1, tokens, salt, chain, offset=index)
 
     def publish_run(self, pages: Sequence[int], first: int, end: int, tokens: Sequence[int],
                     salt: str | None, chain: list[bytes], offset: int = 0) -> None:
-        """Index the request's pages ``first`` .. ``end - 1`` (``pages[i - offset]``, their
-        ids ``tokens[(i - offset) * PAGE_SIZE :]``; ``offset`` 0 where ``pages`` and
-        ``tokens`` are the request's own) where the budget allows and no page with the same
-        content is indexed. ``chain`` holds the request's keys of pages 0 .. first - 1 at
-        least (extended here). A step completes up to ~128 pages of a prefilling request:
-        their ids are packed in one call and the loop's lookups bound once (a page a call
-        took 2.0-3.1 us of host on the CI machine, a run takes ~1.7: publishing is half of
-        what the cache adds to a step of misses, docs/prefix-cache.md)."""
+        """Index the request's pages ``first`` .. ``end - 1`` (``pages[i - offset]``, ids
+        from ``tokens[(i - offset) * PAGE_SIZE]``) where the budget allows and no page with
+        the same content is indexed; ``chain`` holds the keys of pages 0 .. first - 1 at
+        least (extended here). One run a request a step, its ids packed in one call: ~1.7
+        us a page where a call a page took 2.0-3.1 on the CI machine (docs/prefix-cache.md)."""
         end = min(end, self.max_tokens // PAGE_SIZE)  # pages past the longest prefix kept
         if end <= first:
             return
