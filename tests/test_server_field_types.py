@@ -1,7 +1,7 @@
 """Every field of every generation route with a value of the wrong type or range (tiny
-random model, real HTTP): the answer is a 200 or a 4xx in the route's own error shape
-naming a field, never a 5xx, and after each route every page is back in the pool and the
-server still serves (tests/hostile_client.py's ``pages_back``)."""
+random model, real HTTP, streamed and not): the answer is a 200 or a 4xx in the route's
+own error shape naming a field, never a 5xx, and after each route every page is back in
+the pool and the server still serves (tests/hostile_client.py's ``pages_back``)."""
 
 from __future__ import annotations
 
@@ -33,16 +33,19 @@ VALUES = [None, -1, 0, 10**30, -10**30, 1.5, 1e308, "", "x", [], [1], ["a", 1], 
           [{"role": "user", "content": [{"type": "image", "x": 1}]}]]
 
 
+@pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("path", list(BODIES))
-def test_wrong_field_values_are_4xx_never_5xx(server, path):  # noqa: F811
-    base, answered = BODIES[path], {200: 0, 400: 0}
+def test_wrong_field_values_are_4xx_never_5xx(server, path, stream):  # noqa: F811
+    base, answered = BODIES[path] | {"stream": stream}, {200: 0, 400: 0}
     assert call(server.url + path, base)[0] == 200  # every field as given is fine
     for field in base:
         for value in VALUES:
             body = dict(base) | {field: value}
             status, _, text = call(server.url + path, body)
             assert status < 500, (field, value, status, text[:300])
-            if status == 200:
+            if status == 200 and body["stream"] is True:  # server-sent events
+                assert "server_error" not in text and "api_error" not in text, (field, value)
+            elif status == 200:
                 assert json.loads(text), (field, value)
             else:
                 message, _ = error_of(path, status, text)
