@@ -102,7 +102,7 @@ SPANS: list[tuple[Any, str]] = [(Scheduler, "schedule"), (engine_mod, "build_pac
                                 (engine_mod, "validate_packed_batch"), (engine_mod, "plan_next"),
                                 (ModelRunner, "first_use"), (ModelRunner, "launch_sample"),
                                 (Pacer, "wait"), (LLMEngine, "_collect"),
-                                (PrefixCache, "match"), (PrefixCache, "publish"),
+                                (PrefixCache, "match"), (PrefixCache, "publish_run"),
                                 (AsyncLLMEngine, "_push_all"),
                                 (AsyncLLMEngine, "_await_replies")]
 

@@ -37,8 +37,8 @@ def test_a_request_whose_chain_is_filled_still_hits() -> None:
     cache = PrefixCache(("test", "model", "int8"), "arith", max_pages=64)
     toks = list(range(100, 100 + 16 * 5 + 3))
     published: list[bytes] = []
-    for i in range(5):
-        cache.publish(10 + i, i, toks[i * 16 : (i + 1) * 16], None, published)
+    for i in range(5):  # a page a step
+        cache.publish_run(list(range(10, 15)), i, i + 1, toks, None, published)
     fresh: list[bytes] = []
     want = [10, 11, 12, 13, 14]
     assert cache.match(toks, None, fresh) == want and fresh == published
@@ -63,7 +63,7 @@ def test_a_hash_collision_is_caught_by_the_stored_ids(monkeypatch) -> None:
     chain: list[bytes] = []
     monkeypatch.setattr(pcm.xxhash, "xxh3_128_digest", lambda data: b"k" * 16)
     for i in range(6):
-        cache.publish(20 + i, i, toks[i * 16 : (i + 1) * 16], None, chain)
+        cache.publish_run(list(range(20, 26)), i, i + 1, toks, None, chain)
     cache.check()
     assert cache.num_pages == 1 and cache.match(toks, None, []) == [20]
     for bad in range(16):  # one id of the first page changed: same key, other content

@@ -55,8 +55,7 @@ def drive(c: PrefixCache, requests: list, runs: bool, seed: int) -> list[tuple]:
                 c.publish_run(pages, at, end, tokens, salt, chain)
             else:
                 for i in range(at, end):
-                    c.publish(pages[i], i, tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE],
-                              salt, chain)
+                    c.publish_run(pages, i, i + 1, tokens, salt, chain)
             at = end
             c.check()
         for page in reversed(pages):  # the request ends: its pages lose their owner

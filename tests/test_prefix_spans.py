@@ -26,11 +26,9 @@ def publish_all(c: PrefixCache, tokens: list[int], first_page: int, salt: str | 
                 ) -> list[int]:
     """Publish every full page of ``tokens`` as pages first_page, first_page + 1, ..."""
     chain: list[bytes] = []
-    pages = []
-    for i in range(len(tokens) // PAGE_SIZE):
-        page = first_page + i
-        c.publish(page, i, tokens[i * PAGE_SIZE : (i + 1) * PAGE_SIZE], salt, chain)
-        pages.append(page)
+    pages = list(range(first_page, first_page + len(tokens) // PAGE_SIZE))
+    for i in range(len(pages)):  # a page a step
+        c.publish_run(pages, i, i + 1, tokens, salt, chain)
     c.check()
     return pages
 

@@ -175,23 +175,17 @@ class PrefixCache:
             self.stats.hit_tokens += len(pages) * PAGE_SIZE
 
     # -- publishing (after a step) ---------------------------------------------------------
-    def publish(self, page: int, index: int, tokens: Sequence[int], salt: str | None,
-                chain: list[bytes]) -> None:
-        """``publish_run`` of one page: ``page``, number ``index``, holding ``tokens``."""
-        self.publish_run([page], index, index + 1, tokens, salt, chain, offset=index)
-
     def publish_run(self, pages: Sequence[int], first: int, end: int, tokens: Sequence[int],
-                    salt: str | None, chain: list[bytes], offset: int = 0) -> None:
-        """Index the request's pages ``first`` .. ``end - 1`` (``pages[i - offset]``, ids
-        from ``tokens[(i - offset) * PAGE_SIZE]``) where the budget allows and no page with
-        the same content is indexed; ``chain`` holds the keys of pages 0 .. first - 1 at
-        least (extended here). One run a request a step, its ids packed in one call (1.7
+                    salt: str | None, chain: list[bytes]) -> None:
+        """Index the request's pages ``first`` .. ``end - 1`` (of its page table ``pages``
+        and its ids ``tokens``) where the budget allows and no page with the same content is
+        indexed; ``chain`` holds the keys of pages 0 .. first - 1 at least (extended here). One run a request a step, its ids packed in one call (1.7
         us a page against 2.0 a call a page at best on the CI machine; docs/prefix-cache.md)."""
         end = min(end, self.max_tokens // PAGE_SIZE)  # pages past the longest prefix kept
         if end <= first:
             return
         step = PAGE_BYTES
-        raw = _pack(tokens[(first - offset) * PAGE_SIZE : (end - offset) * PAGE_SIZE])
+        raw = _pack(tokens[first * PAGE_SIZE : end * PAGE_SIZE])
         keys, by_key, parents, ids_of = self._keys, self._pages, self._parents, self._ids
         content, stats = self._content, self.stats
         parent = chain[first - 1] if first else self.root(salt)
@@ -201,7 +195,7 @@ class PrefixCache:
                 xxhash.xxh3_128_digest(parent + ids)
             if index == len(chain):
                 chain.append(key)
-            page = pages[index - offset]
+            page = pages[index]
             if key not in by_key and page not in keys and \
                     (index or len(self._root_pages) < self.max_entries) and \
                     (len(keys) < self.max_pages or self._shed(1)):
