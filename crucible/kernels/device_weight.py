@@ -73,7 +73,7 @@ def upload_weight(w: np.ndarray, scale: np.ndarray | None = None,
     int8 = scale is not None
     wgmma = wgmma and int8 and n % 8 == 0 and k % 64 == 0
     bits = codes_bf16(dw) if int8 and (bf16 or wgmma) else None  # made once for both
-    wb = bits if bf16 and int8 else None
+    wb = bits if bf16 else None  # bits is None unless int8
     wg = _wgmma_image(bits, cp) if wgmma else None
     return DeviceWeight(cp.ascontiguousarray(dw.T), dw,
                         None if scale is None else cp.asarray(scale.astype(np.float32)), wb, wg)
