@@ -77,19 +77,9 @@ def launch_driver(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: 
     """A plain launch through cuLaunchKernelEx (kernels.launch's driver entry) on
     ``stream`` (0: the default stream), its arguments packed as kernels.launch packs a PDL
     launch's, into a reused buffer."""
-    fmt, values = ["<"], []
-    for a in args:
-        data = getattr(a, "data", None)
-        if hasattr(data, "ptr"):  # a CuPy array
-            fmt.append("Q")
-            values.append(data.ptr)
-        elif isinstance(a, np.generic) and a.dtype in kl._SLOT:
-            fmt.append(kl._SLOT[a.dtype])
-            values.append(a.item())
-        else:
-            raise TypeError(f"launch: unsupported kernel argument {type(a).__name__}")
+    fmt, values = kl.slots(args)
     buf, ptrs = _SLOTS.get(len(args))
-    struct.pack_into("".join(fmt), buf, 0, *values)
+    struct.pack_into(fmt, buf, 0, *values)
     cfg = _config(tuple(grid), tuple(block), int(shared_mem), stream)
     rc = kl._driver()(ctypes.byref(cfg), ctypes.c_void_p(getattr(fn, "kernel", fn).ptr), ptrs,
                       None)

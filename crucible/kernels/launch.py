@@ -70,10 +70,9 @@ _SLOT = {np.dtype(np.int32): "i4x", np.dtype(np.int64): "q", np.dtype(np.uint64)
          np.dtype(np.float32): "f4x", np.dtype(np.uint32): "I4x"}
 
 
-def _pack(args: tuple) -> tuple[Any, Any]:
-    """(the buffer holding every argument, the array of pointers into it) for
-    cuLaunchKernelEx: a device pointer for an array, the scalar's own width for a numpy
-    scalar (as CuPy itself passes them), 8 bytes apart."""
+def slots(args: tuple) -> tuple[str, list]:
+    """(struct format, values) of a launch's arguments in 8-byte slots: a device pointer
+    for an array, the scalar's own width for a numpy scalar (as CuPy itself passes them)."""
     fmt, values = ["<"], []
     for a in args:
         data = getattr(a, "data", None)
@@ -85,7 +84,14 @@ def _pack(args: tuple) -> tuple[Any, Any]:
             values.append(a.item())
         else:
             raise TypeError(f"PDL launch: unsupported kernel argument {type(a).__name__}")
-    buf = ctypes.create_string_buffer(struct.pack("".join(fmt), *values), 8 * len(args))
+    return "".join(fmt), values
+
+
+def _pack(args: tuple) -> tuple[Any, Any]:
+    """(the buffer holding every argument, the array of pointers into it) for
+    cuLaunchKernelEx, 8 bytes apart (``slots``)."""
+    fmt, values = slots(args)
+    buf = ctypes.create_string_buffer(struct.pack(fmt, *values), 8 * len(args))
     base = ctypes.addressof(buf)
     return buf, (ctypes.c_void_p * len(args))(*range(base, base + 8 * len(args), 8))
 
