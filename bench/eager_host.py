@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = res
         print(f"{name}: " + ", ".join(f"{v} {med[v]:.2f}" for v in VARIANTS)
               + f" ms; launches {res['launch_ms']:.2f}, allocations {res['alloc_ms']:.2f} ms"
-            + (f", driver {med['driver']:.2f}" if args.driver else ""),
+              + (f", driver {med['driver']:.2f}" if args.driver else ""),
               flush=True)
         if args.profile:
             prof = cProfile.Profile()
